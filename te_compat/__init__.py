@@ -1,0 +1,66 @@
+"""te_compat: the one place that knows where Transformer Engine keeps quantized storage.
+
+Importing this package imports neither Transformer Engine nor torch; both are looked at only
+when a function is called. See README.md for a tour.
+"""
+
+from te_compat.capabilities import BackendChoice, Capabilities, capabilities, kernel_backend
+from te_compat.errors import (
+    MissingFeatureError,
+    StorageNotFoundError,
+    TECompatError,
+    TENotFoundError,
+    TEVersionError,
+    UnsupportedTensorError,
+)
+from te_compat.probe import storage_attr, storage_field, tensor_kind
+from te_compat.snapshots import (
+    Float8Storage,
+    GroupedStorage,
+    MXFP8Storage,
+    float8_storage,
+    grouped_storage,
+    mxfp8_storage,
+)
+from te_compat.table import TensorKind
+from te_compat.version import (
+    TEStatus,
+    parse_te_version,
+    refresh,
+    require_te,
+    te_min_version,
+    te_status,
+    te_version,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendChoice",
+    "Capabilities",
+    "Float8Storage",
+    "GroupedStorage",
+    "MXFP8Storage",
+    "MissingFeatureError",
+    "StorageNotFoundError",
+    "TECompatError",
+    "TENotFoundError",
+    "TEStatus",
+    "TEVersionError",
+    "TensorKind",
+    "UnsupportedTensorError",
+    "capabilities",
+    "float8_storage",
+    "grouped_storage",
+    "kernel_backend",
+    "mxfp8_storage",
+    "parse_te_version",
+    "refresh",
+    "require_te",
+    "storage_attr",
+    "storage_field",
+    "te_min_version",
+    "te_status",
+    "te_version",
+    "tensor_kind",
+]

@@ -1,0 +1,3 @@
+from te_compat.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,200 @@
+"""What this process can do: TE, torch, the GPU, and which scale-conversion backend runs.
+
+Call once at start-up; ``require`` turns a missing feature into one clear error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from packaging.version import Version
+
+from te_compat import table
+from te_compat.errors import MissingFeatureError
+from te_compat.table import TensorKind
+from te_compat.version import release_of, te_import_status, te_status
+
+# TE's recipe check asks for compute capability 10.0 for MXFP8 GEMMs (tcgen05).
+MXFP8_GEMM_MIN_CC = (10, 0)
+# MXFP8 quantisation kernels ran on an H200 (sm_90) with TE 2.20.2 (shared/te-releases).
+MXFP8_QUANTIZE_MIN_CC = (9, 0)
+BACKEND_ENV = "TE_COMPAT_KERNEL_BACKEND"
+BACKENDS = ("auto", "cuda", "torch")
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str  # "cuda" or "torch"
+    reason: str
+
+
+def _cuda_device() -> tuple[str | None, tuple[int, int] | None, str]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch
+        except ImportError:
+            return None, None, "torch is not installed"
+    if not torch.cuda.is_available():
+        return None, None, f"torch {torch.__version__} sees no CUDA device"
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return torch.cuda.get_device_name(index), (major, minor), ""
+
+
+def kernel_backend(preference: str | None = None) -> BackendChoice:
+    """Which MXFP8 scale-conversion backend mok uses, and why.
+
+    ``preference`` (default: environment variable TE_COMPAT_KERNEL_BACKEND, else "auto"):
+    "cuda" demands the NVRTC kernel, "torch" the reference, "auto" takes the kernel when
+    cuda.core and a CUDA device are present.
+    """
+    pref = (preference or os.environ.get(BACKEND_ENV) or "auto").lower()
+    if pref not in BACKENDS:
+        raise ValueError(f"kernel backend must be one of {', '.join(BACKENDS)}; found {pref!r}")
+    if pref == "torch":
+        return BackendChoice("torch", "asked for the torch reference")
+    try:
+        has_core = importlib.util.find_spec("cuda.core") is not None
+    except (ImportError, ValueError):
+        has_core = False
+    device, _, why_not = _cuda_device()
+    if has_core and device is not None:
+        return BackendChoice("cuda", f"cuda.core and {device} present")
+    missing = why_not if device is None else "cuda.core is not installed (pip install te-compat[cuda])"
+    if pref == "cuda":
+        raise MissingFeatureError(f"kernel backend 'cuda' was asked for, but {missing}")
+    return BackendChoice("torch", f"fallback: {missing}")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Runtime capabilities, as data. ``require`` raises for what is missing."""
+
+    te_present: bool
+    te_version: str | None
+    te_source: str | None
+    te_usable: bool
+    te_reason: str
+    te_in_table: bool  # the release is one the table was checked against
+    table_checked_through: str
+    torch_version: str | None
+    cuda_device: str | None
+    compute_capability: tuple[int, int] | None
+    tensor_kinds: tuple[str, ...]
+    grouped_tensors: bool
+    swizzled_scale_flag: bool
+    mxfp8_hardware: bool
+    mxfp8_quantization: bool
+    kernel_backend: str
+    kernel_backend_reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def missing(self, *features: str) -> dict[str, str]:
+        """Feature -> why it is unavailable, for each of ``features`` that is."""
+        out: dict[str, str] = {}
+        for name in features:
+            check = FEATURES.get(name)
+            if check is None:
+                raise ValueError(f"unknown feature {name!r}; expected one of {', '.join(FEATURES)}")
+            ok, why = check(self)
+            if not ok:
+                out[name] = why
+        return out
+
+    def require(self, *features: str) -> None:
+        """Raise MissingFeatureError naming every missing feature and why."""
+        missing = self.missing(*features)
+        if missing:
+            lines = "; ".join(f"{k}: {v}" for k, v in missing.items())
+            raise MissingFeatureError(f"required feature(s) not available: {lines}")
+
+
+def _te_reason(c: Capabilities) -> str:
+    return c.te_reason if not c.te_usable else ""
+
+
+def _kind(kind: TensorKind) -> Callable[[Capabilities], tuple[bool, str]]:
+    def check(c: Capabilities) -> tuple[bool, str]:
+        if kind.value in c.tensor_kinds:
+            return True, ""
+        first = table.rows_for(kind)[0].since
+        return False, f"needs TE >= {first}; found {c.te_version or 'no TE'}"
+
+    return check
+
+
+FEATURES: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
+    "te": lambda c: (c.te_usable, _te_reason(c) or "transformer_engine is usable"),
+    "cuda": lambda c: (c.cuda_device is not None, "no CUDA device visible to torch"),
+    "float8": _kind(TensorKind.FLOAT8),
+    "mxfp8": _kind(TensorKind.MXFP8),
+    "float8_blockwise": _kind(TensorKind.FLOAT8_BLOCKWISE),
+    "nvfp4": _kind(TensorKind.NVFP4),
+    "grouped": _kind(TensorKind.GROUPED),
+    "swizzled_scale_flag": lambda c: (
+        c.swizzled_scale_flag, f"needs TE >= 2.12; found {c.te_version or 'no TE'}"
+    ),
+    "mxfp8_hardware": lambda c: (
+        c.mxfp8_hardware,
+        f"MXFP8 GEMMs need compute capability >= {MXFP8_GEMM_MIN_CC[0]}.{MXFP8_GEMM_MIN_CC[1]}; "
+        f"found {c.compute_capability or 'no CUDA device'}",
+    ),
+    "mxfp8_quantization": lambda c: (
+        c.mxfp8_quantization,
+        "needs a usable TE with MXFP8 and a CUDA device of compute capability >= 9.0; found "
+        f"TE {c.te_version or 'none'} ({'usable' if c.te_usable else c.te_reason}), "
+        f"device {c.compute_capability or 'none'}",
+    ),
+    "cuda_kernel": lambda c: (c.kernel_backend == "cuda", c.kernel_backend_reason),
+}
+
+
+def capabilities(*, import_te: bool = True, backend: str | None = None) -> Capabilities:
+    """Probe the process once (imports TE when ``import_te``; never raises for a broken TE)."""
+    status = te_import_status() if import_te else te_status()
+    release = release_of(status.version) if status.version is not None else None
+    kinds = table.kinds_in(release) if release is not None else ()
+    swizzle_flag = release is not None and (
+        (row := table.row_for(TensorKind.MXFP8, release)) is not None
+        and "scales_swizzled" in row.storage
+    )
+    try:
+        import torch
+
+        torch_version: str | None = str(torch.__version__)
+    except ImportError:
+        torch_version = None
+    device, cc, _ = _cuda_device()
+    usable = bool(status.usable) if import_te else status.present
+    try:
+        choice = kernel_backend(backend)
+    except MissingFeatureError as exc:  # "cuda" demanded and unavailable: report, don't raise
+        choice = BackendChoice("none", str(exc))
+    return Capabilities(
+        te_present=status.present,
+        te_version=str(status.version) if status.version is not None else status.raw_version,
+        te_source=status.source,
+        te_usable=usable,
+        te_reason=status.reason or ("not imported (import_te=False)" if not import_te else ""),
+        te_in_table=release is not None and release <= Version(table.CHECKED_THROUGH),
+        table_checked_through=table.CHECKED_THROUGH,
+        torch_version=torch_version,
+        cuda_device=device,
+        compute_capability=cc,
+        tensor_kinds=tuple(k.value for k in kinds),
+        grouped_tensors=TensorKind.GROUPED in kinds,
+        swizzled_scale_flag=bool(swizzle_flag),
+        mxfp8_hardware=cc is not None and cc >= MXFP8_GEMM_MIN_CC,
+        mxfp8_quantization=bool(
+            usable and TensorKind.MXFP8 in kinds and cc is not None and cc >= MXFP8_QUANTIZE_MIN_CC
+        ),
+        kernel_backend=choice.name,
+        kernel_backend_reason=choice.reason,
+    )

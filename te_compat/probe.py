@@ -1,0 +1,205 @@
+"""Reading TE storage off a tensor, a Parameter or ``.data``, without touching its values.
+
+Only plain attribute reads happen here: no TE import, no ``__torch_dispatch__``, no
+dequantisation. The attribute a class uses for a logical name is found once per
+(class, name, TE release) and cached, so a later probe costs one dict lookup and one getattr.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from packaging.version import Version
+
+from te_compat import table
+from te_compat.errors import StorageNotFoundError, TENotFoundError, UnsupportedTensorError
+from te_compat.table import StorageRow, TensorKind
+from te_compat.version import te_status
+
+if TYPE_CHECKING:
+    import torch
+
+_MISSING = object()
+
+
+class Resolution(NamedTuple):
+    """How one logical name is read off one class under the installed TE."""
+
+    kind: TensorKind
+    release: Version
+    row: StorageRow | None  # None: the release is newer than the table
+    candidates: tuple[str, ...]  # attribute names to try, in order; () = no such storage
+
+
+_kind_cache: dict[type, TensorKind] = {}
+_resolution_cache: dict[tuple[type, str], Resolution] = {}
+_warned: set[str] = set()
+
+
+def clear_caches() -> None:
+    _kind_cache.clear()
+    _resolution_cache.clear()
+    _warned.clear()
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _is_torch_tensor(cls: type) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and issubclass(cls, torch.Tensor)
+
+
+def _kind_of_class(cls: type) -> TensorKind:
+    index = table.class_index()
+    for klass in cls.__mro__:
+        kind = index.get(_class_path(klass))
+        if kind is not None:
+            return kind
+    by_name = table.class_names()
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("transformer_engine.") and klass.__qualname__ in by_name:
+            _warn_once(
+                f"moved:{_class_path(klass)}",
+                f"te_compat: {_class_path(klass)} is not at any module path the release table "
+                f"knows; reading it as {by_name[klass.__qualname__]} by its class name",
+            )
+            return by_name[klass.__qualname__]
+    bases = {path for path, _, _ in table.QUANTIZED_BASES}
+    if any(_class_path(k) in bases for k in cls.__mro__):
+        return TensorKind.OTHER_QUANTIZED
+    if _is_torch_tensor(cls):
+        return TensorKind.PLAIN
+    raise UnsupportedTensorError(
+        f"expected a torch.Tensor, a torch.nn.Parameter or a Transformer Engine tensor; "
+        f"found an object of class {_class_path(cls)}"
+    )
+
+
+def tensor_kind(obj: object) -> TensorKind:
+    """The storage kind of a tensor, Parameter or ``.data``, from its class hierarchy alone.
+
+    Only classes already imported are looked at (TE is never imported here). A TE quantized
+    class the table does not cover is ``OTHER_QUANTIZED``; a non-tensor raises.
+    """
+    return tensor_kind_of_class(type(obj))
+
+
+def _installed_release(kind: TensorKind, cls: type) -> Version:
+    status = te_status()
+    if status.version is None:
+        raise TENotFoundError(
+            f"cannot read the storage of a {kind} tensor ({_class_path(cls)}): the release table "
+            f"is keyed by TE release, and no Transformer Engine version was found "
+            f"({status.reason})"
+        )
+    return Version(".".join(str(p) for p in status.version.release))
+
+
+def tensor_kind_of_class(cls: type) -> TensorKind:
+    kind = _kind_cache.get(cls)
+    if kind is None:
+        kind = _kind_cache[cls] = _kind_of_class(cls)
+    return kind
+
+
+def resolve(cls: type, logical: str) -> Resolution:
+    """Which attribute of ``cls`` holds ``logical`` under the installed TE (cached)."""
+    key = (cls, logical)
+    found = _resolution_cache.get(key)
+    if found is not None:
+        return found
+    kind = tensor_kind_of_class(cls)
+    if kind in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED):
+        raise UnsupportedTensorError(
+            f"expected a Transformer Engine tensor of a kind in the release table "
+            f"({', '.join(k.value for k in TensorKind if k not in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED))}); "
+            f"found {_class_path(cls)}, of kind {kind}"
+        )
+    known = table.logical_names(kind)
+    if logical not in known:
+        raise ValueError(
+            f"{logical!r} is not a storage name of {kind} tensors; expected one of {', '.join(known)}"
+        )
+    release = _installed_release(kind, cls)
+    row = table.row_for(kind, release)
+    if row is not None and release <= table.checked_through():
+        attr = row.storage.get(logical)
+        resolution = Resolution(kind, release, row, (attr,) if attr else ())
+    elif release > table.checked_through():
+        _warn_once(
+            f"newer:{release}",
+            f"te_compat: Transformer Engine {release} is newer than the release table "
+            f"(checked through {table.CHECKED_THROUGH}); probing every attribute name known for "
+            f"each storage. Run the matrix for this release: python -m matrix.refresh",
+        )
+        resolution = Resolution(kind, release, row, table.all_names(kind, logical))
+    else:
+        first = table.rows_for(kind)[0].since
+        raise UnsupportedTensorError(
+            f"{_class_path(cls)} is a {kind} tensor, but the installed Transformer Engine "
+            f"{release} predates every {kind} row of the release table (first: TE {first})"
+        )
+    _resolution_cache[key] = resolution
+    return resolution
+
+
+def _read(obj: object, resolution: Resolution) -> Any:
+    for attr in resolution.candidates:
+        value = getattr(obj, attr, _MISSING)
+        if value is not _MISSING:
+            return value
+    return _MISSING
+
+
+def storage_field(obj: object, name: str) -> Any:
+    """Read logical storage ``name`` (a tensor, flag, count or list) off ``obj``.
+
+    Returns None when the installed release has no such storage for the object's kind.
+    Looks on the object (a Parameter of a TE class is that class) and then on ``.data``.
+    """
+    resolution = resolve(type(obj), name)
+    if not resolution.candidates:
+        return None
+    value = _read(obj, resolution)
+    if value is not _MISSING:
+        return value
+    # .data of a TE Parameter is a new wrapper sharing the same buffers; reading it goes through
+    # torch's detach, so it is only the fallback for an attribute the object itself lacks.
+    inner = getattr(obj, "data", _MISSING) if _is_torch_tensor(type(obj)) else _MISSING
+    if inner is not _MISSING and inner is not obj and tensor_kind_of_class(type(inner)) is resolution.kind:
+        value = _read(inner, resolve(type(inner), name))
+        if value is not _MISSING:
+            return value
+    row = resolution.row
+    where = f"row {row.kind} {row.span}" if row else "every known row (newer than the table)"
+    raise StorageNotFoundError(
+        f"{_class_path(type(obj))} has no attribute {' or '.join(map(repr, resolution.candidates))} "
+        f"for {resolution.kind} storage {name!r} (TE {resolution.release}, {where}), "
+        f"neither on the object nor on its .data"
+    )
+
+
+def storage_attr(param: object, name: str) -> torch.Tensor | None:
+    """THE probe: the tensor holding logical storage ``name``, or None where there is none.
+
+    ``name`` is logical (``rowwise_data``, ``rowwise_scale_inv``, ``columnwise_data``,
+    ``columnwise_scale_inv``, ``data``, ``transpose``, ``scale_inv``, ...): the release table
+    turns it into the attribute the installed release uses. Never materialises the tensor.
+    """
+    value = storage_field(param, name)
+    if value is None or _is_torch_tensor(type(value)):
+        return value
+    raise UnsupportedTensorError(
+        f"{name!r} of {_class_path(type(param))} is expected to be a torch.Tensor or None; "
+        f"found {type(value).__name__} (use storage_field for flags, counts and lists)"
+    )

@@ -1,0 +1,282 @@
+"""The release table: where each TE release keeps each storage tensor.
+
+This module is data. Every row covers one tensor kind over a range of TE releases
+(``since`` inclusive, ``until`` exclusive) and says which classes (module path and name)
+carry that kind's storage, which attribute holds each *logical* piece of storage, and which
+other attributes those classes assign (known and deliberately not probed). Each row cites the
+TE release, and the PR where known, that forced it; a row can go when te_compat stops
+supporting the releases it covers.
+
+``python -m matrix.check`` checks every row against the classes each real release defines
+(``matrix/records/``): every probed attribute must be assigned under that name, every class
+must exist at that module path, and every attribute a covered class assigns must be known here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cache
+
+from packaging.version import Version
+
+TE = "transformer_engine.pytorch"
+# The newest release matrix/ checked this table against; a newer TE gets the newest rows, every
+# name any row knows, and a warning. `python -m matrix.refresh` moves it.
+CHECKED_THROUGH = "2.20.2"
+
+
+class TensorKind(str, Enum):
+    """What a tensor is, as far as its storage layout goes."""
+
+    PLAIN = "plain"
+    FLOAT8 = "float8"
+    MXFP8 = "mxfp8"
+    FLOAT8_BLOCKWISE = "float8_blockwise"
+    NVFP4 = "nvfp4"
+    GROUPED = "grouped"
+    OTHER_QUANTIZED = "other_quantized"  # a TE quantized class this table does not cover
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class StorageRow:
+    """Where one TE release range keeps one tensor kind's storage."""
+
+    kind: TensorKind
+    since: str  # first TE release the row describes
+    until: str | None  # first release it no longer describes (None: still current)
+    classes: tuple[str, ...]  # "module.Class" of every class that carries the storage
+    storage: dict[str, str]  # logical name -> attribute name (public if it has no "_")
+    known: frozenset[str]  # other attributes the classes assign, known and not probed
+    introduced_by: str  # the TE release (and PR) that forced this row
+    field_notes: dict[str, str] = field(default_factory=dict)
+
+    def covers(self, release: Version) -> bool:
+        lo = Version(self.since).release
+        hi = Version(self.until).release if self.until else None
+        return lo <= release.release and (hi is None or release.release < hi)
+
+    @property
+    def span(self) -> str:
+        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
+
+
+def _pub(name: str) -> bool:
+    return not name.startswith("_")
+
+
+# Float8 (delayed and current scaling). Before 2.0, _scale_inv and _transpose are properties
+# over the dict _fp8_attrs shared between a tensor and its detached copies.
+_F8_1X_KNOWN = frozenset(
+    {"_fp8_attrs", "_fp8_dtype", "_fp8_meta", "_fp8_meta_forward", "_fp8_meta_index",
+     "_transpose_invalid"}
+)
+_F8_1X_STORAGE = {"data": "_data", "scale_inv": "_scale_inv", "transpose": "_transpose"}
+_F8_2X_STORAGE = {**_F8_1X_STORAGE, "quantizer": "_quantizer"}
+# QuantizedTensor (2.14+) keeps the fake dtype and requires_grad on every quantized tensor.
+_QT_KNOWN = frozenset({"_dtype", "_requires_grad"})
+_F8_2X_KNOWN = frozenset({"_fp8_dtype", "_transpose_invalid"}) | _QT_KNOWN
+
+_MX_STORAGE = {
+    "rowwise_data": "_rowwise_data",
+    "columnwise_data": "_columnwise_data",
+    "rowwise_scale_inv": "_rowwise_scale_inv",
+    "columnwise_scale_inv": "_columnwise_scale_inv",
+    "quantizer": "_quantizer",
+}
+_MX_KNOWN = frozenset({"_fp8_dtype"}) | _QT_KNOWN
+_SWIZZLED = {"scales_swizzled": "_with_gemm_swizzled_scales"}
+
+_BW_STORAGE = {**_MX_STORAGE, "is_2d_scaled": "_is_2D_scaled"}
+_BW_KNOWN = frozenset({"_fp8_dtype", "_data_format"}) | _QT_KNOWN
+
+_FP4_STORAGE = {**_MX_STORAGE, "amax_rowwise": "_amax_rowwise", "amax_columnwise": "_amax_columnwise"}
+_FP4_KNOWN = frozenset(
+    {"_fp4_dtype", "_row_scaled_nvfp4", "_nvfp4_e4m3_max", "_nvfp4_use_4over6"}
+) | _QT_KNOWN
+
+_GROUPED_KNOWN = frozenset(
+    {"amax", "columnwise_amax", "scale", "first_dims", "last_dims", "offsets", "tensor_offsets",
+     "logical_shape"}
+)
+_GROUPED_STORAGE_COMMON = {
+    "columnwise_data": "columnwise_data",
+    "rowwise_scale_inv": "scale_inv",
+    "scale_inv": "scale_inv",
+    "columnwise_scale_inv": "columnwise_scale_inv",
+    "rowwise_scale_inv_offsets": "scale_inv_offsets",
+    "columnwise_scale_inv_offsets": "columnwise_scale_inv_offsets",
+    "quantized_tensors": "quantized_tensors",
+    "num_tensors": "num_tensors",
+    "quantizer": "quantizer",
+}
+
+ROWS: tuple[StorageRow, ...] = (
+    StorageRow(
+        TensorKind.FLOAT8, "1.0", "1.11",
+        classes=(f"{TE}.float8_tensor.Float8Tensor",),
+        storage=_F8_1X_STORAGE, known=_F8_1X_KNOWN,
+        introduced_by="TE 1.0: Float8Tensor in pytorch/float8_tensor.py (on PyPI from 1.9.0.post1)",
+    ),
+    StorageRow(
+        TensorKind.FLOAT8, "1.11", "2.0",
+        classes=(f"{TE}.tensor.float8_tensor.Float8Tensor",),
+        storage=_F8_1X_STORAGE, known=_F8_1X_KNOWN,
+        introduced_by="TE 1.11: Float8Tensor moved to pytorch/tensor/ under QuantizedTensor",
+    ),
+    StorageRow(
+        TensorKind.FLOAT8, "2.0", "2.9",
+        classes=(f"{TE}.tensor.float8_tensor.Float8Tensor",
+                 f"{TE}.tensor._internal.float8_tensor_base.Float8TensorBase"),
+        storage=_F8_2X_STORAGE, known=_F8_2X_KNOWN,
+        introduced_by="TE 2.0: quantizer API; storage in the Float8TensorBase mixin, _fp8_attrs gone",
+    ),
+    StorageRow(
+        TensorKind.FLOAT8, "2.9", None,
+        classes=(f"{TE}.tensor.float8_tensor.Float8Tensor",
+                 f"{TE}.tensor.storage.float8_tensor_storage.Float8TensorStorage"),
+        storage=_F8_2X_STORAGE, known=_F8_2X_KNOWN,
+        introduced_by="TE 2.9 (PR 2039/2226): *Base mixins renamed *Storage under tensor/storage/",
+    ),
+    StorageRow(
+        TensorKind.MXFP8, "2.0", "2.9",
+        classes=(f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor",
+                 f"{TE}.tensor._internal.mxfp8_tensor_base.MXFP8TensorBase"),
+        storage=_MX_STORAGE, known=_MX_KNOWN,
+        introduced_by="TE 2.0: MXFP8Tensor (on PyPI from 2.1.0)",
+    ),
+    StorageRow(
+        TensorKind.MXFP8, "2.9", "2.12",
+        classes=(f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor",
+                 f"{TE}.tensor.storage.mxfp8_tensor_storage.MXFP8TensorStorage"),
+        storage=_MX_STORAGE, known=_MX_KNOWN,
+        introduced_by="TE 2.9 (PR 2039/2226): MXFP8TensorBase renamed MXFP8TensorStorage",
+    ),
+    StorageRow(
+        TensorKind.MXFP8, "2.12", None,
+        classes=(f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor",
+                 f"{TE}.tensor.storage.mxfp8_tensor_storage.MXFP8TensorStorage"),
+        storage={**_MX_STORAGE, **_SWIZZLED}, known=_MX_KNOWN,
+        introduced_by="TE 2.12: _with_gemm_swizzled_scales marks scales already in GEMM layout",
+    ),
+    StorageRow(
+        TensorKind.FLOAT8_BLOCKWISE, "2.3", "2.9",
+        classes=(f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
+                 f"{TE}.tensor._internal.float8_blockwise_tensor_base.Float8BlockwiseQTensorBase"),
+        storage=_BW_STORAGE, known=_BW_KNOWN,
+        introduced_by="TE 2.3: Float8BlockwiseQTensor (fp32 scales, columnwise data transposed)",
+        field_notes={"_data_format": "2.5-2.11 only"},
+    ),
+    StorageRow(
+        TensorKind.FLOAT8_BLOCKWISE, "2.9", None,
+        classes=(f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
+                 f"{TE}.tensor.storage.float8_blockwise_tensor_storage.Float8BlockwiseQTensorStorage"),
+        storage=_BW_STORAGE, known=_BW_KNOWN,
+        introduced_by="TE 2.9 (PR 2039/2226): renamed Float8BlockwiseQTensorStorage",
+        field_notes={"_data_format": "2.5-2.11 only"},
+    ),
+    StorageRow(
+        TensorKind.NVFP4, "2.8", "2.9",
+        classes=(f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
+                 f"{TE}.tensor._internal.nvfp4_tensor_base.NVFP4TensorBase"),
+        storage=_FP4_STORAGE, known=_FP4_KNOWN,
+        introduced_by="TE 2.8: NVFP4Tensor (packed payload, last dim K/2)",
+    ),
+    StorageRow(
+        TensorKind.NVFP4, "2.9", "2.12",
+        classes=(f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
+                 f"{TE}.tensor.storage.nvfp4_tensor_storage.NVFP4TensorStorage"),
+        storage=_FP4_STORAGE, known=_FP4_KNOWN,
+        introduced_by="TE 2.9 (PR 2039/2226): renamed NVFP4TensorStorage",
+    ),
+    StorageRow(
+        TensorKind.NVFP4, "2.12", None,
+        classes=(f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
+                 f"{TE}.tensor.storage.nvfp4_tensor_storage.NVFP4TensorStorage"),
+        storage={**_FP4_STORAGE, **_SWIZZLED}, known=_FP4_KNOWN,
+        introduced_by="TE 2.12: _with_gemm_swizzled_scales on NVFP4 too",
+        field_notes={"_row_scaled_nvfp4": "2.16+", "_nvfp4_e4m3_max": "2.17+"},
+    ),
+    StorageRow(
+        TensorKind.GROUPED, "2.13", "2.14",
+        classes=(f"{TE}.tensor.storage.grouped_tensor.GroupedTensor",),
+        storage={"rowwise_data": "data", "data": "data", "tensor_shapes": "shape",
+                 **_GROUPED_STORAGE_COMMON},
+        known=_GROUPED_KNOWN | {"dtype"},
+        introduced_by="TE 2.13: GroupedTensor, a plain opt-in class with public buffers",
+    ),
+    StorageRow(
+        TensorKind.GROUPED, "2.14", None,
+        classes=(f"{TE}.tensor.grouped_tensor.GroupedTensor",
+                 f"{TE}.tensor.storage.grouped_tensor_storage.GroupedTensorStorage"),
+        storage={"rowwise_data": "rowwise_data", "data": "rowwise_data",
+                 "tensor_shapes": "tensor_shapes", **_GROUPED_STORAGE_COMMON, **_SWIZZLED},
+        known=_GROUPED_KNOWN | {"fake_dtype", "row_scaled_nvfp4", "nvfp4_e4m3_max",
+                                "nvfp4_use_4over6"},
+        introduced_by="TE 2.14: GroupedTensor is a torch.Tensor; data renamed rowwise_data",
+        field_notes={"row_scaled_nvfp4": "2.16+", "nvfp4_*": "2.17+"},
+    ),
+)
+
+# Base classes of every TE quantized tensor: an object under one of these that matches no
+# row above is a quantized kind this table does not cover (e.g. 2.19's HybridQuantizedTensor).
+QUANTIZED_BASES: tuple[tuple[str, str, str | None], ...] = (
+    (f"{TE}.tensor.quantized_tensor.QuantizedTensor", "1.11", "2.10"),
+    (f"{TE}.quantized_tensor.QuantizedTensor", "2.10", None),
+    (f"{TE}.tensor.quantized_tensor.QuantizedTensorBase", "2.4", "2.9"),
+    (f"{TE}.tensor.quantized_tensor.QuantizedTensorStorage", "2.9", "2.10"),
+    (f"{TE}.quantized_tensor.QuantizedTensorStorage", "2.10", None),
+)
+
+
+def rows_for(kind: TensorKind) -> tuple[StorageRow, ...]:
+    return tuple(r for r in ROWS if r.kind is kind)
+
+
+def checked_through() -> Version:
+    """The newest TE release the table was checked against (matrix/releases.toml's last)."""
+    return Version(CHECKED_THROUGH)
+
+
+def row_for(kind: TensorKind, release: Version) -> StorageRow | None:
+    for row in rows_for(kind):
+        if row.covers(release):
+            return row
+    return None
+
+
+@cache
+def class_index() -> dict[str, TensorKind]:
+    """``module.Class`` -> kind, over every row of every release."""
+    return {path: row.kind for row in ROWS for path in row.classes}
+
+
+@cache
+def class_names() -> dict[str, TensorKind]:
+    """Bare class name -> kind: the fallback for a TE that moved a class to a new module."""
+    return {path.rsplit(".", 1)[1]: kind for path, kind in class_index().items()}
+
+
+def kinds_in(release: Version) -> tuple[TensorKind, ...]:
+    return tuple(k for k in TensorKind if any(r.covers(release) for r in rows_for(k)))
+
+
+def all_names(kind: TensorKind, logical: str) -> tuple[str, ...]:
+    """Every attribute name any release used for ``logical``, newest row first."""
+    names: list[str] = []
+    for row in reversed(rows_for(kind)):
+        attr = row.storage.get(logical)
+        if attr and attr not in names:
+            names.append(attr)
+    return tuple(names)
+
+
+def logical_names(kind: TensorKind) -> tuple[str, ...]:
+    return tuple(sorted({n for r in rows_for(kind) for n in r.storage}))
+
+
+def is_public(attr: str) -> bool:
+    return _pub(attr)

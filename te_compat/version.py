@@ -1,0 +1,157 @@
+"""Which Transformer Engine is installed, without importing it.
+
+The version comes from ``transformer_engine.__version__`` when TE is already imported, else
+from package metadata (``__version__`` is missing before TE 1.5). Releases are compared on
+their release segment only: a dev, pre, post or local build of 2.14 (``2.14.0.dev0+5fdd7bb``)
+counts as 2.14, because it has 2.14's classes; a fork's ``0.1.0+te2.9.0`` counts as 2.9.0.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass
+from functools import cache
+
+from packaging.version import InvalidVersion, Version
+
+from te_compat.errors import TENotFoundError, TEVersionError
+
+# Distributions that carry TE's Python package, in the order they are asked.
+DISTRIBUTIONS = (
+    "transformer-engine",
+    "transformer-engine-cu13",
+    "transformer-engine-cu12",
+    "transformer-engine-torch",
+)
+_FORK_LOCAL = re.compile(r"te(\d+(?:\.\d+){1,2})")
+
+
+@dataclass(frozen=True)
+class TEStatus:
+    """What is known of the installed TE. ``usable`` is None until an import was tried."""
+
+    version: Version | None
+    raw_version: str | None
+    source: str | None  # "transformer_engine.__version__" or the distribution name
+    usable: bool | None = None
+    reason: str = ""
+
+    @property
+    def present(self) -> bool:
+        return self.version is not None or self.raw_version is not None
+
+
+def parse_te_version(raw: str) -> Version:
+    """Parse a TE version string into the release it stands for (see the module docstring)."""
+    try:
+        parsed = Version(raw.strip())
+    except InvalidVersion as exc:
+        raise TEVersionError(
+            f"cannot read Transformer Engine version {raw!r}: expected a PEP 440 version "
+            "such as '2.14.1' or '2.3.0.dev0+5fdd7bb'"
+        ) from exc
+    fork = _FORK_LOCAL.search(parsed.local or "")
+    if fork:
+        return Version(fork.group(1))
+    return parsed
+
+
+def release_of(version: Version) -> Version:
+    """The plain release a build stands for: 2.14.0.dev0+abc -> 2.14.0."""
+    return Version(".".join(str(p) for p in version.release))
+
+
+def _read_installed() -> tuple[str | None, str | None]:
+    module = sys.modules.get("transformer_engine")
+    raw = getattr(module, "__version__", None) if module is not None else None
+    if isinstance(raw, str):
+        return raw, "transformer_engine.__version__"
+    for dist in DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(dist), dist
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    try:
+        found = importlib.util.find_spec("transformer_engine") is not None
+    except (ImportError, ValueError):
+        found = False
+    return (None, "transformer_engine (no version metadata)") if found else (None, None)
+
+
+@cache
+def te_status() -> TEStatus:
+    """The installed TE, cached; TE is not imported (see :func:`te_import_status`)."""
+    raw, source = _read_installed()
+    if raw is None:
+        if source is None:
+            return TEStatus(None, None, None, usable=False, reason="transformer_engine is not installed")
+        return TEStatus(None, None, source, reason="transformer_engine is importable but has no version")
+    try:
+        version = parse_te_version(raw)
+    except TEVersionError as exc:
+        return TEStatus(None, raw, source, usable=False, reason=str(exc))
+    return TEStatus(version, raw, source)
+
+
+@cache
+def te_import_status() -> TEStatus:
+    """Like :func:`te_status`, after trying ``import transformer_engine.pytorch`` once.
+
+    A TE whose import raises (an OSError from its native loader on a machine without CUDA,
+    say) is reported present but unusable, with the reason; nothing is raised.
+    """
+    status = te_status()
+    if not status.present and status.source is None:
+        return status
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:  # any failure of TE's import makes it unusable, not us
+        return TEStatus(status.version, status.raw_version, status.source, usable=False,
+                        reason=f"import transformer_engine.pytorch failed: {type(exc).__name__}: {exc}")
+    te_status.cache_clear()  # the module's own __version__ is now the best source
+    fresh = te_status()
+    return TEStatus(fresh.version, fresh.raw_version, fresh.source, usable=True, reason="imported")
+
+
+def te_version() -> Version | None:
+    """The installed TE release (see the module docstring for dev builds), or None."""
+    return te_status().version
+
+
+def te_min_version(version: str) -> bool:
+    """True when TE is installed and its release is at least ``version``.
+
+    Only the release segment counts: a dev build of 2.14 passes ``te_min_version("2.14")``.
+    """
+    installed = te_version()
+    if installed is None:
+        return False
+    return installed.release >= Version(version).release
+
+
+def require_te(min_version: str | None = None, feature: str | None = None) -> Version:
+    """Return the installed TE release, or raise an error naming what was found and needed."""
+    status = te_status()
+    what = f" for {feature}" if feature else ""
+    need = f" >= {min_version}" if min_version else ""
+    if status.version is None:
+        found = status.reason or "no transformer_engine"
+        raise TENotFoundError(f"Transformer Engine{need} is required{what}; found: {found}")
+    if min_version is not None and not te_min_version(min_version):
+        raise TEVersionError(
+            f"Transformer Engine{need} is required{what}; found {status.raw_version} "
+            f"(from {status.source})"
+        )
+    return status.version
+
+
+def refresh() -> None:
+    """Forget every cached fact about the installed TE (after installing one in-process)."""
+    te_status.cache_clear()
+    te_import_status.cache_clear()
+    from te_compat import probe
+
+    probe.clear_caches()
