@@ -1,0 +1,34 @@
+"""mok: zero-copy views over routed-expert weights and the MXFP8 scale layout for tcgen05.
+
+mok reads Transformer Engine objects only through te_compat.
+"""
+
+from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
+from mok.layout import layout_offset, layout_shape, padded_shape
+from mok.shared_expert import prepare_shared_expert_config
+from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
+from mok.views import (
+    GroupedExpertWeights,
+    SplitExpertWeights,
+    grouped_weight_view,
+    split_weight_view,
+    storage_view,
+)
+
+__all__ = [
+    "ExpertWeightError",
+    "GroupedExpertWeights",
+    "LayoutError",
+    "MokError",
+    "RefreshError",
+    "SplitExpertWeights",
+    "grouped_weight_view",
+    "layout_offset",
+    "layout_shape",
+    "padded_shape",
+    "prepare_shared_expert_config",
+    "split_weight_view",
+    "storage_view",
+    "swizzle_mxfp8_scales",
+    "swizzle_mxfp8_scales_many",
+]

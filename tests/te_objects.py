@@ -1,0 +1,143 @@
+"""Realistic stand-in TE objects (see standins.py) filled with buffers shaped as TE shapes them.
+
+Which attribute holds which buffer comes from ../shared/te-releases/facts.md ("Storage
+attributes"), written here independently of te_compat's table so the table is checked, not
+echoed. Which classes exist, where, and what they assign comes from matrix/records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from packaging.version import Version
+
+from matrix.extract import load_record
+from matrix.releases import matrix_release, release_versions
+from tests.standins import make_standin
+
+# facts.md: MXFP8 stores _rowwise_data/_columnwise_data (uint8, both [M, K]) and padded uint8
+# scales _rowwise_scale_inv [roundup(M,128), roundup(K/32,4)], _columnwise_scale_inv
+# [roundup(M/32,4), roundup(K,128)]; 2.12+ adds _with_gemm_swizzled_scales.
+SWIZZLE_FLAG_SINCE = Version("2.12")
+GROUPED_RENAME_SINCE = Version("2.14")  # facts.md: data -> rowwise_data, shape -> tensor_shapes
+
+
+def rel(v: str) -> Version:
+    return Version(v)
+
+
+def class_path(release: str, name: str) -> str:
+    """The module path of class ``name`` in ``release``, read off the record (not the table)."""
+    classes = load_record(matrix_release(release).source_from)["classes"]
+    hits = [p for p, c in classes.items() if c["name"] == name]
+    if not hits:
+        raise LookupError(f"TE {release} defines no class {name}")
+    # Prefer the user-facing tensor class over a same-named storage class.
+    return sorted(hits, key=lambda p: ".storage." in p)[0]
+
+
+def releases_with(name: str) -> list[str]:
+    out = []
+    for v in release_versions():
+        classes = load_record(matrix_release(v).source_from)["classes"]
+        if any(c["name"] == name for c in classes.values()):
+            out.append(v)
+    return out
+
+
+def roundup(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def garbage_padded(rows: int, cols: int, pad_rows: int, pad_cols: int, g: torch.Generator) -> torch.Tensor:
+    """A TE-padded scale buffer: random logical bytes, 0xFF garbage in the padding (TE >= 2.7
+    leaves padding uninitialised)."""
+    buf = torch.full((pad_rows, pad_cols), 0xFF, dtype=torch.uint8)
+    buf[:rows, :cols] = torch.randint(0, 256, (rows, cols), dtype=torch.uint8, generator=g)
+    return buf
+
+
+def mxfp8_buffers(m: int, k: int, g: torch.Generator, columnwise: bool = True) -> dict[str, Any]:
+    out = {
+        "_rowwise_data": torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g),
+        "_rowwise_scale_inv": garbage_padded(m, k // 32, roundup(m, 128), roundup(k // 32, 4), g),
+    }
+    if columnwise:
+        out["_columnwise_data"] = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+        out["_columnwise_scale_inv"] = garbage_padded(m // 32, k, roundup(m // 32, 4), roundup(k, 128), g)
+    return out
+
+
+def mxfp8_tensor(release: str, m: int, k: int, *, seed: int = 0, columnwise: bool = True,
+                 param: bool = False, **extra: Any) -> Any:
+    g = torch.Generator().manual_seed(seed)
+    attrs = mxfp8_buffers(m, k, g, columnwise)
+    if rel(release) >= SWIZZLE_FLAG_SINCE:
+        attrs.setdefault("_with_gemm_swizzled_scales", False)
+    attrs.update(extra)
+    t = make_standin(release, class_path(release, "MXFP8Tensor"), attrs, shape=(m, k))
+    return torch.nn.Parameter(t, requires_grad=False) if param else t
+
+
+def float8_tensor(release: str, m: int, k: int, *, seed: int = 0, param: bool = False) -> Any:
+    g = torch.Generator().manual_seed(seed)
+    attrs = {
+        "_data": torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g),
+        "_scale_inv": torch.rand(1, generator=g),
+        "_transpose": torch.randint(0, 256, (k, m), dtype=torch.uint8, generator=g),
+    }
+    t = make_standin(release, class_path(release, "Float8Tensor"), attrs, shape=(m, k))
+    return torch.nn.Parameter(t, requires_grad=False) if param else t
+
+
+def grouped_tensor(release: str, experts: int, rows: int, cols: int, *, mxfp8: bool, seed: int = 0,
+                   members: bool = True, param: bool = True, swizzled: bool = False,
+                   columnwise: bool = True) -> Any:
+    """A GroupedTensor as facts.md records it on 2.20.2: flat 1-D buffers, scales expert-major,
+    per-expert MXFP8 members whose scale views sit in the grouped buffer."""
+    g = torch.Generator().manual_seed(seed)
+    new_names = rel(release) >= GROUPED_RENAME_SINCE
+    data_name, shapes_name = ("rowwise_data", "tensor_shapes") if new_names else ("data", "shape")
+    n = experts * rows * cols
+    attrs: dict[str, Any] = {"num_tensors": experts, shapes_name: [(rows, cols)] * experts}
+    if not mxfp8:
+        attrs[data_name] = torch.randn(n, generator=g).to(torch.bfloat16)
+    else:
+        rp, rc = roundup(rows, 128), roundup(cols // 32, 4)
+        cp, cc = roundup(rows // 32, 4), roundup(cols, 128)
+        row_scales = torch.cat([garbage_padded(rows, cols // 32, rp, rc, g).flatten() for _ in range(experts)])
+        attrs.update({
+            data_name: torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
+            "scale_inv": row_scales,
+            "scale_inv_offsets": [e * rp * rc for e in range(experts + 1)],
+            "quantizer": object(),  # stands for an MXFP8Quantizer: only its presence is read
+        })
+        if columnwise:
+            attrs.update({
+                "columnwise_data": torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
+                "columnwise_scale_inv": torch.cat(
+                    [garbage_padded(rows // 32, cols, cp, cc, g).flatten() for _ in range(experts)]),
+                "columnwise_scale_inv_offsets": [e * cp * cc for e in range(experts + 1)],
+            })
+        if swizzled:
+            attrs["_with_gemm_swizzled_scales"] = True
+        if members:
+            mem = []
+            for e in range(experts):
+                pieces = {
+                    "_rowwise_data": attrs[data_name][e * rows * cols:(e + 1) * rows * cols].view(rows, cols),
+                    "_rowwise_scale_inv": row_scales[e * rp * rc:(e + 1) * rp * rc].view(rp, rc),
+                }
+                if columnwise:
+                    pieces["_columnwise_data"] = attrs["columnwise_data"][e * rows * cols:(e + 1) * rows * cols].view(rows, cols)
+                    pieces["_columnwise_scale_inv"] = attrs["columnwise_scale_inv"][e * cp * cc:(e + 1) * cp * cc].view(cp, cc)
+                if rel(release) >= SWIZZLE_FLAG_SINCE:
+                    pieces["_with_gemm_swizzled_scales"] = swizzled
+                mem.append(make_standin(release, class_path(release, "MXFP8Tensor"), pieces, shape=(rows, cols)))
+            attrs["quantized_tensors"] = mem
+    path = class_path(release, "GroupedTensor")
+    obj = make_standin(release, path, attrs, shape=(experts, rows, cols))
+    if param and isinstance(obj, torch.Tensor):
+        return torch.nn.Parameter(obj, requires_grad=False)
+    return obj

@@ -1,0 +1,164 @@
+"""The torch reference against the spec: hand-checkable vectors, the formula, padding, strides."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mok
+from mok import LayoutError, layout_offset, swizzle_mxfp8_scales
+from mok.layout import columnwise_scales, rowwise_scales
+from tests.spec_oracle import spec_layout, spec_offset
+
+# ../shared/spec/mxfp8-scale-layout.md, "Hand-checkable vectors": (R, C, r, c, byte)
+SPEC_VECTORS = [
+    (128, 4, 0, 3, 3), (128, 4, 1, 0, 16), (128, 4, 31, 3, 499), (128, 4, 32, 0, 4),
+    (128, 4, 33, 1, 21), (128, 4, 64, 2, 10), (128, 4, 96, 3, 15), (128, 4, 100, 1, 77),
+    (128, 4, 127, 3, 511),
+    (256, 8, 0, 4, 512), (256, 8, 127, 4, 1020), (256, 8, 128, 0, 1024), (256, 8, 130, 5, 1569),
+    (256, 8, 255, 7, 2047),
+    (200, 6, 199, 5, 1657),
+]
+
+
+@pytest.mark.parametrize(("rows", "cols", "r", "c", "byte"), SPEC_VECTORS)
+def test_spec_vectors_formula(rows: int, cols: int, r: int, c: int, byte: int) -> None:
+    assert layout_offset(r, c, rows, cols) == byte
+
+
+@pytest.mark.parametrize(("rows", "cols", "r", "c", "byte"), SPEC_VECTORS)
+def test_spec_vectors_through_the_reference(rows: int, cols: int, r: int, c: int, byte: int) -> None:
+    # a single marked byte must land exactly at the spec's offset and nowhere else
+    s = torch.zeros(rows, cols, dtype=torch.uint8)
+    s[r, c] = 0xA5
+    flat = swizzle_mxfp8_scales(s).flatten()
+    assert flat[byte] == 0xA5
+    assert int((flat != 0).sum()) == 1
+
+
+def test_padded_vector_zero_padding() -> None:
+    # R=200, C=6 pads to 256x8 = 2048 bytes; every byte no entry maps to is 0
+    s = torch.randint(1, 256, (200, 6), dtype=torch.uint8)
+    out = swizzle_mxfp8_scales(s).flatten()
+    assert out.numel() == 2048
+    hit = torch.zeros(2048, dtype=torch.bool)
+    for r in range(200):
+        for c in range(6):
+            hit[layout_offset(r, c, 200, 6)] = True
+            assert out[layout_offset(r, c, 200, 6)] == s[r, c]
+    assert int(hit.sum()) == 1200
+    assert bool((out[~hit] == 0).all())
+
+
+def test_columnwise_spec_vector() -> None:
+    # data M=256, K=256: Scol[5,130] lands at 1569 (it is S'[130,5])
+    scol = torch.zeros(8, 256, dtype=torch.uint8)
+    scol[5, 130] = 7
+    flat = swizzle_mxfp8_scales(columnwise_scales(scol, 256, 256)).flatten()
+    assert flat[1569] == 7 and int((flat != 0).sum()) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    experts=st.integers(1, 4), rows=st.integers(1, 300), cols=st.integers(1, 20),
+    transposed=st.booleans(), seed=st.integers(0, 2**31 - 1),
+)
+def test_reference_matches_spec_scatter(experts: int, rows: int, cols: int, transposed: bool, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(0, 256, (experts, cols, rows) if transposed else (experts, rows, cols),
+                         dtype=torch.uint8, generator=g)
+    logical = base.transpose(1, 2) if transposed else base  # any strides must work
+    assert torch.equal(swizzle_mxfp8_scales(logical), spec_layout(logical))
+
+
+def test_sliced_view_of_padded_buffer_never_copies_padding() -> None:
+    m, k = 96, 160  # not multiples of 128: TE pads rows to 128, k/32=5 columns to 8
+    buf = torch.full((128, 8), 0xFF, dtype=torch.uint8)
+    buf[:m, : k // 32] = torch.randint(0, 0xFF, (m, k // 32), dtype=torch.uint8)
+    logical = rowwise_scales(buf, m, k)
+    assert logical.data_ptr() == buf.data_ptr() and logical.shape == (96, 5)
+    out = swizzle_mxfp8_scales(logical)
+    assert torch.equal(out, spec_layout(buf[:m, : k // 32].clone()))
+    assert 0xFF not in set(out.flatten().tolist()) - set(logical.flatten().tolist())
+
+
+def test_out_is_written_in_place() -> None:
+    s = torch.randint(0, 256, (3, 128, 8), dtype=torch.uint8)
+    out = torch.full(mok.layout_shape(128, 8, 3), 0xEE, dtype=torch.uint8)
+    ptr = out.data_ptr()
+    res = swizzle_mxfp8_scales(s, out=out)
+    assert res is out and out.data_ptr() == ptr
+    assert torch.equal(out, spec_layout(s))
+
+
+def test_e8m0_dtype_is_accepted() -> None:
+    s = torch.randint(0, 256, (128, 4), dtype=torch.uint8)
+    assert torch.equal(swizzle_mxfp8_scales(s.view(torch.float8_e8m0fnu)), swizzle_mxfp8_scales(s))
+
+
+@pytest.mark.parametrize(
+    ("scales", "message"),
+    [
+        (torch.zeros(4, 4, dtype=torch.float32), "expected uint8"),
+        (torch.zeros(4, dtype=torch.uint8), "expected a non-empty logical scale matrix"),
+        (torch.zeros(0, 4, dtype=torch.uint8), "expected a non-empty"),
+        (torch.zeros(2, 2, 2, 2, dtype=torch.uint8), "found shape (2, 2, 2, 2)"),
+    ],
+)
+def test_bad_scales(scales: torch.Tensor, message: str) -> None:
+    with pytest.raises(LayoutError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        swizzle_mxfp8_scales(scales)
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        (torch.zeros(1, 1, 32, 16, dtype=torch.uint8), r"shape \(2, 1, 32, 16\)"),
+        (torch.zeros(2, 1, 32, 16, dtype=torch.int8), "dtype torch.uint8"),
+        (torch.zeros(2, 1, 16, 32, dtype=torch.uint8).transpose(2, 3), "contiguous"),
+    ],
+)
+def test_bad_out(out: torch.Tensor, message: str) -> None:
+    s = torch.zeros(256, 4, dtype=torch.uint8)
+    before = out.clone()
+    with pytest.raises(LayoutError, match=message):
+        swizzle_mxfp8_scales(s, out=out)
+    assert torch.equal(out, before)  # nothing written on a rejected call
+
+
+def test_out_aliasing_input_is_refused() -> None:
+    buf = torch.zeros(512, dtype=torch.uint8)
+    with pytest.raises(LayoutError, match="shares storage"):
+        swizzle_mxfp8_scales(buf.view(128, 4), out=buf.view(1, 1, 32, 16))
+
+
+def test_cuda_backend_refuses_cpu_tensors() -> None:
+    with pytest.raises(LayoutError, match="backend 'cuda' needs CUDA tensors; found scales on cpu"):
+        swizzle_mxfp8_scales(torch.zeros(128, 4, dtype=torch.uint8), backend="cuda")
+
+
+def test_many_matches_one_by_one() -> None:
+    mats = [torch.randint(0, 256, (r, c), dtype=torch.uint8) for r, c in [(128, 4), (200, 6), (33, 1)]]
+    outs = mok.swizzle_mxfp8_scales_many(mats)
+    for m, o in zip(mats, outs):
+        assert torch.equal(o, spec_layout(m))
+
+
+def test_many_errors() -> None:
+    with pytest.raises(LayoutError, match="at least one"):
+        mok.swizzle_mxfp8_scales_many([])
+    with pytest.raises(LayoutError, match=r"scales\[1\]: expected a 2-D"):
+        mok.swizzle_mxfp8_scales_many([torch.zeros(4, 4, dtype=torch.uint8), torch.zeros(2, 4, 4, dtype=torch.uint8)])
+    with pytest.raises(LayoutError, match="expected 2 output buffers"):
+        mok.swizzle_mxfp8_scales_many([torch.zeros(4, 4, dtype=torch.uint8)] * 2,
+                                      outs=[torch.zeros(1, 1, 32, 16, dtype=torch.uint8)])
+
+
+def test_formula_agrees_with_oracle_offsets() -> None:
+    for rows, cols in [(128, 4), (200, 6), (300, 13)]:
+        cp = -(-cols // 4) * 4
+        for r in range(0, rows, 7):
+            for c in range(cols):
+                assert layout_offset(r, c, rows, cols) == spec_offset(r, c, cp)

@@ -1,0 +1,109 @@
+"""The release table against the committed per-release records, and the check's teeth."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from matrix.check import check_record, check_release
+from matrix.extract import dumps, extract_wheel, load_record, record_path
+from matrix.releases import matrix_releases, release_versions
+from te_compat import table
+from te_compat.table import TensorKind
+
+
+def test_matrix_lists_every_pypi_release() -> None:
+    versions = release_versions()
+    assert len(versions) == 30
+    assert versions[0] == "1.9.0" and versions[-1] == table.CHECKED_THROUGH
+    assert "2.0.0" not in versions and "0.0.0" not in versions
+    for r in matrix_releases():
+        assert r.live_cuda == (13 if Version(r.version) >= Version("2.9") else 12)
+        assert record_path(r.source_from).exists()
+
+
+@pytest.mark.parametrize("version", release_versions())
+def test_table_agrees_with_release(version: str) -> None:
+    assert check_release(version) == []
+
+
+def _with_row(kind: TensorKind, first: str, **changes: object) -> tuple[table.StorageRow, ...]:
+    rows = list(table.ROWS)
+    i = next(i for i, r in enumerate(rows) if r.kind is kind and r.since == first)
+    rows[i] = dataclasses.replace(rows[i], **changes)  # type: ignore[arg-type]
+    return tuple(rows)
+
+
+def test_a_wrong_attribute_name_fails() -> None:
+    row = next(r for r in table.ROWS if r.kind is TensorKind.MXFP8 and r.since == "2.12")
+    bad = _with_row(TensorKind.MXFP8, "2.12", storage={**row.storage, "rowwise_data": "_rowwise_payload"})
+    problems = check_record(load_record("2.14.1"), bad)
+    assert any("probes 'rowwise_data' as attribute '_rowwise_payload'" in p for p in problems)
+    assert any("assigns '_rowwise_data', unknown to the mxfp8 row" in p for p in problems)
+
+
+def test_a_wrong_release_range_fails() -> None:
+    bad = _with_row(TensorKind.GROUPED, "2.14", since="2.15")
+    problems = check_record(load_record("2.14.1"), bad)
+    assert any("no grouped row of the table covers 2.14.1" in p for p in problems)
+
+
+def test_a_wrong_module_path_fails() -> None:
+    bad = _with_row(TensorKind.FLOAT8, "2.9", classes=(
+        "transformer_engine.pytorch.tensor.float8_tensor.Float8Tensor",
+        "transformer_engine.pytorch.tensor._internal.float8_tensor_base.Float8TensorBase"))
+    problems = check_record(load_record("2.9.0"), bad)
+    assert any("looks for class transformer_engine.pytorch.tensor._internal.float8_tensor_base."
+               "Float8TensorBase, which this release does not define" in p for p in problems)
+
+
+def test_flag_claimed_too_early_fails() -> None:
+    row = next(r for r in table.ROWS if r.kind is TensorKind.MXFP8 and r.since == "2.9")
+    bad = _with_row(TensorKind.MXFP8, "2.9", storage={**row.storage, "scales_swizzled": "_with_gemm_swizzled_scales"})
+    assert any("_with_gemm_swizzled_scales" in p for p in check_record(load_record("2.11.0"), bad))
+
+
+def test_a_future_rename_is_caught() -> None:
+    record = json.loads(json.dumps(load_record("2.20.2")))
+    cls = record["classes"]["transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage.MXFP8TensorStorage"]
+    cls["assigns"] = [a.replace("_rowwise_scale_inv", "_rowwise_scales") for a in cls["assigns"]]
+    problems = check_record({**record, "release": "2.21.0"})
+    assert any("'_rowwise_scale_inv'" in p and "never assign" in p for p in problems)
+    assert any("assigns '_rowwise_scales', unknown" in p for p in problems)
+
+
+def test_extractor_reads_a_wheel(tmp_path: Path) -> None:
+    # a tiny wheel with one storage class: bases resolved through imports, constructor attrs
+    wheel = tmp_path / "transformer_engine-9.9.9-py3-none-any.whl"
+    src = (
+        "from ..quantized_tensor import QuantizedTensorStorage\n"
+        "class MXFP8TensorStorage(QuantizedTensorStorage):\n"
+        "    def __new__(cls, *a, rowwise_data=None, **k):\n"
+        "        instance = super().__new__(cls)\n"
+        "        instance._rowwise_data = rowwise_data\n"
+        "        return instance\n"
+        "    @property\n"
+        "    def device(self):\n"
+        "        return None\n"
+        "    def get_data_tensors(self):\n"
+        "        self._scratch = 1\n"
+    )
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("transformer_engine/pytorch/tensor/storage/mxfp8_tensor_storage.py", src)
+    rec = extract_wheel(wheel)
+    facts = rec["classes"]["transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage.MXFP8TensorStorage"]
+    assert rec["release"] == "9.9.9"
+    assert facts["bases"] == ["transformer_engine.pytorch.tensor.quantized_tensor.QuantizedTensorStorage"]
+    assert facts["assigns"] == ["_rowwise_data"]  # not _scratch: only constructors count
+    assert facts["properties"] == ["device"] and facts["methods"] == ["__new__", "get_data_tensors"]
+    assert dumps(rec).endswith("\n")
+
+
+def test_every_row_cites_its_release() -> None:
+    for row in table.ROWS:
+        assert row.introduced_by.startswith(f"TE {row.since}"), row

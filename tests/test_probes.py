@@ -1,0 +1,211 @@
+"""Every row of the release table, exercised on stand-ins of the releases it covers."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from packaging.version import Version
+
+import te_compat
+from matrix.releases import release_versions
+from te_compat import StorageNotFoundError, TensorKind, UnsupportedTensorError, storage_attr, storage_field
+from te_compat.table import ROWS, StorageRow
+from tests import te_objects as T
+from tests.standins import StandInDispatched, make_standin
+
+Installer = Callable[..., None]
+
+
+def _row_releases(row: StorageRow) -> list[str]:
+    """The oldest and newest matrix release each row covers."""
+    covered = [v for v in release_versions() if row.covers(Version(v))]
+    assert covered, f"row {row.kind} {row.span} covers no release in the matrix"
+    return sorted({covered[0], covered[-1]}, key=Version)
+
+
+ROW_CASES = [(row, v) for row in ROWS for v in _row_releases(row)]
+
+
+def _make(kind: TensorKind, release: str) -> tuple[object, dict[str, object]]:
+    """A stand-in Parameter of ``kind`` and, per logical name, the object facts.md says holds it."""
+    if kind is TensorKind.FLOAT8:
+        p = T.float8_tensor(release, 64, 128, param=True)
+        return p, {"data": p._data, "scale_inv": p._scale_inv, "transpose": p._transpose}
+    if kind is TensorKind.MXFP8:
+        p = T.mxfp8_tensor(release, 64, 128, param=True)
+        return p, {"rowwise_data": p._rowwise_data, "rowwise_scale_inv": p._rowwise_scale_inv,
+                   "columnwise_data": p._columnwise_data, "columnwise_scale_inv": p._columnwise_scale_inv}
+    if kind is TensorKind.GROUPED:
+        g = T.grouped_tensor(release, 2, 128, 64, mxfp8=True)
+        data = g.rowwise_data if Version(release) >= T.GROUPED_RENAME_SINCE else g.data
+        return g, {"rowwise_data": data, "data": data, "rowwise_scale_inv": g.scale_inv,
+                   "scale_inv": g.scale_inv, "columnwise_data": g.columnwise_data}
+    # blockwise and NVFP4: the facts.md names, filled with marker tensors
+    names = {"rowwise_data": "_rowwise_data", "columnwise_data": "_columnwise_data",
+             "rowwise_scale_inv": "_rowwise_scale_inv", "columnwise_scale_inv": "_columnwise_scale_inv"}
+    if kind is TensorKind.NVFP4:
+        names |= {"amax_rowwise": "_amax_rowwise", "amax_columnwise": "_amax_columnwise"}
+    attrs = {attr: torch.full((2,), i, dtype=torch.uint8) for i, attr in enumerate(names.values())}
+    cls = "Float8BlockwiseQTensor" if kind is TensorKind.FLOAT8_BLOCKWISE else "NVFP4Tensor"
+    t = make_standin(release, T.class_path(release, cls), attrs, shape=(64, 128))
+    return torch.nn.Parameter(t, requires_grad=False), {k: attrs[v] for k, v in names.items()}
+
+
+@pytest.mark.parametrize(("row", "release"), ROW_CASES, ids=[f"{r.kind}-{r.span}-TE{v}" for r, v in ROW_CASES])
+def test_row(row: StorageRow, release: str, installed_te: Installer) -> None:
+    installed_te(release)
+    obj, expected = _make(row.kind, release)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "moved class" or "newer than table" warning
+        assert te_compat.tensor_kind(obj) is row.kind
+        for logical, tensor in expected.items():
+            assert storage_attr(obj, logical) is tensor, logical
+        # every logical name of the row resolves, and only the row's attribute is read
+        for logical, attr in row.storage.items():
+            assert storage_field(obj, logical) is getattr(obj, attr)
+        # names other rows of the kind know but this release lacks read as None
+        for logical in te_compat.table.logical_names(row.kind):
+            if logical not in row.storage:
+                assert storage_field(obj, logical) is None
+
+
+@pytest.mark.parametrize("release", ["2.11.0", "2.12.0", "2.20.2"])
+def test_data_wrapper_is_new_but_shares_buffers(release: str, installed_te: Installer) -> None:
+    installed_te(release)
+    p = T.mxfp8_tensor(release, 64, 128, param=True)
+    inner = p.data
+    assert type(inner) is type(p) and inner is not p
+    assert storage_attr(inner, "rowwise_data") is storage_attr(p, "rowwise_data")
+    assert te_compat.tensor_kind(inner) is TensorKind.MXFP8
+
+
+def test_attribute_only_on_data_is_found(installed_te: Installer) -> None:
+    # On the Parameter first, then on .data: an object lacking the attribute whose .data has it.
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 128)
+    inner = T.mxfp8_tensor("2.20.2", 64, 128, seed=3)
+
+    class ParamLike(type(p)):  # type: ignore[misc]
+        data = property(lambda self: inner)
+
+    obj = torch.Tensor._make_wrapper_subclass(ParamLike, (64, 128), dtype=torch.bfloat16)
+    obj.__dict__.update({k: v for k, v in p.__dict__.items() if k != "_rowwise_data"})
+    assert storage_attr(obj, "rowwise_data") is inner._rowwise_data
+    assert storage_attr(obj, "columnwise_data") is p._columnwise_data  # the object's own wins
+
+
+def test_missing_attribute_names_attr_class_release(installed_te: Installer) -> None:
+    installed_te("2.14.1")
+    p = T.mxfp8_tensor("2.14.1", 64, 128, param=False)
+    del p.__dict__["_rowwise_scale_inv"]
+    with pytest.raises(StorageNotFoundError) as err:
+        storage_attr(p, "rowwise_scale_inv")
+    msg = str(err.value)
+    assert "'_rowwise_scale_inv'" in msg and "MXFP8Tensor" in msg and "TE 2.14.1" in msg
+
+
+def test_probing_never_dispatches(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 128, param=True)
+    with pytest.raises(StandInDispatched):
+        p + 1  # the stand-in's dispatch really is armed
+    for name in te_compat.table.logical_names(TensorKind.MXFP8):
+        storage_field(p, name)
+    te_compat.mxfp8_storage(p)
+
+
+def test_second_probe_uses_the_cache(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 128, param=True)
+    storage_attr(p, "rowwise_data")
+    from te_compat import probe
+
+    calls = []
+    original = probe.table.row_for
+    probe.table.row_for = lambda *a: calls.append(a) or original(*a)  # type: ignore[assignment]
+    try:
+        q = T.mxfp8_tensor("2.20.2", 64, 128, param=True, seed=1)
+        assert storage_attr(q, "rowwise_data") is q._rowwise_data
+    finally:
+        probe.table.row_for = original  # type: ignore[assignment]
+    assert calls == []
+
+
+def test_newer_release_warns_once_and_probes_every_name(installed_te: Installer) -> None:
+    installed_te("2.99.0")
+    p = T.mxfp8_tensor("2.20.2", 64, 128, param=True)
+    with pytest.warns(RuntimeWarning, match="2.99.0 is newer than the release table"):
+        assert storage_attr(p, "rowwise_data") is p._rowwise_data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert storage_attr(p, "columnwise_data") is p._columnwise_data
+
+
+def test_newer_release_grouped_probes_old_and_new_names(installed_te: Installer) -> None:
+    installed_te("3.0.0")
+    g = T.grouped_tensor("2.13.0", 2, 128, 64, mxfp8=True)  # only "data": found by the old name
+    with pytest.warns(RuntimeWarning):
+        assert storage_attr(g, "rowwise_data") is g.data
+
+
+def test_moved_class_is_read_by_name_with_a_warning(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 128)
+    moved = type("MXFP8Tensor", (torch.Tensor,), {
+        "__module__": "transformer_engine.pytorch.somewhere_new",
+        "__torch_dispatch__": classmethod(lambda *a, **k: NotImplemented),
+    })
+    obj = torch.Tensor._make_wrapper_subclass(moved, (64, 128), dtype=torch.bfloat16)
+    obj.__dict__.update(p.__dict__)
+    with pytest.warns(RuntimeWarning, match="not at any module path the release table knows"):
+        assert te_compat.tensor_kind(obj) is TensorKind.MXFP8
+
+
+def test_uncovered_te_quantized_class(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    hybrid = make_standin("2.20.2", T.class_path("2.20.2", "HybridQuantizedTensor"), shape=(4, 4))
+    assert te_compat.tensor_kind(hybrid) is TensorKind.OTHER_QUANTIZED
+    with pytest.raises(UnsupportedTensorError, match="HybridQuantizedTensor, of kind other_quantized"):
+        storage_attr(hybrid, "rowwise_data")
+
+
+def test_plain_tensor_and_non_tensor(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    assert te_compat.tensor_kind(torch.zeros(2)) is TensorKind.PLAIN
+    assert te_compat.tensor_kind(torch.nn.Parameter(torch.zeros(2))) is TensorKind.PLAIN
+    with pytest.raises(UnsupportedTensorError, match="found an object of class builtins.str"):
+        te_compat.tensor_kind("weight")
+    with pytest.raises(UnsupportedTensorError, match="of kind plain"):
+        storage_attr(torch.zeros(2), "rowwise_data")
+
+
+def test_unknown_logical_name(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 128)
+    with pytest.raises(ValueError, match="'rowwise_dta' is not a storage name of mxfp8 tensors; expected one of"):
+        storage_attr(p, "rowwise_dta")
+
+
+def test_storage_attr_refuses_non_tensor_fields(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 128)
+    with pytest.raises(UnsupportedTensorError, match="use storage_field"):
+        storage_attr(p, "scales_swizzled")
+    assert storage_field(p, "scales_swizzled") is False
+
+
+def test_probe_without_te_installed(installed_te: Installer) -> None:
+    installed_te(None)
+    p = T.mxfp8_tensor("2.20.2", 64, 128)
+    with pytest.raises(te_compat.TENotFoundError, match="no Transformer Engine version was found"):
+        storage_attr(p, "rowwise_data")
+
+
+def test_kind_older_than_its_first_row(installed_te: Installer) -> None:
+    installed_te("1.13.0")
+    p = T.mxfp8_tensor("2.20.2", 64, 128)
+    with pytest.raises(UnsupportedTensorError, match="predates every mxfp8 row"):
+        storage_attr(p, "rowwise_data")

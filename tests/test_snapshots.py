@@ -1,0 +1,106 @@
+"""Typed snapshots: the right buffers, the swizzled flag, and named errors for missing pieces."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import te_compat
+from te_compat import StorageNotFoundError, UnsupportedTensorError
+from tests import te_objects as T
+
+Installer = Callable[..., None]
+
+
+@pytest.mark.parametrize("release", ["2.1.0", "2.11.0", "2.12.0", "2.20.2"])
+def test_mxfp8_storage(release: str, installed_te: Installer) -> None:
+    installed_te(release)
+    p = T.mxfp8_tensor(release, 96, 160, param=True)
+    s = te_compat.mxfp8_storage(p)
+    assert s.shape == (96, 160)
+    assert s.rowwise_data is p._rowwise_data and s.columnwise_scale_inv is p._columnwise_scale_inv
+    assert s.scales_swizzled is False
+
+
+def test_mxfp8_swizzled_flag_2_12(installed_te: Installer) -> None:
+    installed_te("2.12.0")
+    p = T.mxfp8_tensor("2.12.0", 128, 128, _with_gemm_swizzled_scales=True)
+    assert te_compat.mxfp8_storage(p).scales_swizzled is True
+
+
+def test_flag_does_not_exist_before_2_12() -> None:
+    with pytest.raises(AttributeError, match="never assigns"):
+        T.mxfp8_tensor("2.11.0", 128, 128, _with_gemm_swizzled_scales=True)
+
+
+def test_mxfp8_rowwise_only(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 64, columnwise=False)
+    s = te_compat.mxfp8_storage(p)
+    assert s.columnwise_data is None
+    with pytest.raises(StorageNotFoundError, match=r"holds no columnwise_data \(attribute '_columnwise_data'.*TE 2.20.2"):
+        s.need("columnwise_data")
+
+
+def test_mxfp8_with_no_data_at_all(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 64, columnwise=False, _rowwise_data=None)
+    with pytest.raises(StorageNotFoundError, match="MXFP8Tensor holds no rowwise_data"):
+        te_compat.mxfp8_storage(p)
+
+
+@pytest.mark.parametrize("release", ["1.9.0", "1.12.0", "2.8.0", "2.20.2"])
+def test_float8_storage(release: str, installed_te: Installer) -> None:
+    installed_te(release)
+    p = T.float8_tensor(release, 32, 48, param=True)
+    s = te_compat.float8_storage(p)
+    assert s.data is p._data and s.transpose is p._transpose and s.scale_inv is p._scale_inv
+    assert s.shape == (32, 48) and s.transpose.shape == (48, 32)
+
+
+def test_float8_1x_keeps_scale_in_the_shared_dict(installed_te: Installer) -> None:
+    installed_te("1.13.0")
+    p = T.float8_tensor("1.13.0", 32, 48, param=True)
+    assert "_scale_inv" in p._fp8_attrs and "_scale_inv" not in p.__dict__
+    assert te_compat.float8_storage(p.data).scale_inv is p._fp8_attrs["_scale_inv"]
+
+
+@pytest.mark.parametrize("release", ["2.13.0", "2.14.0", "2.20.2"])
+def test_grouped_storage(release: str, installed_te: Installer) -> None:
+    installed_te(release)
+    g = T.grouped_tensor(release, 3, 256, 96, mxfp8=True)
+    s = te_compat.grouped_storage(g)
+    assert s.num_tensors == 3 and s.tensor_shapes == ((256, 96),) * 3
+    assert s.quantized and s.members is not None and len(s.members) == 3
+    assert s.rowwise_scale_inv_offsets == tuple(e * 256 * 4 for e in range(4))
+    assert s.rowwise_data.numel() == 3 * 256 * 96 and not s.scales_swizzled
+
+
+def test_grouped_bf16(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    s = te_compat.grouped_storage(T.grouped_tensor("2.20.2", 2, 64, 32, mxfp8=False))
+    assert not s.quantized and s.rowwise_data.dtype == torch.bfloat16 and s.members is None
+
+
+def test_grouped_swizzled_flag(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    s = te_compat.grouped_storage(T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True, swizzled=True))
+    assert s.scales_swizzled
+
+
+def test_2_13_grouped_flag_comes_from_members(installed_te: Installer) -> None:
+    installed_te("2.13.0")
+    g = T.grouped_tensor("2.13.0", 2, 128, 128, mxfp8=True)
+    for m in g.quantized_tensors:
+        m._with_gemm_swizzled_scales = True
+    assert te_compat.grouped_storage(g).scales_swizzled
+
+
+def test_wrong_kind(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    with pytest.raises(UnsupportedTensorError, match="mxfp8_storage expects a TE mxfp8 tensor; found .*Float8Tensor"):
+        te_compat.mxfp8_storage(T.float8_tensor("2.20.2", 32, 32))
+    with pytest.raises(UnsupportedTensorError, match="grouped_storage expects"):
+        te_compat.grouped_storage(torch.zeros(3))

@@ -1,0 +1,124 @@
+"""TE version detection: every string form, TE absent, TE present but broken."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+import te_compat
+from te_compat import TENotFoundError, TEVersionError, parse_te_version, require_te, te_min_version
+
+
+@pytest.mark.parametrize(
+    ("raw", "release"),
+    [
+        ("2.14.1", "2.14.1"),
+        ("2.3.0.dev0+5fdd7bb", "2.3.0"),
+        ("2.14.0.dev0", "2.14.0"),
+        ("2.6.0.post1", "2.6.0"),
+        ("2.14.0rc1", "2.14.0"),
+        ("1.9.0", "1.9.0"),
+        ("0.1.0+te2.9.0", "2.9.0"),  # a fork naming the TE release in its local part
+        (" 2.20.2\n", "2.20.2"),
+    ],
+)
+def test_parse(raw: str, release: str) -> None:
+    assert te_compat.version.release_of(parse_te_version(raw)) == Version(release)
+
+
+def test_parse_rejects_garbage() -> None:
+    with pytest.raises(TEVersionError, match="cannot read Transformer Engine version 'banana'"):
+        parse_te_version("banana")
+
+
+def test_dev_build_counts_as_its_release(installed_te) -> None:  # type: ignore[no-untyped-def]
+    installed_te("2.14.0.dev0+abc123")
+    assert te_min_version("2.14")
+    assert te_min_version("2.14.0")
+    assert not te_min_version("2.14.1")
+    assert te_compat.te_version() == Version("2.14.0.dev0+abc123")
+    assert require_te("2.13", feature="grouped") == Version("2.14.0.dev0+abc123")
+
+
+def test_absent(installed_te) -> None:  # type: ignore[no-untyped-def]
+    installed_te(None)
+    status = te_compat.te_status()
+    assert not status.present and status.version is None
+    assert "not installed" in status.reason
+    assert not te_min_version("1.0")
+    with pytest.raises(TENotFoundError, match=r"Transformer Engine >= 2.12 is required for swizzle; found: "
+                                              r"transformer_engine is not installed"):
+        require_te("2.12", feature="swizzle")
+
+
+def test_too_old(installed_te) -> None:  # type: ignore[no-untyped-def]
+    installed_te("2.11.0", "transformer-engine-cu13")
+    with pytest.raises(TEVersionError, match=r">= 2.12 is required for the flag; found 2.11.0 \(from "
+                                             r"transformer-engine-cu13\)"):
+        require_te("2.12", feature="the flag")
+
+
+def test_unparseable_metadata_is_reported_not_raised(installed_te) -> None:  # type: ignore[no-untyped-def]
+    installed_te("not-a-version")
+    status = te_compat.te_status()
+    assert status.version is None and status.raw_version == "not-a-version"
+    assert "cannot read" in status.reason
+
+
+def _run(code: str, path: Path) -> str:
+    env_code = f"import sys; sys.path.insert(0, {str(path)!r}); " + textwrap.dedent(code)
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, cwd=root, check=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("dist", "version"),
+    [("transformer_engine", "2.3.0.dev0+5fdd7bb"), ("transformer_engine_cu13", "2.20.2"),
+     ("transformer_engine_cu12", "1.13.0"), ("transformer_engine_torch", "2.9.0")],
+)
+def test_version_from_real_package_metadata(tmp_path: Path, dist: str, version: str) -> None:
+    info = tmp_path / f"{dist}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    out = _run("import te_compat; s = te_compat.te_status(); print(s.raw_version, s.source)", tmp_path)
+    assert out.split()[0] == version
+    assert out.split()[1].replace("-", "_") == dist
+
+
+def test_module_version_wins_when_imported(tmp_path: Path) -> None:
+    pkg = tmp_path / "transformer_engine"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("__version__ = '2.14.1'\n")
+    out = _run("import transformer_engine, te_compat; s = te_compat.te_status(); print(s.raw_version, s.source)",
+               tmp_path)
+    assert out == "2.14.1 transformer_engine.__version__"
+
+
+def test_te_whose_import_raises_is_present_but_unusable(tmp_path: Path) -> None:
+    # A TE that installs (metadata) but whose native loader fails, as on a machine without CUDA.
+    info = tmp_path / "transformer_engine-2.20.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: transformer_engine\nVersion: 2.20.2\n")
+    pkg = tmp_path / "transformer_engine"
+    (pkg / "pytorch").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "pytorch" / "__init__.py").write_text("raise OSError('libcudart.so.13: cannot open shared object file')\n")
+    out = _run(
+        """
+        import json, te_compat
+        c = te_compat.capabilities()
+        print(json.dumps([c.te_present, c.te_usable, c.te_version, c.te_reason]))
+        """,
+        tmp_path,
+    )
+    import json
+
+    present, usable, version, reason = json.loads(out)
+    assert present is True and usable is False and version == "2.20.2"
+    assert "OSError: libcudart.so.13" in reason
