@@ -78,16 +78,12 @@ def check_record(record: dict[str, Any], rows: tuple[StorageRow, ...] = table.RO
         missing_classes = [p for p in row.classes if p not in classes]
         for path in missing_classes:
             problems.append(
-                f"TE {release}: {kind} row {row.span} looks for class {path}, which this "
-                f"release does not define"
+                f"TE {release}: {kind} row {row.span} looks for class {path}, which this release does not define"
             )
         # A class of this kind that the release defines but the covering row does not name.
         for path in present:
             if path not in row.classes:
-                problems.append(
-                    f"TE {release}: defines {path} ({kind}), which {kind} row {row.span} "
-                    f"does not name"
-                )
+                problems.append(f"TE {release}: defines {path} ({kind}), which {kind} row {row.span} does not name")
         assigns, props = _assigned(classes, [p for p in row.classes if p in classes])
         for logical, attr in row.storage.items():
             if attr not in assigns and attr not in props:

@@ -44,15 +44,23 @@ def wheel_path(release: str, cache: Path = WHEEL_CACHE) -> Path:
     if found:
         return found[0]
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-         "--dest", str(cache), f"transformer-engine=={release}"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--dest",
+            str(cache),
+            f"transformer-engine=={release}",
+        ],
         check=True,
     )
     found = sorted(cache.glob(f"transformer_engine-{release}-py3-none-any.whl"))
     if not found:
-        raise FileNotFoundError(
-            f"pip download of transformer-engine=={release} left no pure-Python wheel in {cache}"
-        )
+        raise FileNotFoundError(f"pip download of transformer-engine=={release} left no pure-Python wheel in {cache}")
     return found[0]
 
 
@@ -79,11 +87,7 @@ def _import_map(tree: ast.Module, module: str, is_package: bool) -> dict[str, st
                     alias.name if alias.asname else alias.name.split(".")[0]
                 )
         elif isinstance(node, ast.ImportFrom):
-            base = (
-                _resolve_relative(module, node.level, node.module, is_package)
-                if node.level
-                else (node.module or "")
-            )
+            base = _resolve_relative(module, node.level, node.module, is_package) if node.level else (node.module or "")
             for alias in node.names:
                 names[alias.asname or alias.name] = f"{base}.{alias.name}"
     return names
@@ -132,11 +136,7 @@ def _assigned_attrs(func: ast.FunctionDef) -> set[str]:
             targets = [node.target]
         for target in targets:
             for sub in ast.walk(target):
-                if (
-                    isinstance(sub, ast.Attribute)
-                    and isinstance(sub.value, ast.Name)
-                    and sub.value.id in owners
-                ):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in owners:
                     found.add(sub.attr)
     return found
 
@@ -160,8 +160,10 @@ def _class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local:
             # ``_scale_inv = property(**_make_fp8_attr_property_funcs("scale_inv"))`` (1.x) and
             # ``data = property(_get_data, _set_data)``
             for target in node.targets:
-                if isinstance(target, ast.Name) and isinstance(node.value, ast.Call) and (
-                    _dotted(node.value.func) == "property"
+                if (
+                    isinstance(target, ast.Name)
+                    and isinstance(node.value, ast.Call)
+                    and (_dotted(node.value.func) == "property")
                 ):
                     properties.append(target.id)
     return {
@@ -180,8 +182,7 @@ def extract_wheel(wheel: Path) -> dict[str, Any]:
     classes: dict[str, dict[str, Any]] = {}
     with zipfile.ZipFile(wheel) as archive:
         names = sorted(
-            n for n in archive.namelist()
-            if n.endswith(".py") and (n.startswith(SOURCE_PREFIXES) or n in SOURCE_FILES)
+            n for n in archive.namelist() if n.endswith(".py") and (n.startswith(SOURCE_PREFIXES) or n in SOURCE_FILES)
         )
         for name in names:
             tree = ast.parse(archive.read(name), filename=name)
@@ -206,9 +207,7 @@ def dumps(record: dict[str, Any]) -> str:
 def load_record(release: str) -> dict[str, Any]:
     path = record_path(release)
     if not path.exists():
-        raise FileNotFoundError(
-            f"no record for TE {release} at {path}; run `python -m matrix.extract {release}`"
-        )
+        raise FileNotFoundError(f"no record for TE {release} at {path}; run `python -m matrix.extract {release}`")
     return json.loads(path.read_text())
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomllib
 from packaging.version import Version
 
 RELEASES_FILE = Path(__file__).resolve().parent / "releases.toml"
@@ -25,8 +25,7 @@ class MatrixRelease:
 def matrix_releases(path: Path = RELEASES_FILE) -> list[MatrixRelease]:
     data = tomllib.loads(path.read_text())
     rows = [
-        MatrixRelease(r["version"], int(r["live_cuda"]), r.get("source_from", r["version"]))
-        for r in data["release"]
+        MatrixRelease(r["version"], int(r["live_cuda"]), r.get("source_from", r["version"])) for r in data["release"]
     ]
     return sorted(rows, key=lambda r: Version(r.version))
 

@@ -47,9 +47,7 @@ def layout_offset(r: int, c: int, rows: int, cols: int) -> int:
 
 def _as_uint8(t: torch.Tensor, name: str) -> torch.Tensor:
     if t.dtype not in _SCALE_DTYPES:
-        raise LayoutError(
-            f"{name}: expected uint8 (E8M0) scales; found dtype {t.dtype} of shape {tuple(t.shape)}"
-        )
+        raise LayoutError(f"{name}: expected uint8 (E8M0) scales; found dtype {t.dtype} of shape {tuple(t.shape)}")
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 
@@ -85,13 +83,11 @@ def check_out(out: torch.Tensor, batch: torch.Tensor, name: str = "out") -> None
         problems.append(f"a contiguous buffer (found strides {out.stride()})")
     if problems:
         raise LayoutError(
-            f"{name} cannot hold the layout of scales {tuple(batch.shape)}: expected "
-            + ", ".join(problems)
+            f"{name} cannot hold the layout of scales {tuple(batch.shape)}: expected " + ", ".join(problems)
         )
     if out.untyped_storage().data_ptr() == batch.untyped_storage().data_ptr():
         raise LayoutError(
-            f"{name} shares storage with the input scales; the layout cannot be written over "
-            "its own input"
+            f"{name} shares storage with the input scales; the layout cannot be written over its own input"
         )
 
 
@@ -124,9 +120,7 @@ def _blocks(n: int, name: str) -> int:
 
 def _cut(buffer: torch.Tensor, r: int, c: int, name: str) -> torch.Tensor:
     if buffer.dim() < 2 or buffer.shape[-2] < r or buffer.shape[-1] < c:
-        raise LayoutError(
-            f"{name}: expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(buffer.shape)}"
-        )
+        raise LayoutError(f"{name}: expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(buffer.shape)}")
     return _as_uint8(buffer, name)[..., :r, :c]
 
 
@@ -135,8 +129,7 @@ def grouped_scales(flat: torch.Tensor, experts: int, rows: int, cols: int, name:
     flat = _as_uint8(flat, name)
     if flat.dim() != 1 or not flat.is_contiguous():
         raise LayoutError(
-            f"{name}: expected a flat contiguous buffer; found shape {tuple(flat.shape)} "
-            f"strides {flat.stride()}"
+            f"{name}: expected a flat contiguous buffer; found shape {tuple(flat.shape)} strides {flat.stride()}"
         )
     if flat.numel() != experts * rows * cols:
         raise LayoutError(

@@ -33,7 +33,7 @@ def prepare_shared_expert_config(config: T) -> T:
             f"prepare_shared_expert_config: expected a config with attributes fp8 and fp8_param; "
             f"{type(config).__name__} lacks {', '.join(missing)}"
         )
-    if not getattr(config, "fp8_param"):
+    if not config.fp8_param:
         return config
     shared = copy.copy(config)
     shared.fp8 = None  # type: ignore[attr-defined]
@@ -41,8 +41,7 @@ def prepare_shared_expert_config(config: T) -> T:
     if not _warned and _is_rank_zero():
         _warned = True
         warnings.warn(
-            f"shared experts run in BF16: FP8 execution (fp8={getattr(config, 'fp8')!r}) and FP8 "
-            "parameters are disabled for them",
+            f"shared experts run in BF16: FP8 execution (fp8={config.fp8!r}) and FP8 parameters are disabled for them",
             UserWarning,
             stacklevel=2,
         )

@@ -16,7 +16,7 @@ from te_compat import kernel_backend
 
 
 def backend_for(device: torch.device, backend: str | None) -> str:
-    """"cuda" or "torch" for tensors on ``device`` under the requested backend."""
+    """ "cuda" or "torch" for tensors on ``device`` under the requested backend."""
     if device.type != "cuda":
         if backend == "cuda":
             raise LayoutError(f"backend 'cuda' needs CUDA tensors; found scales on {device}")
@@ -35,8 +35,8 @@ def swizzle_mxfp8_scales(
     """
     batch = as_batch(scales)
     if out is None:
-        out = torch.empty(layout_shape(*batch.shape[1:], batch.shape[0]), dtype=torch.uint8,
-                          device=batch.device)
+        experts, rows, cols = batch.shape
+        out = torch.empty(layout_shape(rows, cols, experts), dtype=torch.uint8, device=batch.device)
     else:
         check_out(out, batch)
     if backend_for(batch.device, backend) == "cuda":
@@ -71,16 +71,16 @@ def swizzle_mxfp8_scales_many(
         if b.device != device:
             raise LayoutError(f"scales[{i}] is on {b.device}; expected every matrix on {device}")
     if outs is None:
-        outs = [torch.empty(layout_shape(*b.shape[1:]), dtype=torch.uint8, device=device) for b in batches]
+        outs = [torch.empty(layout_shape(b.shape[1], b.shape[2]), dtype=torch.uint8, device=device) for b in batches]
     elif len(outs) != len(batches):
         raise LayoutError(f"expected {len(batches)} output buffers, one per scale matrix; found {len(outs)}")
-    for i, (b, o) in enumerate(zip(batches, outs)):
+    for i, (b, o) in enumerate(zip(batches, outs, strict=True)):
         check_out(o, b, f"outs[{i}]")
     if backend_for(device, backend) == "cuda":
         from mok.kernels import launcher
 
         launcher.swizzle_many(batches, list(outs))
     else:
-        for b, o in zip(batches, outs):
+        for b, o in zip(batches, outs, strict=True):
             swizzle_reference(b, o)
     return list(outs)

@@ -163,14 +163,11 @@ def _convert(
 
 def _check_grouped(gs: GroupedStorage, num_experts: int, rows: int, columns: int) -> None:
     if gs.num_tensors != num_experts:
-        raise ExpertWeightError(
-            f"grouped weight: expected {num_experts} experts; found {gs.num_tensors}"
-        )
+        raise ExpertWeightError(f"grouped weight: expected {num_experts} experts; found {gs.num_tensors}")
     for e, shape in enumerate(gs.tensor_shapes):
         if tuple(shape) != (rows, columns):
             raise ExpertWeightError(
-                f"grouped weight: expected every expert of shape ({rows}, {columns}); "
-                f"expert {e} has {tuple(shape)}"
+                f"grouped weight: expected every expert of shape ({rows}, {columns}); expert {e} has {tuple(shape)}"
             )
 
 
@@ -227,15 +224,14 @@ def grouped_weight_view(
         if gs.quantized:
             raise ExpertWeightError("grouped weight is quantized (it has a quantizer); pass use_mxfp8=True")
         data = gs.need("rowwise_data")
-        return GroupedExpertWeights(num_experts, rows, columns, False,
-                                    storage_view(data, shape, dtype=data.dtype, name="grouped rowwise data"))
+        return GroupedExpertWeights(
+            num_experts, rows, columns, False, storage_view(data, shape, dtype=data.dtype, name="grouped rowwise data")
+        )
     _check_mxfp8_dims(rows, columns, "grouped weight")
     if not gs.quantized:
         raise ExpertWeightError("grouped weight holds no quantized data (no quantizer); pass use_mxfp8=False")
     if gs.members and tensor_kind(gs.members[0]) is not TensorKind.MXFP8:
-        raise ExpertWeightError(
-            f"grouped weight: expected MXFP8 experts; found {type(gs.members[0]).__name__} members"
-        )
+        raise ExpertWeightError(f"grouped weight: expected MXFP8 experts; found {type(gs.members[0]).__name__} members")
     if cached is not None:
         _check_cached(cached, GroupedExpertWeights, num_experts, rows, columns)
     row_data = storage_view(gs.need("rowwise_data"), shape, dtype=FP8_DTYPE, name="grouped rowwise data")
@@ -246,9 +242,13 @@ def grouped_weight_view(
     padded = grouped_scales(flat, num_experts, pr, pc, "grouped rowwise scales")
     _check_packing(gs, "rowwise", flat, pr * pc)
     row_scales, row_zc = _convert(
-        padded, padded[:, :rows, : columns // MXFP8_BLOCK], gs.scales_swizzled,
-        cached.row_scales if cached else None, bool(cached and cached.row_scales_zero_copy),
-        backend, "grouped rowwise scales",
+        padded,
+        padded[:, :rows, : columns // MXFP8_BLOCK],
+        gs.scales_swizzled,
+        cached.row_scales if cached else None,
+        bool(cached and cached.row_scales_zero_copy),
+        backend,
+        "grouped rowwise scales",
     )
     col_data = col_scales = None
     col_zc = False
@@ -261,16 +261,21 @@ def grouped_weight_view(
         padded = grouped_scales(flat, num_experts, pr, pc, "grouped columnwise scales")
         _check_packing(gs, "columnwise", flat, pr * pc)
         col_scales, col_zc = _convert(
-            padded, padded[:, : rows // MXFP8_BLOCK, :columns].transpose(1, 2), gs.scales_swizzled,
-            cached.col_scales if cached else None, bool(cached and cached.col_scales_zero_copy),
-            backend, "grouped columnwise scales",
+            padded,
+            padded[:, : rows // MXFP8_BLOCK, :columns].transpose(1, 2),
+            gs.scales_swizzled,
+            cached.col_scales if cached else None,
+            bool(cached and cached.col_scales_zero_copy),
+            backend,
+            "grouped columnwise scales",
         )
     elif cached is not None and cached.col_data is not None:
         raise RefreshError("grouped weight: the cached view has columnwise data, the weight no longer does")
     if cached is not None:
         return cached
-    return GroupedExpertWeights(num_experts, rows, columns, True, row_data, row_scales, col_data,
-                                col_scales, row_zc, col_zc)
+    return GroupedExpertWeights(
+        num_experts, rows, columns, True, row_data, row_scales, col_data, col_scales, row_zc, col_zc
+    )
 
 
 # ------------------------------------------------------------------------------ per expert
@@ -294,8 +299,7 @@ def _check_cached(cached: object, cls: type, num_experts: int, rows: int, column
     got = (cached.num_experts, cached.rows, cached.columns)  # type: ignore[attr-defined]
     if got != (num_experts, rows, columns):
         raise RefreshError(
-            f"cached view was built for (experts, rows, columns) = {got}; asked for "
-            f"{(num_experts, rows, columns)}"
+            f"cached view was built for (experts, rows, columns) = {got}; asked for {(num_experts, rows, columns)}"
         )
 
 
@@ -306,7 +310,9 @@ def _ptr_table(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.T
 def _expert_mxfp8(e: int, p: object, rows: int, columns: int):  # type: ignore[no-untyped-def]
     kind = tensor_kind(p)
     if kind is not TensorKind.MXFP8:
-        quantizer = storage_field(p, "quantizer") if kind not in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED) else None
+        quantizer = (
+            storage_field(p, "quantizer") if kind not in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED) else None
+        )
         extra = f", quantizer {type(quantizer).__name__}" if quantizer is not None else ""
         raise ExpertWeightError(
             f"expert {e}: expected an MXFP8 parameter; found {type(p).__name__} (kind {kind}{extra})"
@@ -335,8 +341,10 @@ def _convert_split(
     shape = layout_shape(r, c)
     count = len(logical)
     if outs is None:
-        if all(swizzled) and (r, c) == padded_shape(r, c) and all(
-            b.is_contiguous() and b.numel() == math.prod(shape) for b in te_buffers
+        if (
+            all(swizzled)
+            and (r, c) == padded_shape(r, c)
+            and all(b.is_contiguous() and b.numel() == math.prod(shape) for b in te_buffers)
         ):
             return tuple(b.view(shape) for b in te_buffers), True
         outs = _per_expert_outs(count, r, c, logical[0].device)
@@ -412,8 +420,11 @@ def split_weight_view(
     row_scales, row_zc = _convert_split(
         row_bufs,
         [rowwise_scales(b, rows, columns, f"expert {e} rowwise scales") for e, b in enumerate(row_bufs)],
-        swizzled, cached.row_scales if cached else None, bool(cached and cached.row_scales_zero_copy),
-        backend, "rowwise scales",
+        swizzled,
+        cached.row_scales if cached else None,
+        bool(cached and cached.row_scales_zero_copy),
+        backend,
+        "rowwise scales",
     )
     has_col = [st.columnwise_data is not None for st in storages]
     col_data = col_scales = None
@@ -422,8 +433,9 @@ def split_weight_view(
         if not all(has_col):
             raise ExpertWeightError(f"expert {has_col.index(False)} has no columnwise data; the others do")
         col_data = tuple(
-            storage_view(st.need("columnwise_data"), (rows, columns), dtype=FP8_DTYPE,
-                         name=f"expert {e} columnwise data")
+            storage_view(
+                st.need("columnwise_data"), (rows, columns), dtype=FP8_DTYPE, name=f"expert {e} columnwise data"
+            )
             for e, st in enumerate(storages)
         )
         if cached is not None:
@@ -432,20 +444,31 @@ def split_weight_view(
         col_scales, col_zc = _convert_split(
             col_bufs,
             [columnwise_scales(b, rows, columns, f"expert {e} columnwise scales") for e, b in enumerate(col_bufs)],
-            swizzled, cached.col_scales if cached else None, bool(cached and cached.col_scales_zero_copy),
-            backend, "columnwise scales",
+            swizzled,
+            cached.col_scales if cached else None,
+            bool(cached and cached.col_scales_zero_copy),
+            backend,
+            "columnwise scales",
         )
     elif cached is not None and cached.col_data is not None:
         raise RefreshError("the cached view has columnwise data; the experts no longer do")
     if cached is not None:
         return cached
     return SplitExpertWeights(
-        count, rows, columns, True,
-        row_data, _ptr_table(row_data, device),
-        row_scales, _ptr_table(row_scales, device),
-        col_data, _ptr_table(col_data, device) if col_data else None,
-        col_scales, _ptr_table(col_scales, device) if col_scales else None,
-        row_zc, col_zc,
+        count,
+        rows,
+        columns,
+        True,
+        row_data,
+        _ptr_table(row_data, device),
+        row_scales,
+        _ptr_table(row_scales, device),
+        col_data,
+        _ptr_table(col_data, device) if col_data else None,
+        col_scales,
+        _ptr_table(col_scales, device) if col_scales else None,
+        row_zc,
+        col_zc,
     )
 
 
@@ -457,11 +480,9 @@ def _same_device(tensors: Sequence[torch.Tensor]) -> torch.device:
     return device
 
 
-def _check_not_moved(
-    name: str, old: tuple[torch.Tensor, ...] | None, new: tuple[torch.Tensor, ...]
-) -> None:
+def _check_not_moved(name: str, old: tuple[torch.Tensor, ...] | None, new: tuple[torch.Tensor, ...]) -> None:
     if old is None or len(old) != len(new):
         raise RefreshError(f"cached view has no {name} for {len(new)} experts; build a new view")
-    for e, (a, b) in enumerate(zip(old, new)):
+    for e, (a, b) in enumerate(zip(old, new, strict=True)):
         if a.data_ptr() != b.data_ptr():
             raise RefreshError(_moved(f"expert {e} {name}", a, b))

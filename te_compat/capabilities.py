@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from packaging.version import Version
 
@@ -33,12 +33,10 @@ class BackendChoice:
 
 
 def _cuda_device() -> tuple[str | None, tuple[int, int] | None, str]:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch
-        except ImportError:
-            return None, None, "torch is not installed"
+    try:
+        import torch  # already imported whenever a tensor was handed to us
+    except ImportError:
+        return None, None, "torch is not installed"
     if not torch.cuda.is_available():
         return None, None, f"torch {torch.__version__} sees no CUDA device"
     index = torch.cuda.current_device()
@@ -138,9 +136,7 @@ FEATURES: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
     "float8_blockwise": _kind(TensorKind.FLOAT8_BLOCKWISE),
     "nvfp4": _kind(TensorKind.NVFP4),
     "grouped": _kind(TensorKind.GROUPED),
-    "swizzled_scale_flag": lambda c: (
-        c.swizzled_scale_flag, f"needs TE >= 2.12; found {c.te_version or 'no TE'}"
-    ),
+    "swizzled_scale_flag": lambda c: (c.swizzled_scale_flag, f"needs TE >= 2.12; found {c.te_version or 'no TE'}"),
     "mxfp8_hardware": lambda c: (
         c.mxfp8_hardware,
         f"MXFP8 GEMMs need compute capability >= {MXFP8_GEMM_MIN_CC[0]}.{MXFP8_GEMM_MIN_CC[1]}; "
@@ -162,8 +158,7 @@ def capabilities(*, import_te: bool = True, backend: str | None = None) -> Capab
     release = release_of(status.version) if status.version is not None else None
     kinds = table.kinds_in(release) if release is not None else ()
     swizzle_flag = release is not None and (
-        (row := table.row_for(TensorKind.MXFP8, release)) is not None
-        and "scales_swizzled" in row.storage
+        (row := table.row_for(TensorKind.MXFP8, release)) is not None and "scales_swizzled" in row.storage
     )
     try:
         import torch

@@ -27,8 +27,8 @@ def _fmt(value: object) -> str:
 def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = "  ".join("-" * w for w in widths)
-    out = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths)), line]
-    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    out = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True)), line]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(out)
 
 
@@ -52,8 +52,14 @@ def report(args: argparse.Namespace) -> int:
 def releases(args: argparse.Namespace) -> int:
     if args.json:
         data = [
-            {"kind": r.kind.value, "since": r.since, "until": r.until, "classes": list(r.classes),
-             "storage": r.storage, "introduced_by": r.introduced_by}
+            {
+                "kind": r.kind.value,
+                "since": r.since,
+                "until": r.until,
+                "classes": list(r.classes),
+                "storage": r.storage,
+                "introduced_by": r.introduced_by,
+            }
             for r in table.ROWS
         ]
         print(json.dumps(data, indent=2))
@@ -74,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--json", action="store_true", help="print JSON")
     rep.add_argument("--no-import", action="store_true", help="do not import TE (metadata only)")
     rep.add_argument(
-        "--require", nargs="+", metavar="FEATURE",
+        "--require",
+        nargs="+",
+        metavar="FEATURE",
         help=f"exit 1 unless every FEATURE is available ({', '.join(FEATURES)})",
     )
     rep.set_defaults(func=report)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from packaging.version import Version
 
@@ -127,9 +127,7 @@ def resolve(cls: type, logical: str) -> Resolution:
         )
     known = table.logical_names(kind)
     if logical not in known:
-        raise ValueError(
-            f"{logical!r} is not a storage name of {kind} tensors; expected one of {', '.join(known)}"
-        )
+        raise ValueError(f"{logical!r} is not a storage name of {kind} tensors; expected one of {', '.join(known)}")
     release = _installed_release(kind, cls)
     row = table.row_for(kind, release)
     if row is not None and release <= table.checked_through():
@@ -198,7 +196,7 @@ def storage_attr(param: object, name: str) -> torch.Tensor | None:
     """
     value = storage_field(param, name)
     if value is None or _is_torch_tensor(type(value)):
-        return value
+        return cast("torch.Tensor | None", value)
     raise UnsupportedTensorError(
         f"{name!r} of {_class_path(type(param))} is expected to be a torch.Tensor or None; "
         f"found {type(value).__name__} (use storage_field for flags, counts and lists)"

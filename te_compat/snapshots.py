@@ -164,12 +164,11 @@ def grouped_storage(param: object) -> GroupedStorage:
         _need(param, None, "tensor_shapes")
     member_tuple = tuple(members) if members is not None else None
     quantized = storage_field(param, "quantizer") is not None
-    swizzled = _swizzled_flag(param)
-    if not swizzled and quantized and member_tuple:
+    flag = storage_field(param, "scales_swizzled")
+    swizzled = bool(flag)
+    if flag is None and quantized and member_tuple:
         # 2.13 keeps no flag on the group; its MXFP8 members (2.12+) carry their own.
-        swizzled = any(
-            tensor_kind(m) is TensorKind.MXFP8 and _swizzled_flag(m) for m in member_tuple
-        )
+        swizzled = any(tensor_kind(m) is TensorKind.MXFP8 and _swizzled_flag(m) for m in member_tuple)
     return GroupedStorage(
         owner=param,
         num_tensors=int(num),

@@ -71,8 +71,7 @@ def _pub(name: str) -> bool:
 # Float8 (delayed and current scaling). Before 2.0, _scale_inv and _transpose are properties
 # over the dict _fp8_attrs shared between a tensor and its detached copies.
 _F8_1X_KNOWN = frozenset(
-    {"_fp8_attrs", "_fp8_dtype", "_fp8_meta", "_fp8_meta_forward", "_fp8_meta_index",
-     "_transpose_invalid"}
+    {"_fp8_attrs", "_fp8_dtype", "_fp8_meta", "_fp8_meta_forward", "_fp8_meta_index", "_transpose_invalid"}
 )
 _F8_1X_STORAGE = {"data": "_data", "scale_inv": "_scale_inv", "transpose": "_transpose"}
 _F8_2X_STORAGE = {**_F8_1X_STORAGE, "quantizer": "_quantizer"}
@@ -94,13 +93,10 @@ _BW_STORAGE = {**_MX_STORAGE, "is_2d_scaled": "_is_2D_scaled"}
 _BW_KNOWN = frozenset({"_fp8_dtype", "_data_format"}) | _QT_KNOWN
 
 _FP4_STORAGE = {**_MX_STORAGE, "amax_rowwise": "_amax_rowwise", "amax_columnwise": "_amax_columnwise"}
-_FP4_KNOWN = frozenset(
-    {"_fp4_dtype", "_row_scaled_nvfp4", "_nvfp4_e4m3_max", "_nvfp4_use_4over6"}
-) | _QT_KNOWN
+_FP4_KNOWN = frozenset({"_fp4_dtype", "_row_scaled_nvfp4", "_nvfp4_e4m3_max", "_nvfp4_use_4over6"}) | _QT_KNOWN
 
 _GROUPED_KNOWN = frozenset(
-    {"amax", "columnwise_amax", "scale", "first_dims", "last_dims", "offsets", "tensor_offsets",
-     "logical_shape"}
+    {"amax", "columnwise_amax", "scale", "first_dims", "last_dims", "offsets", "tensor_offsets", "logical_shape"}
 )
 _GROUPED_STORAGE_COMMON = {
     "columnwise_data": "columnwise_data",
@@ -116,106 +112,165 @@ _GROUPED_STORAGE_COMMON = {
 
 ROWS: tuple[StorageRow, ...] = (
     StorageRow(
-        TensorKind.FLOAT8, "1.0", "1.11",
+        TensorKind.FLOAT8,
+        "1.0",
+        "1.11",
         classes=(f"{TE}.float8_tensor.Float8Tensor",),
-        storage=_F8_1X_STORAGE, known=_F8_1X_KNOWN,
+        storage=_F8_1X_STORAGE,
+        known=_F8_1X_KNOWN,
         introduced_by="TE 1.0: Float8Tensor in pytorch/float8_tensor.py (on PyPI from 1.9.0.post1)",
     ),
     StorageRow(
-        TensorKind.FLOAT8, "1.11", "2.0",
+        TensorKind.FLOAT8,
+        "1.11",
+        "2.0",
         classes=(f"{TE}.tensor.float8_tensor.Float8Tensor",),
-        storage=_F8_1X_STORAGE, known=_F8_1X_KNOWN,
+        storage=_F8_1X_STORAGE,
+        known=_F8_1X_KNOWN,
         introduced_by="TE 1.11: Float8Tensor moved to pytorch/tensor/ under QuantizedTensor",
     ),
     StorageRow(
-        TensorKind.FLOAT8, "2.0", "2.9",
-        classes=(f"{TE}.tensor.float8_tensor.Float8Tensor",
-                 f"{TE}.tensor._internal.float8_tensor_base.Float8TensorBase"),
-        storage=_F8_2X_STORAGE, known=_F8_2X_KNOWN,
+        TensorKind.FLOAT8,
+        "2.0",
+        "2.9",
+        classes=(
+            f"{TE}.tensor.float8_tensor.Float8Tensor",
+            f"{TE}.tensor._internal.float8_tensor_base.Float8TensorBase",
+        ),
+        storage=_F8_2X_STORAGE,
+        known=_F8_2X_KNOWN,
         introduced_by="TE 2.0: quantizer API; storage in the Float8TensorBase mixin, _fp8_attrs gone",
     ),
     StorageRow(
-        TensorKind.FLOAT8, "2.9", None,
-        classes=(f"{TE}.tensor.float8_tensor.Float8Tensor",
-                 f"{TE}.tensor.storage.float8_tensor_storage.Float8TensorStorage"),
-        storage=_F8_2X_STORAGE, known=_F8_2X_KNOWN,
+        TensorKind.FLOAT8,
+        "2.9",
+        None,
+        classes=(
+            f"{TE}.tensor.float8_tensor.Float8Tensor",
+            f"{TE}.tensor.storage.float8_tensor_storage.Float8TensorStorage",
+        ),
+        storage=_F8_2X_STORAGE,
+        known=_F8_2X_KNOWN,
         introduced_by="TE 2.9 (PR 2039/2226): *Base mixins renamed *Storage under tensor/storage/",
     ),
     StorageRow(
-        TensorKind.MXFP8, "2.0", "2.9",
-        classes=(f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor",
-                 f"{TE}.tensor._internal.mxfp8_tensor_base.MXFP8TensorBase"),
-        storage=_MX_STORAGE, known=_MX_KNOWN,
+        TensorKind.MXFP8,
+        "2.0",
+        "2.9",
+        classes=(f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor", f"{TE}.tensor._internal.mxfp8_tensor_base.MXFP8TensorBase"),
+        storage=_MX_STORAGE,
+        known=_MX_KNOWN,
         introduced_by="TE 2.0: MXFP8Tensor (on PyPI from 2.1.0)",
     ),
     StorageRow(
-        TensorKind.MXFP8, "2.9", "2.12",
-        classes=(f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor",
-                 f"{TE}.tensor.storage.mxfp8_tensor_storage.MXFP8TensorStorage"),
-        storage=_MX_STORAGE, known=_MX_KNOWN,
+        TensorKind.MXFP8,
+        "2.9",
+        "2.12",
+        classes=(
+            f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor",
+            f"{TE}.tensor.storage.mxfp8_tensor_storage.MXFP8TensorStorage",
+        ),
+        storage=_MX_STORAGE,
+        known=_MX_KNOWN,
         introduced_by="TE 2.9 (PR 2039/2226): MXFP8TensorBase renamed MXFP8TensorStorage",
     ),
     StorageRow(
-        TensorKind.MXFP8, "2.12", None,
-        classes=(f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor",
-                 f"{TE}.tensor.storage.mxfp8_tensor_storage.MXFP8TensorStorage"),
-        storage={**_MX_STORAGE, **_SWIZZLED}, known=_MX_KNOWN,
+        TensorKind.MXFP8,
+        "2.12",
+        None,
+        classes=(
+            f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor",
+            f"{TE}.tensor.storage.mxfp8_tensor_storage.MXFP8TensorStorage",
+        ),
+        storage={**_MX_STORAGE, **_SWIZZLED},
+        known=_MX_KNOWN,
         introduced_by="TE 2.12: _with_gemm_swizzled_scales marks scales already in GEMM layout",
     ),
     StorageRow(
-        TensorKind.FLOAT8_BLOCKWISE, "2.3", "2.9",
-        classes=(f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
-                 f"{TE}.tensor._internal.float8_blockwise_tensor_base.Float8BlockwiseQTensorBase"),
-        storage=_BW_STORAGE, known=_BW_KNOWN,
+        TensorKind.FLOAT8_BLOCKWISE,
+        "2.3",
+        "2.9",
+        classes=(
+            f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
+            f"{TE}.tensor._internal.float8_blockwise_tensor_base.Float8BlockwiseQTensorBase",
+        ),
+        storage=_BW_STORAGE,
+        known=_BW_KNOWN,
         introduced_by="TE 2.3: Float8BlockwiseQTensor (fp32 scales, columnwise data transposed)",
         field_notes={"_data_format": "2.5-2.11 only"},
     ),
     StorageRow(
-        TensorKind.FLOAT8_BLOCKWISE, "2.9", None,
-        classes=(f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
-                 f"{TE}.tensor.storage.float8_blockwise_tensor_storage.Float8BlockwiseQTensorStorage"),
-        storage=_BW_STORAGE, known=_BW_KNOWN,
+        TensorKind.FLOAT8_BLOCKWISE,
+        "2.9",
+        None,
+        classes=(
+            f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
+            f"{TE}.tensor.storage.float8_blockwise_tensor_storage.Float8BlockwiseQTensorStorage",
+        ),
+        storage=_BW_STORAGE,
+        known=_BW_KNOWN,
         introduced_by="TE 2.9 (PR 2039/2226): renamed Float8BlockwiseQTensorStorage",
         field_notes={"_data_format": "2.5-2.11 only"},
     ),
     StorageRow(
-        TensorKind.NVFP4, "2.8", "2.9",
-        classes=(f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
-                 f"{TE}.tensor._internal.nvfp4_tensor_base.NVFP4TensorBase"),
-        storage=_FP4_STORAGE, known=_FP4_KNOWN,
+        TensorKind.NVFP4,
+        "2.8",
+        "2.9",
+        classes=(f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor", f"{TE}.tensor._internal.nvfp4_tensor_base.NVFP4TensorBase"),
+        storage=_FP4_STORAGE,
+        known=_FP4_KNOWN,
         introduced_by="TE 2.8: NVFP4Tensor (packed payload, last dim K/2)",
     ),
     StorageRow(
-        TensorKind.NVFP4, "2.9", "2.12",
-        classes=(f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
-                 f"{TE}.tensor.storage.nvfp4_tensor_storage.NVFP4TensorStorage"),
-        storage=_FP4_STORAGE, known=_FP4_KNOWN,
+        TensorKind.NVFP4,
+        "2.9",
+        "2.12",
+        classes=(
+            f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
+            f"{TE}.tensor.storage.nvfp4_tensor_storage.NVFP4TensorStorage",
+        ),
+        storage=_FP4_STORAGE,
+        known=_FP4_KNOWN,
         introduced_by="TE 2.9 (PR 2039/2226): renamed NVFP4TensorStorage",
     ),
     StorageRow(
-        TensorKind.NVFP4, "2.12", None,
-        classes=(f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
-                 f"{TE}.tensor.storage.nvfp4_tensor_storage.NVFP4TensorStorage"),
-        storage={**_FP4_STORAGE, **_SWIZZLED}, known=_FP4_KNOWN,
+        TensorKind.NVFP4,
+        "2.12",
+        None,
+        classes=(
+            f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
+            f"{TE}.tensor.storage.nvfp4_tensor_storage.NVFP4TensorStorage",
+        ),
+        storage={**_FP4_STORAGE, **_SWIZZLED},
+        known=_FP4_KNOWN,
         introduced_by="TE 2.12: _with_gemm_swizzled_scales on NVFP4 too",
         field_notes={"_row_scaled_nvfp4": "2.16+", "_nvfp4_e4m3_max": "2.17+"},
     ),
     StorageRow(
-        TensorKind.GROUPED, "2.13", "2.14",
+        TensorKind.GROUPED,
+        "2.13",
+        "2.14",
         classes=(f"{TE}.tensor.storage.grouped_tensor.GroupedTensor",),
-        storage={"rowwise_data": "data", "data": "data", "tensor_shapes": "shape",
-                 **_GROUPED_STORAGE_COMMON},
+        storage={"rowwise_data": "data", "data": "data", "tensor_shapes": "shape", **_GROUPED_STORAGE_COMMON},
         known=_GROUPED_KNOWN | {"dtype"},
         introduced_by="TE 2.13: GroupedTensor, a plain opt-in class with public buffers",
     ),
     StorageRow(
-        TensorKind.GROUPED, "2.14", None,
-        classes=(f"{TE}.tensor.grouped_tensor.GroupedTensor",
-                 f"{TE}.tensor.storage.grouped_tensor_storage.GroupedTensorStorage"),
-        storage={"rowwise_data": "rowwise_data", "data": "rowwise_data",
-                 "tensor_shapes": "tensor_shapes", **_GROUPED_STORAGE_COMMON, **_SWIZZLED},
-        known=_GROUPED_KNOWN | {"fake_dtype", "row_scaled_nvfp4", "nvfp4_e4m3_max",
-                                "nvfp4_use_4over6"},
+        TensorKind.GROUPED,
+        "2.14",
+        None,
+        classes=(
+            f"{TE}.tensor.grouped_tensor.GroupedTensor",
+            f"{TE}.tensor.storage.grouped_tensor_storage.GroupedTensorStorage",
+        ),
+        storage={
+            "rowwise_data": "rowwise_data",
+            "data": "rowwise_data",
+            "tensor_shapes": "tensor_shapes",
+            **_GROUPED_STORAGE_COMMON,
+            **_SWIZZLED,
+        },
+        known=_GROUPED_KNOWN | {"fake_dtype", "row_scaled_nvfp4", "nvfp4_e4m3_max", "nvfp4_use_4over6"},
         introduced_by="TE 2.14: GroupedTensor is a torch.Tensor; data renamed rowwise_data",
         field_notes={"row_scaled_nvfp4": "2.16+", "nvfp4_*": "2.17+"},
     ),

@@ -109,8 +109,13 @@ def te_import_status() -> TEStatus:
     try:
         import transformer_engine.pytorch  # noqa: F401
     except Exception as exc:  # any failure of TE's import makes it unusable, not us
-        return TEStatus(status.version, status.raw_version, status.source, usable=False,
-                        reason=f"import transformer_engine.pytorch failed: {type(exc).__name__}: {exc}")
+        return TEStatus(
+            status.version,
+            status.raw_version,
+            status.source,
+            usable=False,
+            reason=f"import transformer_engine.pytorch failed: {type(exc).__name__}: {exc}",
+        )
     te_status.cache_clear()  # the module's own __version__ is now the best source
     fresh = te_status()
     return TEStatus(fresh.version, fresh.raw_version, fresh.source, usable=True, reason="imported")
@@ -142,8 +147,7 @@ def require_te(min_version: str | None = None, feature: str | None = None) -> Ve
         raise TENotFoundError(f"Transformer Engine{need} is required{what}; found: {found}")
     if min_version is not None and not te_min_version(min_version):
         raise TEVersionError(
-            f"Transformer Engine{need} is required{what}; found {status.raw_version} "
-            f"(from {status.source})"
+            f"Transformer Engine{need} is required{what}; found {status.raw_version} (from {status.source})"
         )
     return status.version
 

@@ -139,8 +139,7 @@ def make_standin(
     unknown = sorted(set(attrs) - allowed)
     if unknown:
         raise AttributeError(
-            f"TE {release}'s {path} never assigns {unknown} (per matrix/records); it assigns "
-            f"{sorted(allowed)}"
+            f"TE {release}'s {path} never assigns {unknown} (per matrix/records); it assigns {sorted(allowed)}"
         )
     if issubclass(cls, torch.Tensor):
         if shape is None:

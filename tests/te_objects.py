@@ -69,8 +69,9 @@ def mxfp8_buffers(m: int, k: int, g: torch.Generator, columnwise: bool = True) -
     return out
 
 
-def mxfp8_tensor(release: str, m: int, k: int, *, seed: int = 0, columnwise: bool = True,
-                 param: bool = False, **extra: Any) -> Any:
+def mxfp8_tensor(
+    release: str, m: int, k: int, *, seed: int = 0, columnwise: bool = True, param: bool = False, **extra: Any
+) -> Any:
     g = torch.Generator().manual_seed(seed)
     attrs = mxfp8_buffers(m, k, g, columnwise)
     if rel(release) >= SWIZZLE_FLAG_SINCE:
@@ -91,9 +92,19 @@ def float8_tensor(release: str, m: int, k: int, *, seed: int = 0, param: bool = 
     return torch.nn.Parameter(t, requires_grad=False) if param else t
 
 
-def grouped_tensor(release: str, experts: int, rows: int, cols: int, *, mxfp8: bool, seed: int = 0,
-                   members: bool = True, param: bool = True, swizzled: bool = False,
-                   columnwise: bool = True) -> Any:
+def grouped_tensor(
+    release: str,
+    experts: int,
+    rows: int,
+    cols: int,
+    *,
+    mxfp8: bool,
+    seed: int = 0,
+    members: bool = True,
+    param: bool = True,
+    swizzled: bool = False,
+    columnwise: bool = True,
+) -> Any:
     """A GroupedTensor as facts.md records it on 2.20.2: flat 1-D buffers, scales expert-major,
     per-expert MXFP8 members whose scale views sit in the grouped buffer."""
     g = torch.Generator().manual_seed(seed)
@@ -107,31 +118,40 @@ def grouped_tensor(release: str, experts: int, rows: int, cols: int, *, mxfp8: b
         rp, rc = roundup(rows, 128), roundup(cols // 32, 4)
         cp, cc = roundup(rows // 32, 4), roundup(cols, 128)
         row_scales = torch.cat([garbage_padded(rows, cols // 32, rp, rc, g).flatten() for _ in range(experts)])
-        attrs.update({
-            data_name: torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
-            "scale_inv": row_scales,
-            "scale_inv_offsets": [e * rp * rc for e in range(experts + 1)],
-            "quantizer": object(),  # stands for an MXFP8Quantizer: only its presence is read
-        })
+        attrs.update(
+            {
+                data_name: torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
+                "scale_inv": row_scales,
+                "scale_inv_offsets": [e * rp * rc for e in range(experts + 1)],
+                "quantizer": object(),  # stands for an MXFP8Quantizer: only its presence is read
+            }
+        )
         if columnwise:
-            attrs.update({
-                "columnwise_data": torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
-                "columnwise_scale_inv": torch.cat(
-                    [garbage_padded(rows // 32, cols, cp, cc, g).flatten() for _ in range(experts)]),
-                "columnwise_scale_inv_offsets": [e * cp * cc for e in range(experts + 1)],
-            })
+            attrs.update(
+                {
+                    "columnwise_data": torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
+                    "columnwise_scale_inv": torch.cat(
+                        [garbage_padded(rows // 32, cols, cp, cc, g).flatten() for _ in range(experts)]
+                    ),
+                    "columnwise_scale_inv_offsets": [e * cp * cc for e in range(experts + 1)],
+                }
+            )
         if swizzled:
             attrs["_with_gemm_swizzled_scales"] = True
         if members:
             mem = []
             for e in range(experts):
                 pieces = {
-                    "_rowwise_data": attrs[data_name][e * rows * cols:(e + 1) * rows * cols].view(rows, cols),
-                    "_rowwise_scale_inv": row_scales[e * rp * rc:(e + 1) * rp * rc].view(rp, rc),
+                    "_rowwise_data": attrs[data_name][e * rows * cols : (e + 1) * rows * cols].view(rows, cols),
+                    "_rowwise_scale_inv": row_scales[e * rp * rc : (e + 1) * rp * rc].view(rp, rc),
                 }
                 if columnwise:
-                    pieces["_columnwise_data"] = attrs["columnwise_data"][e * rows * cols:(e + 1) * rows * cols].view(rows, cols)
-                    pieces["_columnwise_scale_inv"] = attrs["columnwise_scale_inv"][e * cp * cc:(e + 1) * cp * cc].view(cp, cc)
+                    pieces["_columnwise_data"] = attrs["columnwise_data"][e * rows * cols : (e + 1) * rows * cols].view(
+                        rows, cols
+                    )
+                    pieces["_columnwise_scale_inv"] = attrs["columnwise_scale_inv"][
+                        e * cp * cc : (e + 1) * cp * cc
+                    ].view(cp, cc)
                 if rel(release) >= SWIZZLE_FLAG_SINCE:
                     pieces["_with_gemm_swizzled_scales"] = swizzled
                 mem.append(make_standin(release, class_path(release, "MXFP8Tensor"), pieces, shape=(rows, cols)))

@@ -86,6 +86,10 @@ def test_cli_releases(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_python_dash_m_and_exit_code() -> None:
-    done = subprocess.run([sys.executable, "-m", "te_compat", "report", "--require", "mxfp8_hardware"],
-                          capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "te_compat", "report", "--require", "mxfp8_hardware"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert done.returncode == 1 and "te-compat report" in done.stdout and "mxfp8_hardware:" in done.stderr

@@ -33,8 +33,14 @@ def test_tensor_kind_does_not_import_te() -> None:
 
 def test_nothing_initialises_cuda() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "import torch, te_compat, mok; te_compat.tensor_kind(torch.zeros(1)); "
-                               "print(torch.cuda.is_initialized())"],
-        capture_output=True, text=True, cwd=ROOT, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import torch, te_compat, mok; te_compat.tensor_kind(torch.zeros(1)); print(torch.cuda.is_initialized())",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
     )
     assert out.stdout.strip() == "False"

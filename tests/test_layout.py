@@ -14,10 +14,19 @@ from tests.spec_oracle import spec_layout, spec_offset
 
 # ../shared/spec/mxfp8-scale-layout.md, "Hand-checkable vectors": (R, C, r, c, byte)
 SPEC_VECTORS = [
-    (128, 4, 0, 3, 3), (128, 4, 1, 0, 16), (128, 4, 31, 3, 499), (128, 4, 32, 0, 4),
-    (128, 4, 33, 1, 21), (128, 4, 64, 2, 10), (128, 4, 96, 3, 15), (128, 4, 100, 1, 77),
+    (128, 4, 0, 3, 3),
+    (128, 4, 1, 0, 16),
+    (128, 4, 31, 3, 499),
+    (128, 4, 32, 0, 4),
+    (128, 4, 33, 1, 21),
+    (128, 4, 64, 2, 10),
+    (128, 4, 96, 3, 15),
+    (128, 4, 100, 1, 77),
     (128, 4, 127, 3, 511),
-    (256, 8, 0, 4, 512), (256, 8, 127, 4, 1020), (256, 8, 128, 0, 1024), (256, 8, 130, 5, 1569),
+    (256, 8, 0, 4, 512),
+    (256, 8, 127, 4, 1020),
+    (256, 8, 128, 0, 1024),
+    (256, 8, 130, 5, 1569),
     (256, 8, 255, 7, 2047),
     (200, 6, 199, 5, 1657),
 ]
@@ -62,13 +71,17 @@ def test_columnwise_spec_vector() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    experts=st.integers(1, 4), rows=st.integers(1, 300), cols=st.integers(1, 20),
-    transposed=st.booleans(), seed=st.integers(0, 2**31 - 1),
+    experts=st.integers(1, 4),
+    rows=st.integers(1, 300),
+    cols=st.integers(1, 20),
+    transposed=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
 )
 def test_reference_matches_spec_scatter(experts: int, rows: int, cols: int, transposed: bool, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
-    base = torch.randint(0, 256, (experts, cols, rows) if transposed else (experts, rows, cols),
-                         dtype=torch.uint8, generator=g)
+    base = torch.randint(
+        0, 256, (experts, cols, rows) if transposed else (experts, rows, cols), dtype=torch.uint8, generator=g
+    )
     logical = base.transpose(1, 2) if transposed else base  # any strides must work
     assert torch.equal(swizzle_mxfp8_scales(logical), spec_layout(logical))
 
@@ -142,7 +155,7 @@ def test_cuda_backend_refuses_cpu_tensors() -> None:
 def test_many_matches_one_by_one() -> None:
     mats = [torch.randint(0, 256, (r, c), dtype=torch.uint8) for r, c in [(128, 4), (200, 6), (33, 1)]]
     outs = mok.swizzle_mxfp8_scales_many(mats)
-    for m, o in zip(mats, outs):
+    for m, o in zip(mats, outs, strict=False):
         assert torch.equal(o, spec_layout(m))
 
 
@@ -152,8 +165,9 @@ def test_many_errors() -> None:
     with pytest.raises(LayoutError, match=r"scales\[1\]: expected a 2-D"):
         mok.swizzle_mxfp8_scales_many([torch.zeros(4, 4, dtype=torch.uint8), torch.zeros(2, 4, 4, dtype=torch.uint8)])
     with pytest.raises(LayoutError, match="expected 2 output buffers"):
-        mok.swizzle_mxfp8_scales_many([torch.zeros(4, 4, dtype=torch.uint8)] * 2,
-                                      outs=[torch.zeros(1, 1, 32, 16, dtype=torch.uint8)])
+        mok.swizzle_mxfp8_scales_many(
+            [torch.zeros(4, 4, dtype=torch.uint8)] * 2, outs=[torch.zeros(1, 1, 32, 16, dtype=torch.uint8)]
+        )
 
 
 def test_formula_agrees_with_oracle_offsets() -> None:

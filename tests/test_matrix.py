@@ -54,12 +54,20 @@ def test_a_wrong_release_range_fails() -> None:
 
 
 def test_a_wrong_module_path_fails() -> None:
-    bad = _with_row(TensorKind.FLOAT8, "2.9", classes=(
-        "transformer_engine.pytorch.tensor.float8_tensor.Float8Tensor",
-        "transformer_engine.pytorch.tensor._internal.float8_tensor_base.Float8TensorBase"))
+    bad = _with_row(
+        TensorKind.FLOAT8,
+        "2.9",
+        classes=(
+            "transformer_engine.pytorch.tensor.float8_tensor.Float8Tensor",
+            "transformer_engine.pytorch.tensor._internal.float8_tensor_base.Float8TensorBase",
+        ),
+    )
     problems = check_record(load_record("2.9.0"), bad)
-    assert any("looks for class transformer_engine.pytorch.tensor._internal.float8_tensor_base."
-               "Float8TensorBase, which this release does not define" in p for p in problems)
+    assert any(
+        "looks for class transformer_engine.pytorch.tensor._internal.float8_tensor_base."
+        "Float8TensorBase, which this release does not define" in p
+        for p in problems
+    )
 
 
 def test_flag_claimed_too_early_fails() -> None:

@@ -36,16 +36,29 @@ def _make(kind: TensorKind, release: str) -> tuple[object, dict[str, object]]:
         return p, {"data": p._data, "scale_inv": p._scale_inv, "transpose": p._transpose}
     if kind is TensorKind.MXFP8:
         p = T.mxfp8_tensor(release, 64, 128, param=True)
-        return p, {"rowwise_data": p._rowwise_data, "rowwise_scale_inv": p._rowwise_scale_inv,
-                   "columnwise_data": p._columnwise_data, "columnwise_scale_inv": p._columnwise_scale_inv}
+        return p, {
+            "rowwise_data": p._rowwise_data,
+            "rowwise_scale_inv": p._rowwise_scale_inv,
+            "columnwise_data": p._columnwise_data,
+            "columnwise_scale_inv": p._columnwise_scale_inv,
+        }
     if kind is TensorKind.GROUPED:
         g = T.grouped_tensor(release, 2, 128, 64, mxfp8=True)
         data = g.rowwise_data if Version(release) >= T.GROUPED_RENAME_SINCE else g.data
-        return g, {"rowwise_data": data, "data": data, "rowwise_scale_inv": g.scale_inv,
-                   "scale_inv": g.scale_inv, "columnwise_data": g.columnwise_data}
+        return g, {
+            "rowwise_data": data,
+            "data": data,
+            "rowwise_scale_inv": g.scale_inv,
+            "scale_inv": g.scale_inv,
+            "columnwise_data": g.columnwise_data,
+        }
     # blockwise and NVFP4: the facts.md names, filled with marker tensors
-    names = {"rowwise_data": "_rowwise_data", "columnwise_data": "_columnwise_data",
-             "rowwise_scale_inv": "_rowwise_scale_inv", "columnwise_scale_inv": "_columnwise_scale_inv"}
+    names = {
+        "rowwise_data": "_rowwise_data",
+        "columnwise_data": "_columnwise_data",
+        "rowwise_scale_inv": "_rowwise_scale_inv",
+        "columnwise_scale_inv": "_columnwise_scale_inv",
+    }
     if kind is TensorKind.NVFP4:
         names |= {"amax_rowwise": "_amax_rowwise", "amax_columnwise": "_amax_columnwise"}
     attrs = {attr: torch.full((2,), i, dtype=torch.uint8) for i, attr in enumerate(names.values())}
@@ -154,10 +167,14 @@ def test_newer_release_grouped_probes_old_and_new_names(installed_te: Installer)
 def test_moved_class_is_read_by_name_with_a_warning(installed_te: Installer) -> None:
     installed_te("2.20.2")
     p = T.mxfp8_tensor("2.20.2", 64, 128)
-    moved = type("MXFP8Tensor", (torch.Tensor,), {
-        "__module__": "transformer_engine.pytorch.somewhere_new",
-        "__torch_dispatch__": classmethod(lambda *a, **k: NotImplemented),
-    })
+    moved = type(
+        "MXFP8Tensor",
+        (torch.Tensor,),
+        {
+            "__module__": "transformer_engine.pytorch.somewhere_new",
+            "__torch_dispatch__": classmethod(lambda *a, **k: NotImplemented),
+        },
+    )
     obj = torch.Tensor._make_wrapper_subclass(moved, (64, 128), dtype=torch.bfloat16)
     obj.__dict__.update(p.__dict__)
     with pytest.warns(RuntimeWarning, match="not at any module path the release table knows"):

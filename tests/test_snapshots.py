@@ -40,7 +40,9 @@ def test_mxfp8_rowwise_only(installed_te: Installer) -> None:
     p = T.mxfp8_tensor("2.20.2", 64, 64, columnwise=False)
     s = te_compat.mxfp8_storage(p)
     assert s.columnwise_data is None
-    with pytest.raises(StorageNotFoundError, match=r"holds no columnwise_data \(attribute '_columnwise_data'.*TE 2.20.2"):
+    with pytest.raises(
+        StorageNotFoundError, match=r"holds no columnwise_data \(attribute '_columnwise_data'.*TE 2.20.2"
+    ):
         s.need("columnwise_data")
 
 

@@ -51,15 +51,21 @@ def test_absent(installed_te) -> None:  # type: ignore[no-untyped-def]
     assert not status.present and status.version is None
     assert "not installed" in status.reason
     assert not te_min_version("1.0")
-    with pytest.raises(TENotFoundError, match=r"Transformer Engine >= 2.12 is required for swizzle; found: "
-                                              r"transformer_engine is not installed"):
+    with pytest.raises(
+        TENotFoundError,
+        match=r"Transformer Engine >= 2.12 is required for swizzle; found: "
+        r"transformer_engine is not installed",
+    ):
         require_te("2.12", feature="swizzle")
 
 
 def test_too_old(installed_te) -> None:  # type: ignore[no-untyped-def]
     installed_te("2.11.0", "transformer-engine-cu13")
-    with pytest.raises(TEVersionError, match=r">= 2.12 is required for the flag; found 2.11.0 \(from "
-                                             r"transformer-engine-cu13\)"):
+    with pytest.raises(
+        TEVersionError,
+        match=r">= 2.12 is required for the flag; found 2.11.0 \(from "
+        r"transformer-engine-cu13\)",
+    ):
         require_te("2.12", feature="the flag")
 
 
@@ -79,8 +85,12 @@ def _run(code: str, path: Path) -> str:
 
 @pytest.mark.parametrize(
     ("dist", "version"),
-    [("transformer_engine", "2.3.0.dev0+5fdd7bb"), ("transformer_engine_cu13", "2.20.2"),
-     ("transformer_engine_cu12", "1.13.0"), ("transformer_engine_torch", "2.9.0")],
+    [
+        ("transformer_engine", "2.3.0.dev0+5fdd7bb"),
+        ("transformer_engine_cu13", "2.20.2"),
+        ("transformer_engine_cu12", "1.13.0"),
+        ("transformer_engine_torch", "2.9.0"),
+    ],
 )
 def test_version_from_real_package_metadata(tmp_path: Path, dist: str, version: str) -> None:
     info = tmp_path / f"{dist}-{version}.dist-info"
@@ -95,8 +105,9 @@ def test_module_version_wins_when_imported(tmp_path: Path) -> None:
     pkg = tmp_path / "transformer_engine"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("__version__ = '2.14.1'\n")
-    out = _run("import transformer_engine, te_compat; s = te_compat.te_status(); print(s.raw_version, s.source)",
-               tmp_path)
+    out = _run(
+        "import transformer_engine, te_compat; s = te_compat.te_status(); print(s.raw_version, s.source)", tmp_path
+    )
     assert out == "2.14.1 transformer_engine.__version__"
 
 

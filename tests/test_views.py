@@ -1,0 +1,305 @@
+"""mok's views over grouped and per-expert weights, on stand-ins of real releases."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import mok
+from mok import (
+    ExpertWeightError,
+    LayoutError,
+    RefreshError,
+    grouped_weight_view,
+    split_weight_view,
+    storage_view,
+)
+from tests import te_objects as T
+from tests.spec_oracle import spec_layout
+
+Installer = Callable[..., None]
+GROUPED_RELEASES = ["2.13.0", "2.14.0", "2.20.2"]
+# aligned, and padded (rows not a multiple of 128, columns/32 not a multiple of 4)
+SHAPES = [(256, 128), (160, 96)]
+
+
+def _logical_rows(buf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    return buf[:rows, : cols // 32]
+
+
+def _logical_cols_t(buf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    return buf[: rows // 32, :cols].t()
+
+
+def _members_scales(g: object, which: str) -> list[torch.Tensor]:
+    return [getattr(m, which) for m in g.quantized_tensors]  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------- grouped
+
+
+@pytest.mark.parametrize("release", GROUPED_RELEASES)
+@pytest.mark.parametrize(("rows", "cols"), SHAPES)
+def test_grouped_mxfp8(release: str, rows: int, cols: int, installed_te: Installer) -> None:
+    installed_te(release)
+    e = 3
+    g = T.grouped_tensor(release, e, rows, cols, mxfp8=True)
+    v = grouped_weight_view(g, num_experts=e, rows=rows, columns=cols, use_mxfp8=True)
+    payload = g.rowwise_data if release >= "2.14" else g.data
+    assert v.row_data.data_ptr() == payload.data_ptr() and v.row_data.shape == (e, rows, cols)
+    assert v.row_data.dtype == torch.float8_e4m3fn
+    assert v.col_data is not None and v.col_data.data_ptr() == g.columnwise_data.data_ptr()
+    want_rows = torch.stack([_logical_rows(s, rows, cols) for s in _members_scales(g, "_rowwise_scale_inv")])
+    want_cols = torch.stack([_logical_cols_t(s, rows, cols) for s in _members_scales(g, "_columnwise_scale_inv")])
+    assert torch.equal(v.row_scales, spec_layout(want_rows))
+    assert torch.equal(v.col_scales, spec_layout(want_cols))
+    assert not v.row_scales_zero_copy
+    # TE's padding holds 0xFF garbage; the layout's padding must be zero
+    assert int((v.row_scales == 0xFF).sum()) == int((want_rows == 0xFF).sum())
+
+
+@pytest.mark.parametrize("release", GROUPED_RELEASES)
+def test_grouped_refresh_in_place(release: str, installed_te: Installer) -> None:
+    installed_te(release)
+    g = T.grouped_tensor(release, 2, 256, 128, mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True)
+    addresses = (v.row_scales.data_ptr(), v.col_scales.data_ptr())
+    g.scale_inv.random_(0, 255)  # TE re-quantised in place: new scale bytes, same buffers
+    g.columnwise_scale_inv.random_(0, 255)
+    again = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True, cached=v)
+    assert again is v and (v.row_scales.data_ptr(), v.col_scales.data_ptr()) == addresses
+    want = torch.stack([_logical_rows(s, 256, 128) for s in _members_scales(g, "_rowwise_scale_inv")])
+    assert torch.equal(v.row_scales, spec_layout(want))
+
+
+def test_grouped_bf16(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 4, 64, 32, mxfp8=False)
+    v = grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=False)
+    assert v.row_data.data_ptr() == g.rowwise_data.data_ptr()
+    assert v.row_data.shape == (4, 64, 32) and v.row_data.dtype == torch.bfloat16
+    assert v.row_scales is None and v.col_data is None
+    assert torch.equal(v.row_data[1], g.rowwise_data[64 * 32 : 2 * 64 * 32].view(64, 32))
+    with pytest.raises(RefreshError, match="nothing to refresh"):
+        grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=False, cached=v)
+    with pytest.raises(ExpertWeightError, match="holds no quantized data"):
+        grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=True)
+
+
+def test_grouped_already_swizzled_aligned_is_zero_copy(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True, swizzled=True)
+    before = g.scale_inv.clone()
+    v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
+    assert v.row_scales_zero_copy and v.row_scales.data_ptr() == g.scale_inv.data_ptr()
+    assert v.col_scales_zero_copy and v.col_scales.data_ptr() == g.columnwise_scale_inv.data_ptr()
+    assert torch.equal(g.scale_inv, before)  # never swizzled a second time
+    # TE moves its swizzled buffer: refresh copies the bytes to the address kernels captured
+    old = v.row_scales.data_ptr()
+    g.scale_inv = torch.randint(0, 256, g.scale_inv.shape, dtype=torch.uint8)
+    for e, m in enumerate(g.quantized_tensors):  # the members' views move with it
+        m._rowwise_scale_inv = g.scale_inv[e * 512 : (e + 1) * 512].view(128, 4)
+    grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
+    assert v.row_scales.data_ptr() == old and torch.equal(v.row_scales.flatten(), g.scale_inv)
+    # TE now holds unswizzled scales in its buffer: refusing beats corrupting TE's storage
+    g._with_gemm_swizzled_scales = False
+    with pytest.raises(RefreshError, match="exposes TE's own swizzled scale buffer"):
+        grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
+
+
+def test_grouped_already_swizzled_padded_is_copied_not_converted(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, 160, 96, mxfp8=True, swizzled=True)
+    v = grouped_weight_view(g, num_experts=2, rows=160, columns=96, use_mxfp8=True)
+    assert not v.row_scales_zero_copy and v.row_scales.data_ptr() != g.scale_inv.data_ptr()
+    assert torch.equal(v.row_scales.flatten(), g.scale_inv)
+
+
+def test_grouped_members_not_packed(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 3, 128, 128, mxfp8=True)
+    g.quantized_tensors[2]._rowwise_scale_inv = g.quantized_tensors[2]._rowwise_scale_inv.clone()
+    with pytest.raises(ExpertWeightError, match="expert 2's rowwise scales are not packed expert-major.*outside it"):
+        grouped_weight_view(g, num_experts=3, rows=128, columns=128, use_mxfp8=True)
+
+
+def test_grouped_offsets_not_expert_major(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 3, 128, 128, mxfp8=True)
+    g.scale_inv_offsets = [0, 600, 1024, 1536]
+    with pytest.raises(ExpertWeightError, match="expert 1 starts at byte 600, expected 512"):
+        grouped_weight_view(g, num_experts=3, rows=128, columns=128, use_mxfp8=True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_experts": 4, "rows": 128, "columns": 64}, "expected 4 experts; found 3"),
+        (
+            {"num_experts": 3, "rows": 64, "columns": 128},
+            r"expected every expert of shape \(64, 128\); expert 0 has \(128, 64\)",
+        ),
+    ],
+)
+def test_grouped_declared_shape_mismatch(kwargs: dict[str, int], message: str, installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 3, 128, 64, mxfp8=True)
+    with pytest.raises(ExpertWeightError, match=message):
+        grouped_weight_view(g, use_mxfp8=True, **kwargs)
+
+
+def test_grouped_quantized_but_bf16_requested(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, 128, 64, mxfp8=True)
+    with pytest.raises(ExpertWeightError, match="is quantized"):
+        grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=False)
+
+
+def test_grouped_refresh_detects_moved_payload(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, 128, 64, mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True)
+    g.rowwise_data = g.rowwise_data.clone()
+    with pytest.raises(RefreshError, match="grouped rowwise data moved from 0x"):
+        grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True, cached=v)
+    with pytest.raises(RefreshError, match=r"built for \(experts, rows, columns\) = \(2, 128, 64\)"):
+        grouped_weight_view(
+            T.grouped_tensor("2.20.2", 3, 128, 64, mxfp8=True),
+            num_experts=3,
+            rows=128,
+            columns=64,
+            use_mxfp8=True,
+            cached=v,
+        )
+
+
+# ------------------------------------------------------------------------------ per expert
+
+
+@pytest.mark.parametrize("release", ["2.1.0", "2.11.0", "2.12.0", "2.20.2"])
+@pytest.mark.parametrize(("rows", "cols"), SHAPES)
+def test_split_mxfp8(release: str, rows: int, cols: int, installed_te: Installer) -> None:
+    installed_te(release)
+    ps = [T.mxfp8_tensor(release, rows, cols, seed=e, param=True) for e in range(3)]
+    v = split_weight_view(ps, rows=rows, columns=cols, use_mxfp8=True)
+    assert [t.data_ptr() for t in v.row_data] == [p._rowwise_data.data_ptr() for p in ps]
+    assert v.row_data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
+    assert v.col_data_ptrs is not None and v.col_data_ptrs.tolist() == [p._columnwise_data.data_ptr() for p in ps]
+    assert v.row_scale_ptrs.tolist() == [s.data_ptr() for s in v.row_scales]
+    assert v.col_scale_ptrs is not None and v.col_scales is not None
+    assert v.col_scale_ptrs.tolist() == [s.data_ptr() for s in v.col_scales]
+    for e, p in enumerate(ps):
+        assert torch.equal(v.row_scales[e], spec_layout(_logical_rows(p._rowwise_scale_inv, rows, cols)))
+        assert torch.equal(v.col_scales[e], spec_layout(_logical_cols_t(p._columnwise_scale_inv, rows, cols)))
+
+
+def test_split_refresh_keeps_addresses_and_picks_up_values(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(4)]
+    v = split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+    ptrs = v.row_scale_ptrs.clone()
+    for p in ps:
+        p._rowwise_scale_inv.random_(0, 255)
+    assert split_weight_view(ps, rows=128, columns=256, use_mxfp8=True, cached=v) is v
+    assert torch.equal(v.row_scale_ptrs, ptrs)
+    assert [s.data_ptr() for s in v.row_scales] == ptrs.tolist()
+    for e, p in enumerate(ps):
+        assert torch.equal(v.row_scales[e], spec_layout(_logical_rows(p._rowwise_scale_inv, 128, 256)))
+
+
+def test_split_refresh_detects_moved_payload(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
+    v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+    ps[1]._rowwise_data = ps[1]._rowwise_data.clone()
+    with pytest.raises(RefreshError, match="expert 1 rowwise data moved"):
+        split_weight_view(ps, rows=128, columns=128, use_mxfp8=True, cached=v)
+
+
+def test_split_mixed_swizzled_experts(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(3)]
+    done = spec_layout(_logical_rows(ps[1]._rowwise_scale_inv, 128, 128))
+    ps[1]._rowwise_scale_inv = done.view(128, 4).clone()  # TE swizzled expert 1 in place
+    ps[1]._with_gemm_swizzled_scales = True
+    v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+    assert torch.equal(v.row_scales[1], done)  # copied as-is, not converted twice
+    assert torch.equal(v.row_scales[0], spec_layout(_logical_rows(ps[0]._rowwise_scale_inv, 128, 128)))
+
+
+def test_split_all_swizzled_aligned_is_zero_copy(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [
+        T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True, columnwise=False, _with_gemm_swizzled_scales=True)
+        for e in range(2)
+    ]
+    v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+    assert v.row_scales_zero_copy
+    assert v.row_scale_ptrs.tolist() == [p._rowwise_scale_inv.data_ptr() for p in ps]
+    assert v.col_data is None and v.col_scales is None
+
+
+def test_split_wrong_expert_kind_names_expert_and_quantizer(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", 128, 128, param=True), T.float8_tensor("2.20.2", 128, 128, param=True)]
+    ps[1]._quantizer = type("Float8CurrentScalingQuantizer", (), {})()
+    with pytest.raises(
+        ExpertWeightError,
+        match="expert 1: expected an MXFP8 parameter; found Float8Tensor "
+        r"\(kind float8, quantizer Float8CurrentScalingQuantizer\)",
+    ):
+        split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+
+
+def test_split_errors(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
+    with pytest.raises(ExpertWeightError, match=r"expert 0: expected shape \(128, 256\); found \(128, 128\)"):
+        split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+    with pytest.raises(ExpertWeightError, match="at least one expert"):
+        split_weight_view([], rows=128, columns=128, use_mxfp8=True)
+    with pytest.raises(ExpertWeightError, match="positive multiples of 32; found rows=100"):
+        split_weight_view(ps, rows=100, columns=128, use_mxfp8=True)
+    no_col = [ps[0], T.mxfp8_tensor("2.20.2", 128, 128, param=True, columnwise=False)]
+    with pytest.raises(ExpertWeightError, match="expert 1 has no columnwise data"):
+        split_weight_view(no_col, rows=128, columns=128, use_mxfp8=True)
+    with pytest.raises(ExpertWeightError, match="expert 0: expected a plain"):
+        split_weight_view(ps, rows=128, columns=128, use_mxfp8=False)
+
+
+def test_split_bf16(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [torch.nn.Parameter(torch.randn(64, 32, dtype=torch.bfloat16)) for _ in range(3)]
+    v = split_weight_view(ps, rows=64, columns=32, use_mxfp8=False)
+    assert v.row_data_ptrs.tolist() == [p.data_ptr() for p in ps]
+    assert all(t.data_ptr() == p.data_ptr() and not t.requires_grad for t, p in zip(v.row_data, ps, strict=False))
+    with pytest.raises(RefreshError, match="nothing to refresh"):
+        split_weight_view(ps, rows=64, columns=32, use_mxfp8=False, cached=v)
+    with pytest.raises(ExpertWeightError, match=r"expert 2: expected shape \(64, 32\); found \(32, 64\)"):
+        split_weight_view([*ps[:2], torch.nn.Parameter(torch.randn(32, 64))], rows=64, columns=32, use_mxfp8=False)
+
+
+# ------------------------------------------------------------------------------ storage_view
+
+
+def test_storage_view() -> None:
+    buf = torch.randint(0, 256, (2 * 64 * 32,), dtype=torch.uint8)
+    v = storage_view(buf, (2, 64, 32), dtype=torch.float8_e4m3fn, name="w")
+    assert v.data_ptr() == buf.data_ptr() and v.dtype == torch.float8_e4m3fn
+    with pytest.raises(ExpertWeightError, match=r"w: expected 4000 elements for shape \(4000,\); found 4096"):
+        storage_view(buf, (4000,), dtype=torch.uint8, name="w")
+    with pytest.raises(ExpertWeightError, match="w: expected contiguous storage"):
+        storage_view(buf.view(64, 64).t(), (64, 64), dtype=torch.uint8, name="w")
+    with pytest.raises(ExpertWeightError, match="w: expected dtype torch.bfloat16; found torch.float32"):
+        storage_view(torch.zeros(4), (4,), dtype=torch.bfloat16, name="w")
+    with pytest.raises(ExpertWeightError, match="w: expected a torch.Tensor; found list"):
+        storage_view([1, 2], (2,), dtype=torch.uint8, name="w")  # type: ignore[arg-type]
+
+
+def test_columnwise_helper_checks_divisibility() -> None:
+    with pytest.raises(LayoutError, match="divisible by 32; found 100"):
+        mok.layout.columnwise_scales(torch.zeros(4, 128, dtype=torch.uint8), 100, 128)
+    with pytest.raises(LayoutError, match=r"at least \[4, 256\]"):
+        mok.layout.columnwise_scales(torch.zeros(4, 128, dtype=torch.uint8), 128, 256)
