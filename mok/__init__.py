@@ -11,6 +11,7 @@ from mok.views import (
     GroupedExpertWeights,
     SplitExpertWeights,
     grouped_weight_view,
+    refresh_layer,
     split_weight_view,
     storage_view,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "layout_shape",
     "padded_shape",
     "prepare_shared_expert_config",
+    "refresh_layer",
     "split_weight_view",
     "storage_view",
     "swizzle_mxfp8_scales",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import sys
 import warnings
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 _warned = False
@@ -33,15 +33,16 @@ def prepare_shared_expert_config(config: T) -> T:
             f"prepare_shared_expert_config: expected a config with attributes fp8 and fp8_param; "
             f"{type(config).__name__} lacks {', '.join(missing)}"
         )
-    if not config.fp8_param:
+    source: Any = config  # any object with the two attributes
+    if not source.fp8_param:
         return config
-    shared = copy.copy(config)
-    shared.fp8 = None  # type: ignore[attr-defined]
-    shared.fp8_param = False  # type: ignore[attr-defined]
+    shared: Any = copy.copy(config)
+    shared.fp8 = None
+    shared.fp8_param = False
     if not _warned and _is_rank_zero():
         _warned = True
         warnings.warn(
-            f"shared experts run in BF16: FP8 execution (fp8={config.fp8!r}) and FP8 parameters are disabled for them",
+            f"shared experts run in BF16: FP8 execution (fp8={source.fp8!r}) and FP8 parameters are disabled for them",
             UserWarning,
             stacklevel=2,
         )

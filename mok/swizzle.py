@@ -1,18 +1,30 @@
-"""Public entry points of the MXFP8 scale conversion, with backend selection.
+"""Public entry points of the MXFP8 scale conversion, and the one place that runs it.
 
-CUDA tensors go to the NVRTC kernel (``mok.kernels``) when te_compat's backend choice says
-``cuda``; everything else, and every CPU tensor, goes to the torch reference.
+Every conversion is a :class:`ScaleWork` item (convert logical scales into a layout buffer, or
+copy scales TE already swizzled). :func:`run_work` runs a list of them: on CUDA tensors with the
+``cuda`` backend in ONE kernel launch (``mok.kernels``), otherwise with the torch reference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from mok.errors import LayoutError
 from mok.layout import as_batch, check_out, layout_shape, swizzle_reference
 from te_compat import kernel_backend
+
+
+@dataclass(frozen=True)
+class ScaleWork:
+    """Convert ``src`` (logical ``[E, R, C]``) into layout ``dst``, or, with ``copy``, copy the
+    already-swizzled bytes ``src`` into ``dst`` (same size)."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    copy: bool = False
 
 
 def backend_for(device: torch.device, backend: str | None) -> str:
@@ -24,6 +36,35 @@ def backend_for(device: torch.device, backend: str | None) -> str:
     return kernel_backend(backend).name
 
 
+def run_work(work: Sequence[ScaleWork], backend: str | None = None) -> None:
+    """Run every item of ``work`` (one launch on the cuda backend)."""
+    if not work:
+        return
+    device = work[0].dst.device
+    for i, item in enumerate(work):
+        if item.src.device != device or item.dst.device != device:
+            raise LayoutError(
+                f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
+                f"expected every tensor on {device}"
+            )
+    if backend_for(device, backend) == "cuda":
+        from mok.kernels import launcher
+
+        jobs = []
+        for item in work:
+            if item.copy:
+                jobs.append(launcher.copy_job(item.src, item.dst))
+            else:
+                jobs.extend(launcher.convert_jobs(item.src, item.dst))
+        launcher.launch_jobs(jobs, device)
+        return
+    for item in work:
+        if item.copy:
+            item.dst.copy_(item.src.view(item.dst.shape))
+        else:
+            swizzle_reference(item.src, item.dst)
+
+
 def swizzle_mxfp8_scales(
     scales: torch.Tensor, *, out: torch.Tensor | None = None, backend: str | None = None
 ) -> torch.Tensor:
@@ -31,7 +72,8 @@ def swizzle_mxfp8_scales(
 
     Returns uint8 ``[E*Rp/128, Cp/4, 32, 16]`` (``Rp = roundup(R,128)``, ``Cp = roundup(C,4)``),
     each expert padded on its own with zero bytes. With ``out`` the result is written there
-    (same address: CUDA-graph safe) and ``out`` is returned.
+    (same address: CUDA-graph safe) and ``out`` is returned. ``backend``: "auto" (default),
+    "cuda" or "torch" (see te_compat.kernel_backend).
     """
     batch = as_batch(scales)
     if out is None:
@@ -39,12 +81,7 @@ def swizzle_mxfp8_scales(
         out = torch.empty(layout_shape(rows, cols, experts), dtype=torch.uint8, device=batch.device)
     else:
         check_out(out, batch)
-    if backend_for(batch.device, backend) == "cuda":
-        from mok.kernels import launcher
-
-        launcher.swizzle_batch(batch, out)
-    else:
-        swizzle_reference(batch, out)
+    run_work([ScaleWork(batch, out)], backend)
     return out
 
 
@@ -54,10 +91,9 @@ def swizzle_mxfp8_scales_many(
     outs: Sequence[torch.Tensor] | None = None,
     backend: str | None = None,
 ) -> list[torch.Tensor]:
-    """Convert separate per-expert logical scales ``[R_i, C_i]`` (one launch on CUDA).
-
-    ``outs[i]`` must be the layout buffer of ``scales[i]``; without ``outs`` they are allocated.
-    """
+    """Convert separate per-expert logical scales ``[R_i, C_i]`` (one launch on CUDA, any number
+    of experts). ``outs[i]`` must be the layout buffer of ``scales[i]``; without ``outs`` they
+    are allocated."""
     if len(scales) == 0:
         raise LayoutError("swizzle_mxfp8_scales_many: expected at least one scale matrix; found none")
     batches = []
@@ -76,11 +112,5 @@ def swizzle_mxfp8_scales_many(
         raise LayoutError(f"expected {len(batches)} output buffers, one per scale matrix; found {len(outs)}")
     for i, (b, o) in enumerate(zip(batches, outs, strict=True)):
         check_out(o, b, f"outs[{i}]")
-    if backend_for(device, backend) == "cuda":
-        from mok.kernels import launcher
-
-        launcher.swizzle_many(batches, list(outs))
-    else:
-        for b, o in zip(batches, outs, strict=True):
-            swizzle_reference(b, o)
+    run_work([ScaleWork(b, o) for b, o in zip(batches, outs, strict=True)], backend)
     return list(outs)

@@ -19,6 +19,7 @@ import torch
 from mok.errors import ExpertWeightError, LayoutError, RefreshError
 from mok.layout import (
     MXFP8_BLOCK,
+    check_out,
     columnwise_scales,
     grouped_scales,
     layout_shape,
@@ -27,7 +28,7 @@ from mok.layout import (
     te_columnwise_padding,
     te_rowwise_padding,
 )
-from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
+from mok.swizzle import ScaleWork, run_work
 from te_compat import (
     GroupedStorage,
     TensorKind,
@@ -124,10 +125,11 @@ def _convert(
     swizzled: bool,
     out: torch.Tensor | None,
     out_is_te: bool,
-    backend: str | None,
     name: str,
+    work: list[ScaleWork],
 ) -> tuple[torch.Tensor, bool]:
-    """Layout of one batch of scales into ``out`` (or new), honouring TE's swizzled flag.
+    """Plan the layout of one batch of scales into ``out`` (or a new buffer), honouring TE's
+    swizzled flag; the conversion itself is appended to ``work``.
 
     ``te_padded`` is TE's buffer ``[E, Rpad, Cpad]``; ``logical`` the ``[E, R, C]`` view of it to
     convert (a transpose for columnwise). Returns (layout tensor, is TE's own buffer).
@@ -142,12 +144,12 @@ def _convert(
             )
         te_layout = te_padded.view(shape)
         if out is None:
-            aligned = (r, c) == padded_shape(r, c)
-            if aligned:
-                return te_layout, True
-            return te_layout.clone(), False
-        if out.data_ptr() != te_layout.data_ptr():
-            out.copy_(te_layout)  # TE moved its buffer: bring the bytes to the captured address
+            if (r, c) == padded_shape(r, c):
+                return te_layout, True  # aligned: TE's buffer is the layout, zero-copy
+            out = torch.empty(shape, dtype=torch.uint8, device=te_layout.device)
+        elif out.data_ptr() == te_layout.data_ptr():
+            return out, out_is_te
+        work.append(ScaleWork(te_layout, out, copy=True))  # never converted a second time
         return out, out_is_te
     if out is not None and out_is_te:
         raise RefreshError(
@@ -155,7 +157,11 @@ def _convert(
             "unswizzled scales; writing the layout there would overwrite TE's storage. Build a new "
             "view (without cached=)"
         )
-    return swizzle_mxfp8_scales(logical, out=out, backend=backend), False
+    if out is None:
+        out = torch.empty(shape, dtype=torch.uint8, device=logical.device)
+    check_out(out, logical, name)
+    work.append(ScaleWork(logical, out))
+    return out, False
 
 
 # ---------------------------------------------------------------------------------- grouped
@@ -214,7 +220,22 @@ def grouped_weight_view(
 ) -> GroupedExpertWeights:
     """Views over one grouped Parameter ``(E, rows, columns)`` (TE 2.13 ``data`` and 2.14+
     ``rowwise_data`` naming, via te_compat). With ``cached`` (a previous result), re-convert
-    the scales into its buffers in place and return it."""
+    the scales into its buffers in place and return it. One kernel launch on the cuda backend."""
+    work: list[ScaleWork] = []
+    result = _plan_grouped(weight, num_experts, rows, columns, use_mxfp8, cached, work)
+    run_work(work, backend)
+    return result
+
+
+def _plan_grouped(
+    weight: object,
+    num_experts: int,
+    rows: int,
+    columns: int,
+    use_mxfp8: bool,
+    cached: GroupedExpertWeights | None,
+    work: list[ScaleWork],
+) -> GroupedExpertWeights:
     gs = grouped_storage(weight)
     _check_grouped(gs, num_experts, rows, columns)
     shape = (num_experts, rows, columns)
@@ -247,8 +268,8 @@ def grouped_weight_view(
         gs.scales_swizzled,
         cached.row_scales if cached else None,
         bool(cached and cached.row_scales_zero_copy),
-        backend,
         "grouped rowwise scales",
+        work,
     )
     col_data = col_scales = None
     col_zc = False
@@ -266,8 +287,8 @@ def grouped_weight_view(
             gs.scales_swizzled,
             cached.col_scales if cached else None,
             bool(cached and cached.col_scales_zero_copy),
-            backend,
             "grouped columnwise scales",
+            work,
         )
     elif cached is not None and cached.col_data is not None:
         raise RefreshError("grouped weight: the cached view has columnwise data, the weight no longer does")
@@ -334,8 +355,8 @@ def _convert_split(
     swizzled: list[bool],
     outs: tuple[torch.Tensor, ...] | None,
     outs_are_te: bool,
-    backend: str | None,
     name: str,
+    work: list[ScaleWork],
 ) -> tuple[tuple[torch.Tensor, ...], bool]:
     r, c = logical[0].shape
     shape = layout_shape(r, c)
@@ -354,18 +375,17 @@ def _convert_split(
             f"{name}: the cached view exposes TE's own swizzled buffers, but expert {e} now holds "
             "unswizzled scales; build a new view (without cached=)"
         )
-    todo = [e for e in range(count) if not swizzled[e]]
-    if todo:
-        swizzle_mxfp8_scales_many([logical[e] for e in todo], outs=[outs[e] for e in todo], backend=backend)
-    copies = [e for e in range(count) if swizzled[e] and outs[e].data_ptr() != te_buffers[e].data_ptr()]
-    for e in copies:
-        if te_buffers[e].numel() != math.prod(shape) or not te_buffers[e].is_contiguous():
-            raise LayoutError(
-                f"{name}: expert {e}'s scales are marked swizzled, so its buffer should be exactly "
-                f"the layout {shape}; found {tuple(te_buffers[e].shape)}"
-            )
-    if copies:
-        torch._foreach_copy_([outs[e] for e in copies], [te_buffers[e].view(shape) for e in copies])
+    for e in range(count):
+        if not swizzled[e]:
+            check_out(outs[e], logical[e].unsqueeze(0), f"expert {e} {name}")
+            work.append(ScaleWork(logical[e].unsqueeze(0), outs[e]))
+        elif outs[e].data_ptr() != te_buffers[e].data_ptr():
+            if te_buffers[e].numel() != math.prod(shape) or not te_buffers[e].is_contiguous():
+                raise LayoutError(
+                    f"{name}: expert {e}'s scales are marked swizzled, so its buffer should be exactly "
+                    f"the layout {shape}; found {tuple(te_buffers[e].shape)}"
+                )
+            work.append(ScaleWork(te_buffers[e].view(shape), outs[e], copy=True))
     return outs, outs_are_te
 
 
@@ -381,8 +401,23 @@ def split_weight_view(
     """Views over one Parameter per expert, each ``(rows, columns)``, with pointer tables.
 
     With ``cached`` (a previous result), re-convert the scales into its buffers in place (same
-    addresses) after checking that no payload moved, and return it.
+    addresses) after checking that no payload moved, and return it. All experts' scales are
+    converted in one kernel launch on the cuda backend.
     """
+    work: list[ScaleWork] = []
+    result = _plan_split(params, rows, columns, use_mxfp8, cached, work)
+    run_work(work, backend)
+    return result
+
+
+def _plan_split(
+    params: Sequence[object],
+    rows: int,
+    columns: int,
+    use_mxfp8: bool,
+    cached: SplitExpertWeights | None,
+    work: list[ScaleWork],
+) -> SplitExpertWeights:
     params = list(params)
     if not params:
         raise ExpertWeightError("split_weight_view: expected at least one expert parameter; found none")
@@ -423,8 +458,8 @@ def split_weight_view(
         swizzled,
         cached.row_scales if cached else None,
         bool(cached and cached.row_scales_zero_copy),
-        backend,
         "rowwise scales",
+        work,
     )
     has_col = [st.columnwise_data is not None for st in storages]
     col_data = col_scales = None
@@ -447,8 +482,8 @@ def split_weight_view(
             swizzled,
             cached.col_scales if cached else None,
             bool(cached and cached.col_scales_zero_copy),
-            backend,
             "columnwise scales",
+            work,
         )
     elif cached is not None and cached.col_data is not None:
         raise RefreshError("the cached view has columnwise data; the experts no longer do")
@@ -486,3 +521,34 @@ def _check_not_moved(name: str, old: tuple[torch.Tensor, ...] | None, new: tuple
     for e, (a, b) in enumerate(zip(old, new, strict=True)):
         if a.data_ptr() != b.data_ptr():
             raise RefreshError(_moved(f"expert {e} {name}", a, b))
+
+
+# ------------------------------------------------------------------------------ one launch per layer
+
+LayerEntry = tuple[object, "GroupedExpertWeights | SplitExpertWeights"]
+
+
+def refresh_layer(entries: Sequence[LayerEntry], *, backend: str | None = None) -> None:
+    """Refresh every cached MXFP8 view of a layer in ONE kernel launch.
+
+    ``entries`` pairs each weight with its cached view: ``(grouped_parameter, GroupedExpertWeights)``
+    or ``(list_of_expert_parameters, SplitExpertWeights)``, any mix (fc1 and fc2, grouped and per
+    expert; rowwise and columnwise scales are all included). Every check of the single-view
+    refresh runs first; nothing is written unless all entries pass.
+    """
+    work: list[ScaleWork] = []
+    for i, (weight, cached) in enumerate(entries):
+        try:
+            if isinstance(cached, GroupedExpertWeights):
+                _plan_grouped(weight, cached.num_experts, cached.rows, cached.columns, True, cached, work)
+            elif isinstance(cached, SplitExpertWeights):
+                if not isinstance(weight, Sequence):
+                    raise RefreshError(f"expected the list of expert parameters; found {type(weight).__name__}")
+                _plan_split(weight, cached.rows, cached.columns, True, cached, work)
+            else:
+                raise RefreshError(
+                    f"expected a GroupedExpertWeights or SplitExpertWeights view; found {type(cached).__name__}"
+                )
+        except (RefreshError, ExpertWeightError, LayoutError) as exc:
+            raise type(exc)(f"refresh_layer entry {i}: {exc}") from exc
+    run_work(work, backend)

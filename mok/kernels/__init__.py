@@ -1,0 +1,1 @@
+"""The CUDA backend: kernel source compiled at first use with NVRTC (cuda.core)."""

@@ -1,0 +1,179 @@
+"""Compile (NVRTC through cuda.core, once per architecture) and launch the layout kernel.
+
+Every call turns its work into jobs (one per logical scale matrix, or one copy of an already
+swizzled buffer), looks up or uploads the jobs' descriptor table, and launches ONE kernel on the
+current torch stream. A table is uploaded the first time a set of buffers is seen and reused
+after: later calls (a refresh, a CUDA-graph capture and its replays) allocate nothing and never
+synchronise with the host.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+
+from mok.errors import LayoutError
+from mok.layout import padded_shape
+
+KERNEL_NAME = "mxfp8_swizzle_jobs"
+THREADS = 256
+TILES_PER_UNIT = 32
+COPY_CHUNK = 16384
+MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
+BLOCKS_PER_SM = 4  # 64 registers x 256 threads: four blocks fill an SM's register file
+_TABLE_CACHE_SIZE = 256
+
+_lock = threading.Lock()
+_kernels: dict[str, Any] = {}
+_tables: OrderedDict[tuple[int, tuple[tuple[int, ...], ...]], tuple[torch.Tensor, int]] = OrderedDict()
+_streams: dict[int, Any] = {}
+
+
+def kernel_source() -> str:
+    return resources.files("mok.kernels").joinpath("mxfp8_swizzle.cu").read_text()
+
+
+def compile_kernel(arch: str) -> Any:
+    """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; returns cuda.core ObjectCode.
+
+    Needs no GPU: CI uses this to check the source through the same path users take.
+    """
+    from cuda.core import Program, ProgramOptions
+
+    options = ProgramOptions(std="c++17", arch=arch, name="mok_mxfp8_swizzle")
+    return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
+
+
+def _kernel(device: torch.device) -> Any:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    arch = f"sm_{major}{minor}"
+    with _lock:
+        kernel = _kernels.get(f"{index}:{arch}")
+        if kernel is None:
+            from cuda.core import Device
+
+            Device(index).set_current()
+            kernel = compile_kernel(arch).get_kernel(KERNEL_NAME)
+            _kernels[f"{index}:{arch}"] = kernel
+    return kernel
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work for the kernel, in bytes: a matrix to convert, or a copy."""
+
+    src: int
+    dst: int
+    rs: int
+    cs: int
+    rows: int  # R, or the byte count of a copy
+    cols: int  # C (0 for a copy)
+    mode: int
+    vec: int
+
+    def units(self) -> int:
+        if self.mode == MODE_COPY:
+            return -(-self.rows // COPY_CHUNK)
+        rp, cp = padded_shape(self.rows, self.cols)
+        tiles = cp // 4
+        return (rp // 128) * (-(-tiles // TILES_PER_UNIT))
+
+
+def _vec(*values: int) -> int:
+    for width in (16, 4):
+        if all(v % width == 0 for v in values):
+            return width
+    return 1
+
+
+def convert_jobs(batch: torch.Tensor, out: torch.Tensor) -> list[Job]:
+    """Jobs converting ``[E, R, C]`` uint8 (any strides) into the layout buffer ``out``."""
+    experts, rows, cols = batch.shape
+    s0, rs, cs = batch.stride()
+    rp, cp = padded_shape(rows, cols)
+    if out.data_ptr() % 16:
+        raise LayoutError(f"layout output must be 16-byte aligned; found address {hex(out.data_ptr())}")
+    if cols == 1:  # a single column: any column stride reads the same bytes
+        cs = 1
+    if rows == 1:
+        rs = 1 if cs != 1 else 0
+    jobs = []
+    for e in range(experts):
+        src = batch.data_ptr() + e * s0
+        dst = out.data_ptr() + e * rp * cp
+        if cs == 1:
+            mode, vec = MODE_ROWS, _vec(src, rs)
+        elif rs == 1:
+            mode, vec = MODE_COLS, _vec(src, cs)
+        else:
+            mode, vec = MODE_GATHER, 1
+        jobs.append(Job(src, dst, rs, cs, rows, cols, mode, vec))
+    return jobs
+
+
+def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
+    """A job copying already-swizzled bytes ``src`` (contiguous) into ``dst`` (same size)."""
+    if src.numel() != dst.numel() or not (src.is_contiguous() and dst.is_contiguous()):
+        raise LayoutError(
+            f"copy of swizzled scales needs two contiguous buffers of one size; found {tuple(src.shape)} "
+            f"and {tuple(dst.shape)}"
+        )
+    return Job(src.data_ptr(), dst.data_ptr(), 0, 0, src.numel(), 0, MODE_COPY, _vec(src.data_ptr(), dst.data_ptr()))
+
+
+def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int]:
+    """The device descriptor table of ``jobs`` (uploaded once, then reused) and its unit count."""
+    rows: list[tuple[int, ...]] = []
+    total = 0
+    for job in jobs:
+        rows.append((job.src, job.dst, job.rs, job.cs, job.rows, job.cols, job.mode | job.vec << 8, total))
+        total += job.units()
+    key = (device.index or 0, tuple(rows))
+    with _lock:
+        hit = _tables.get(key)
+        if hit is not None:
+            _tables.move_to_end(key)
+            return hit
+    if torch.cuda.is_current_stream_capturing():
+        raise LayoutError(
+            "these scale buffers were never converted outside CUDA-graph capture: call once before "
+            "capturing (the first call uploads their descriptor table; later calls only launch)"
+        )
+    table = torch.tensor(rows, dtype=torch.int64, device=device)
+    with _lock:
+        _tables[key] = (table, total)
+        while len(_tables) > _TABLE_CACHE_SIZE:
+            _tables.popitem(last=False)
+    return table, total
+
+
+def _stream(device: torch.device) -> Any:
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = _streams.get(handle)
+    if stream is None:
+        from cuda.core import Stream
+
+        stream = _streams[handle] = Stream.from_handle(handle)
+    return stream
+
+
+def launch_jobs(jobs: Sequence[Job], device: torch.device) -> None:
+    """Run ``jobs`` in one launch on the current torch stream of ``device``."""
+    if not jobs:
+        return
+    import numpy as np
+    from cuda.core import LaunchConfig, launch
+
+    kernel = _kernel(device)
+    table, total = _table(device, jobs)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    grid = max(1, min(total, sms * BLOCKS_PER_SM * 4))
+    config = LaunchConfig(grid=grid, block=THREADS)
+    launch(_stream(device), config, kernel, np.uint64(table.data_ptr()), np.int32(len(jobs)), np.int64(total))
