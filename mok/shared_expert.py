@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import sys
 import warnings
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 _warned = False
@@ -46,4 +46,4 @@ def prepare_shared_expert_config(config: T) -> T:
             UserWarning,
             stacklevel=2,
         )
-    return shared
+    return cast(T, shared)
