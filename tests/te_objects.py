@@ -69,15 +69,27 @@ def mxfp8_buffers(m: int, k: int, g: torch.Generator, columnwise: bool = True) -
     return out
 
 
+def _to(attrs: dict[str, Any], device: str) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in attrs.items()}
+
+
 def mxfp8_tensor(
-    release: str, m: int, k: int, *, seed: int = 0, columnwise: bool = True, param: bool = False, **extra: Any
+    release: str,
+    m: int,
+    k: int,
+    *,
+    seed: int = 0,
+    columnwise: bool = True,
+    param: bool = False,
+    device: str = "cpu",
+    **extra: Any,
 ) -> Any:
     g = torch.Generator().manual_seed(seed)
-    attrs = mxfp8_buffers(m, k, g, columnwise)
+    attrs = _to(mxfp8_buffers(m, k, g, columnwise), device)
     if rel(release) >= SWIZZLE_FLAG_SINCE:
         attrs.setdefault("_with_gemm_swizzled_scales", False)
     attrs.update(extra)
-    t = make_standin(release, class_path(release, "MXFP8Tensor"), attrs, shape=(m, k))
+    t = make_standin(release, class_path(release, "MXFP8Tensor"), attrs, shape=(m, k), device=device)
     return torch.nn.Parameter(t, requires_grad=False) if param else t
 
 
@@ -104,6 +116,7 @@ def grouped_tensor(
     param: bool = True,
     swizzled: bool = False,
     columnwise: bool = True,
+    device: str = "cpu",
 ) -> Any:
     """A GroupedTensor as facts.md records it on 2.20.2: flat 1-D buffers, scales expert-major,
     per-expert MXFP8 members whose scale views sit in the grouped buffer."""
@@ -113,14 +126,16 @@ def grouped_tensor(
     n = experts * rows * cols
     attrs: dict[str, Any] = {"num_tensors": experts, shapes_name: [(rows, cols)] * experts}
     if not mxfp8:
-        attrs[data_name] = torch.randn(n, generator=g).to(torch.bfloat16)
+        attrs[data_name] = torch.randn(n, generator=g).to(torch.bfloat16).to(device)
     else:
         rp, rc = roundup(rows, 128), roundup(cols // 32, 4)
         cp, cc = roundup(rows // 32, 4), roundup(cols, 128)
-        row_scales = torch.cat([garbage_padded(rows, cols // 32, rp, rc, g).flatten() for _ in range(experts)])
+        row_scales = torch.cat(
+            [garbage_padded(rows, cols // 32, rp, rc, g).flatten() for _ in range(experts)]
+        ).to(device)
         attrs.update(
             {
-                data_name: torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
+                data_name: torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(device),
                 "scale_inv": row_scales,
                 "scale_inv_offsets": [e * rp * rc for e in range(experts + 1)],
                 "quantizer": object(),  # stands for an MXFP8Quantizer: only its presence is read
@@ -129,10 +144,10 @@ def grouped_tensor(
         if columnwise:
             attrs.update(
                 {
-                    "columnwise_data": torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
+                    "columnwise_data": torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(device),
                     "columnwise_scale_inv": torch.cat(
                         [garbage_padded(rows // 32, cols, cp, cc, g).flatten() for _ in range(experts)]
-                    ),
+                    ).to(device),
                     "columnwise_scale_inv_offsets": [e * cp * cc for e in range(experts + 1)],
                 }
             )
@@ -154,10 +169,14 @@ def grouped_tensor(
                     ].view(cp, cc)
                 if rel(release) >= SWIZZLE_FLAG_SINCE:
                     pieces["_with_gemm_swizzled_scales"] = swizzled
-                mem.append(make_standin(release, class_path(release, "MXFP8Tensor"), pieces, shape=(rows, cols)))
+                mem.append(
+                    make_standin(
+                        release, class_path(release, "MXFP8Tensor"), pieces, shape=(rows, cols), device=device
+                    )
+                )
             attrs["quantized_tensors"] = mem
     path = class_path(release, "GroupedTensor")
-    obj = make_standin(release, path, attrs, shape=(experts, rows, cols))
+    obj = make_standin(release, path, attrs, shape=(experts, rows, cols), device=device)
     if param and isinstance(obj, torch.Tensor):
         return torch.nn.Parameter(obj, requires_grad=False)
     return obj

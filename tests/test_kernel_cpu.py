@@ -1,0 +1,100 @@
+"""The CUDA backend's parts that need no GPU: the source compiles through NVRTC (cuda.core, the
+path users take) and through nvcc without spills, and calls are planned into the right jobs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import mok
+from mok.kernels import launcher
+from mok.swizzle import ScaleWork, run_work
+from tests import te_objects as T
+from tests.spec_oracle import spec_layout
+
+SOURCE = Path(launcher.__file__).with_name("mxfp8_swizzle.cu")
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_kernel_compiles_with_nvrtc(arch: str) -> None:
+    pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
+    code = launcher.compile_kernel(arch)
+    assert len(bytes(code.code)) > 1000
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["nvcc", "-arch=sm_90", "-c", "-Xptxas", "-v", str(SOURCE), "-o", str(tmp_path / "k.o")],
+        capture_output=True, text=True, check=True,
+    )
+    report = done.stderr
+    assert "0 bytes spill stores" in report and "0 bytes stack frame" in report, report
+
+
+def _ptr_tensor(shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+    base = torch.zeros(4096 * 16, dtype=torch.uint8)
+    return base.as_strided(shape, strides, offset)
+
+
+def test_jobs_rowwise_transposed_and_gather() -> None:
+    out = torch.empty(mok.layout_shape(256, 8, 2), dtype=torch.uint8)
+    rows = launcher.convert_jobs(_ptr_tensor((2, 256, 8), (4096, 16, 1)), out)
+    assert [(j.mode, j.vec) for j in rows] == [(launcher.MODE_ROWS, 16)] * 2
+    assert rows[1].dst - rows[0].dst == 256 * 8 and rows[1].src - rows[0].src == 4096
+    cols = launcher.convert_jobs(_ptr_tensor((2, 256, 8), (4096, 1, 256)), out)
+    assert [(j.mode, j.vec) for j in cols] == [(launcher.MODE_COLS, 16)] * 2
+    odd = launcher.convert_jobs(_ptr_tensor((1, 256, 8), (4096, 12, 1), offset=4), out[:2])
+    assert (odd[0].mode, odd[0].vec) == (launcher.MODE_ROWS, 4)
+    gather = launcher.convert_jobs(_ptr_tensor((1, 256, 8), (4096, 3, 5)), out[:2])
+    assert gather[0].mode == launcher.MODE_GATHER
+
+
+def test_units_cover_the_layout() -> None:
+    # 7168 rows x 224 scale columns: 56 slabs x 2 units (32 + 24 tiles)
+    job = launcher.Job(0, 0, 224, 1, 7168, 224, launcher.MODE_ROWS, 16)
+    assert job.units() == 56 * 2
+    assert launcher.Job(0, 0, 0, 0, 16384 * 3 + 1, 0, launcher.MODE_COPY, 16).units() == 4
+
+
+def test_refresh_layer_on_the_torch_backend(installed_te) -> None:  # type: ignore[no-untyped-def]
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, 256, 128, mxfp8=True)
+    ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(3)]
+    gv = mok.grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True)
+    sv = mok.split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+    g.scale_inv.random_(0, 255)
+    for p in ps:
+        p._columnwise_scale_inv.random_(0, 255)
+    mok.refresh_layer([(g, gv), (ps, sv)], backend="torch")
+    want = torch.stack([m._rowwise_scale_inv[:256, :4] for m in g.quantized_tensors])
+    assert torch.equal(gv.row_scales, spec_layout(want))
+    for e, p in enumerate(ps):
+        assert torch.equal(sv.col_scales[e], spec_layout(p._columnwise_scale_inv[:4, :256].t()))
+
+
+def test_refresh_layer_checks_every_entry_before_writing(installed_te) -> None:  # type: ignore[no-untyped-def]
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True)
+    ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
+    gv = mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
+    sv = mok.split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+    before = gv.row_scales.clone()
+    g.scale_inv.random_(0, 255)
+    ps[1]._rowwise_data = ps[1]._rowwise_data.clone()
+    with pytest.raises(mok.RefreshError, match="refresh_layer entry 1: expert 1 rowwise data moved"):
+        mok.refresh_layer([(g, gv), (ps, sv)], backend="torch")
+    assert torch.equal(gv.row_scales, before)  # entry 0 was not written either
+    with pytest.raises(mok.RefreshError, match="entry 0: expected a GroupedExpertWeights or SplitExpertWeights"):
+        mok.refresh_layer([(g, object())])  # type: ignore[list-item]
+
+
+def test_copy_work_on_cpu() -> None:
+    src = torch.randint(0, 256, (2048,), dtype=torch.uint8)
+    dst = torch.zeros(mok.layout_shape(128, 16), dtype=torch.uint8)
+    run_work([ScaleWork(src.view(dst.shape), dst, copy=True)])
+    assert torch.equal(dst.flatten(), src)
