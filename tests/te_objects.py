@@ -130,9 +130,9 @@ def grouped_tensor(
     else:
         rp, rc = roundup(rows, 128), roundup(cols // 32, 4)
         cp, cc = roundup(rows // 32, 4), roundup(cols, 128)
-        row_scales = torch.cat(
-            [garbage_padded(rows, cols // 32, rp, rc, g).flatten() for _ in range(experts)]
-        ).to(device)
+        row_scales = torch.cat([garbage_padded(rows, cols // 32, rp, rc, g).flatten() for _ in range(experts)]).to(
+            device
+        )
         attrs.update(
             {
                 data_name: torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(device),
@@ -170,9 +170,7 @@ def grouped_tensor(
                 if rel(release) >= SWIZZLE_FLAG_SINCE:
                     pieces["_with_gemm_swizzled_scales"] = swizzled
                 mem.append(
-                    make_standin(
-                        release, class_path(release, "MXFP8Tensor"), pieces, shape=(rows, cols), device=device
-                    )
+                    make_standin(release, class_path(release, "MXFP8Tensor"), pieces, shape=(rows, cols), device=device)
                 )
             attrs["quantized_tensors"] = mem
     path = class_path(release, "GroupedTensor")

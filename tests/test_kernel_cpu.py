@@ -30,7 +30,9 @@ def test_kernel_compiles_with_nvrtc(arch: str) -> None:
 def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path) -> None:
     done = subprocess.run(
         ["nvcc", "-arch=sm_90", "-c", "-Xptxas", "-v", str(SOURCE), "-o", str(tmp_path / "k.o")],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     report = done.stderr
     assert "0 bytes spill stores" in report and "0 bytes stack frame" in report, report
