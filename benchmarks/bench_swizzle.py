@@ -55,6 +55,17 @@ def timed(fn: Callable[[], object], repeats: int, before: Callable[[], object] |
     return statistics.median(times)
 
 
+def replayed(fn: Callable[[], object], repeats: int) -> float:
+    """Median microseconds of replaying ``fn`` captured in a CUDA graph: device time without the
+    host's per-call overhead (how a training step that graphs its refresh pays for it)."""
+    fn()  # warm-up outside capture: compiles, uploads descriptor tables
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay, repeats)
+
+
 def padded_scales(experts: int, rows: int, cols: int, pr: int, pc: int) -> torch.Tensor:
     buf = torch.full((experts, pr, pc), 0xFF, dtype=torch.uint8, device="cuda")
     buf[:, :rows, :cols] = torch.randint(0, 255, (experts, rows, cols), dtype=torch.uint8, device="cuda")
@@ -111,9 +122,14 @@ def case(kind: str, experts: int, m: int, k: int, repeats: int, with_te: bool) -
     dst = torch.empty_like(src)
     nbytes = 2 * experts * r * c
     row: dict[str, object] = {"case": f"{kind} E={experts} {m}x{k}", "bytes": nbytes}
+    grouped = lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend="cuda")  # noqa: E731
+    separate = lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend="cuda")  # noqa: E731
     row["copy"] = timed(lambda: dst.copy_(src), repeats)
-    row["kernel"] = timed(lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend="cuda"), repeats)
-    row["kernel/exp"] = timed(lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend="cuda"), repeats)
+    row["kernel"] = timed(grouped, repeats)
+    row["kernel/exp"] = timed(separate, repeats)
+    row["g:copy"] = replayed(lambda: dst.copy_(src), repeats)
+    row["g:kernel"] = replayed(grouped, repeats)
+    row["g:kernel/exp"] = replayed(separate, repeats)
     row["torch"] = timed(lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend="torch"), max(5, repeats // 5))
     row["torch/exp"] = timed(
         lambda: [mok.swizzle_mxfp8_scales(b, out=o, backend="torch") for b, o in zip(per_expert, outs, strict=True)],
@@ -135,18 +151,24 @@ def layer(repeats: int) -> dict[str, object]:
         rows = padded_scales(experts, m, k // 32, roundup(m, 128), roundup(k // 32, 4))[:, :m, : k // 32]
         cols = padded_scales(experts, m // 32, k, roundup(m // 32, 4), roundup(k, 128))[:, : m // 32, :k]
         for logical in (rows, cols.transpose(1, 2)):
-            out = torch.empty(mok.layout_shape(logical.shape[1], logical.shape[2], experts), dtype=torch.uint8,
-                              device="cuda")
+            out = torch.empty(
+                mok.layout_shape(logical.shape[1], logical.shape[2], experts), dtype=torch.uint8, device="cuda"
+            )
             work.append(ScaleWork(logical, out))
     total = sum(2 * w.src.numel() for w in work)
     src = torch.randint(0, 255, (total // 2,), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    jobs = [job for w in work for job in launcher.convert_jobs(w.src, w.dst)]
+    jobs = [launcher.convert_job(w.src, w.dst) for w in work]
+    per_expert = [ScaleWork(w.src[e : e + 1], w.dst.chunk(experts, 0)[e]) for w in work for e in range(experts)]
     return {
         "case": f"layer E={experts} fc1+fc2 row+col ({len(jobs)} jobs)",
         "bytes": total,
         "copy": timed(lambda: dst.copy_(src), repeats),
         "kernel": timed(lambda: run_work(work, "cuda"), repeats),
+        "kernel/exp": timed(lambda: run_work(per_expert, "cuda"), repeats),
+        "g:copy": replayed(lambda: dst.copy_(src), repeats),
+        "g:kernel": replayed(lambda: run_work(work, "cuda"), repeats),
+        "g:kernel/exp": replayed(lambda: run_work(per_expert, "cuda"), repeats),
     }
 
 
@@ -178,22 +200,37 @@ def main() -> None:
     rows = [case("rowwise", *c, args.repeats, not args.no_te) for c in ROW_CASES]
     rows += [case("columnwise", *c, args.repeats, False) for c in COL_CASES]
     rows.append(layer(args.repeats))
-    cols = ["copy", "kernel", "kernel/exp", "torch", "torch/exp", "TE multi"]
+    for r in rows:
+        r["g:kernel/copy"] = r["g:kernel"] / r["g:copy"]
+        r["g:exp/copy"] = r["g:kernel/exp"] / r["g:copy"]
+        r["g:GB/s"] = r["bytes"] / (r["g:kernel"] * 1e-6) / 1e9
+        for name in ("torch", "torch/exp"):
+            if isinstance(r.get(name), float):
+                r[f"{name} / g:kernel"] = r[name] / r["g:kernel"]
     print(" ".join(f"{k}={v}" for k, v in meta.items()))
-    header = f"{'case':44s} {'MB':>7s} " + " ".join(f"{c:>11s}" for c in cols) + "  kern/copy exp/copy GB/s ok"
-    print(header)
+    cols = [
+        "copy",
+        "kernel",
+        "kernel/exp",
+        "torch",
+        "torch/exp",
+        "TE multi",
+        "g:copy",
+        "g:kernel",
+        "g:kernel/exp",
+        "g:kernel/copy",
+        "g:exp/copy",
+        "g:GB/s",
+    ]
+    print(f"{'case':42s} {'MB':>6s} " + " ".join(f"{c:>12s}" for c in cols) + "  equal")
     for r in rows:
         cells = []
         for c in cols:
             v = r.get(c, "")
-            cells.append(f"{v:11.1f}" if isinstance(v, float) else f"{str(v)[:11]:>11s}")
-        copy, kern = r["copy"], r["kernel"]
-        exp = r.get("kernel/exp")
-        ratio_exp = f"{exp / copy:8.2f}" if isinstance(exp, float) else f"{'':>8s}"
-        gbs = r["bytes"] / (kern * 1e-6) / 1e9
-        print(f"{r['case']:44s} {r['bytes'] / 1e6:7.1f} " + " ".join(cells)
-              + f"  {kern / copy:9.2f} {ratio_exp} {gbs:5.0f} {r.get('equal', '')}")
-    print("times: median microseconds per call (CUDA events); MB = bytes read + written")
+            cells.append(f"{v:12.2f}" if isinstance(v, float) else f"{str(v)[:12]:>12s}")
+        print(f"{r['case']:42s} {r['bytes'] / 1e6:6.1f} " + " ".join(cells) + f"  {r.get('equal', '')}")
+    print("median microseconds per call (CUDA events); g: = replay of a captured CUDA graph (device time);")
+    print("MB = bytes read + written; ratios are against the same-run copy of the same bytes")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "rows": rows}, fh, indent=1)

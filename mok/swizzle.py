@@ -55,7 +55,7 @@ def run_work(work: Sequence[ScaleWork], backend: str | None = None) -> None:
             if item.copy:
                 jobs.append(launcher.copy_job(item.src, item.dst))
             else:
-                jobs.extend(launcher.convert_jobs(item.src, item.dst))
+                jobs.append(launcher.convert_job(item.src, item.dst))
         launcher.launch_jobs(jobs, device)
         return
     for item in work:

@@ -9,6 +9,7 @@ import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import cache
 from typing import Any
 
 from packaging.version import Version
@@ -32,7 +33,17 @@ class BackendChoice:
     reason: str
 
 
+@cache
+def _has_cuda_core() -> bool:
+    try:
+        return importlib.util.find_spec("cuda.core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@cache
 def _cuda_device() -> tuple[str | None, tuple[int, int] | None, str]:
+    """(name, compute capability, why none) of the current CUDA device; cached (refresh() clears)."""
     try:
         import torch  # already imported whenever a tensor was handed to us
     except ImportError:
@@ -56,10 +67,7 @@ def kernel_backend(preference: str | None = None) -> BackendChoice:
         raise ValueError(f"kernel backend must be one of {', '.join(BACKENDS)}; found {pref!r}")
     if pref == "torch":
         return BackendChoice("torch", "asked for the torch reference")
-    try:
-        has_core = importlib.util.find_spec("cuda.core") is not None
-    except (ImportError, ValueError):
-        has_core = False
+    has_core = _has_cuda_core()
     device, _, why_not = _cuda_device()
     if has_core and device is not None:
         return BackendChoice("cuda", f"cuda.core and {device} present")

@@ -157,5 +157,8 @@ def refresh() -> None:
     te_status.cache_clear()
     te_import_status.cache_clear()
     from te_compat import probe
+    from te_compat.capabilities import _cuda_device, _has_cuda_core
 
     probe.clear_caches()
+    _has_cuda_core.cache_clear()
+    _cuda_device.cache_clear()

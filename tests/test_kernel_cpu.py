@@ -45,22 +45,28 @@ def _ptr_tensor(shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 
 
 def test_jobs_rowwise_transposed_and_gather() -> None:
     out = torch.empty(mok.layout_shape(256, 8, 2), dtype=torch.uint8)
-    rows = launcher.convert_jobs(_ptr_tensor((2, 256, 8), (4096, 16, 1)), out)
-    assert [(j.mode, j.vec) for j in rows] == [(launcher.MODE_ROWS, 16)] * 2
-    assert rows[1].dst - rows[0].dst == 256 * 8 and rows[1].src - rows[0].src == 4096
-    cols = launcher.convert_jobs(_ptr_tensor((2, 256, 8), (4096, 1, 256)), out)
-    assert [(j.mode, j.vec) for j in cols] == [(launcher.MODE_COLS, 16)] * 2
-    odd = launcher.convert_jobs(_ptr_tensor((1, 256, 8), (4096, 12, 1), offset=4), out[:2])
-    assert (odd[0].mode, odd[0].vec) == (launcher.MODE_ROWS, 4)
-    gather = launcher.convert_jobs(_ptr_tensor((1, 256, 8), (4096, 3, 5)), out[:2])
-    assert gather[0].mode == launcher.MODE_GATHER
+    rows = launcher.convert_job(_ptr_tensor((2, 256, 8), (4096, 16, 1)), out)
+    assert (rows.mode, rows.vec, rows.experts, rows.es) == (launcher.MODE_ROWS, 16, 2, 4096)
+    cols = launcher.convert_job(_ptr_tensor((2, 256, 8), (4096, 1, 256)), out)
+    assert (cols.mode, cols.vec) == (launcher.MODE_COLS, 16)
+    odd = launcher.convert_job(_ptr_tensor((1, 256, 8), (4096, 12, 1), offset=4), out[:2])
+    assert (odd.mode, odd.vec, odd.es) == (launcher.MODE_ROWS, 4, 0)
+    assert launcher.convert_job(_ptr_tensor((1, 256, 8), (4096, 3, 5)), out[:2]).mode == launcher.MODE_GATHER
+    one_column = launcher.convert_job(_ptr_tensor((1, 256, 1), (4096, 1, 256)), out[:2])
+    assert one_column.mode == launcher.MODE_ROWS  # a single column reads the same bytes either way
 
 
 def test_units_cover_the_layout() -> None:
-    # 7168 rows x 224 scale columns: 56 slabs x 2 units (32 + 24 tiles)
-    job = launcher.Job(0, 0, 224, 1, 7168, 224, launcher.MODE_ROWS, 16)
-    assert job.units() == 56 * 2
-    assert launcher.Job(0, 0, 0, 0, 16384 * 3 + 1, 0, launcher.MODE_COPY, 16).units() == 4
+    # 7168 rows x 224 scale columns: 56 slabs x 2 units (32 + 24 tiles), for each of 3 experts
+    job = launcher.Job(0, 0, 224, 1, 7168 * 224, 7168, 224, 3, launcher.MODE_ROWS, 16)
+    assert job.units() == 3 * 56 * 2
+    assert launcher.Job(0, 0, 0, 0, 0, 16384 * 3 + 1, 0, 1, launcher.MODE_COPY, 16).units() == 4
+
+
+def test_misaligned_output_is_refused() -> None:
+    base = torch.zeros(2048 + 8, dtype=torch.uint8)
+    with pytest.raises(mok.LayoutError, match="16-byte aligned"):
+        launcher.convert_job(torch.zeros(1, 128, 4, dtype=torch.uint8), base[8:].view(4, 1, 32, 16)[:1])
 
 
 def test_refresh_layer_on_the_torch_backend(installed_te) -> None:  # type: ignore[no-untyped-def]

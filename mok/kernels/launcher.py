@@ -30,7 +30,7 @@ BLOCKS_PER_SM = 4  # 64 registers x 256 threads: four blocks fill an SM's regist
 _TABLE_CACHE_SIZE = 256
 
 _lock = threading.Lock()
-_kernels: dict[str, Any] = {}
+_kernels: dict[int, tuple[Any, int]] = {}
 _tables: OrderedDict[tuple[int, tuple[tuple[int, ...], ...]], tuple[torch.Tensor, int]] = OrderedDict()
 _streams: dict[int, Any] = {}
 
@@ -50,31 +50,39 @@ def compile_kernel(arch: str) -> Any:
     return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
 
 
-def _kernel(device: torch.device) -> Any:
+def _kernel(device: torch.device) -> tuple[Any, int]:
+    """(compiled kernel, grid size) for ``device``; compiled once per device, thread-safe."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    arch = f"sm_{major}{minor}"
+    hit = _kernels.get(index)
+    if hit is not None:
+        return hit
     with _lock:
-        kernel = _kernels.get(f"{index}:{arch}")
-        if kernel is None:
+        hit = _kernels.get(index)
+        if hit is None:
             from cuda.core import Device
 
+            major, minor = torch.cuda.get_device_capability(index)
             Device(index).set_current()
-            kernel = compile_kernel(arch).get_kernel(KERNEL_NAME)
-            _kernels[f"{index}:{arch}"] = kernel
-    return kernel
+            kernel = compile_kernel(f"sm_{major}{minor}").get_kernel(KERNEL_NAME)
+            sms = torch.cuda.get_device_properties(index).multi_processor_count
+            hit = _kernels[index] = (kernel, sms * BLOCKS_PER_SM * 4)
+    return hit
 
 
 @dataclass(frozen=True)
 class Job:
-    """One unit of work for the kernel, in bytes: a matrix to convert, or a copy."""
+    """One entry of the kernel's descriptor table, in bytes: ``experts`` matrices ``[rows, cols]``
+    (expert e read at ``src + e*es`` with strides ``rs``/``cs``, written at ``dst + e*Rp*Cp``), or
+    a copy of ``rows`` bytes."""
 
     src: int
     dst: int
     rs: int
     cs: int
+    es: int
     rows: int  # R, or the byte count of a copy
     cols: int  # C (0 for a copy)
+    experts: int
     mode: int
     vec: int
 
@@ -82,8 +90,11 @@ class Job:
         if self.mode == MODE_COPY:
             return -(-self.rows // COPY_CHUNK)
         rp, cp = padded_shape(self.rows, self.cols)
-        tiles = cp // 4
-        return (rp // 128) * (-(-tiles // TILES_PER_UNIT))
+        return self.experts * (rp // 128) * (-(-(cp // 4) // TILES_PER_UNIT))
+
+    def row(self, unit_begin: int) -> tuple[int, ...]:
+        flags = self.mode | self.vec << 8
+        return (self.src, self.dst, self.rs, self.cs, self.es, self.rows, self.cols, self.experts, flags, unit_begin)
 
 
 def _vec(*values: int) -> int:
@@ -93,29 +104,26 @@ def _vec(*values: int) -> int:
     return 1
 
 
-def convert_jobs(batch: torch.Tensor, out: torch.Tensor) -> list[Job]:
-    """Jobs converting ``[E, R, C]`` uint8 (any strides) into the layout buffer ``out``."""
+def convert_job(batch: torch.Tensor, out: torch.Tensor) -> Job:
+    """The job converting ``[E, R, C]`` uint8 (any strides) into the layout buffer ``out``."""
     experts, rows, cols = batch.shape
-    s0, rs, cs = batch.stride()
-    rp, cp = padded_shape(rows, cols)
+    es, rs, cs = batch.stride()
     if out.data_ptr() % 16:
         raise LayoutError(f"layout output must be 16-byte aligned; found address {hex(out.data_ptr())}")
     if cols == 1:  # a single column: any column stride reads the same bytes
         cs = 1
     if rows == 1:
         rs = 1 if cs != 1 else 0
-    jobs = []
-    for e in range(experts):
-        src = batch.data_ptr() + e * s0
-        dst = out.data_ptr() + e * rp * cp
-        if cs == 1:
-            mode, vec = MODE_ROWS, _vec(src, rs)
-        elif rs == 1:
-            mode, vec = MODE_COLS, _vec(src, cs)
-        else:
-            mode, vec = MODE_GATHER, 1
-        jobs.append(Job(src, dst, rs, cs, rows, cols, mode, vec))
-    return jobs
+    if experts == 1:
+        es = 0
+    src = batch.data_ptr()
+    if cs == 1:
+        mode, vec = MODE_ROWS, _vec(src, rs, es)
+    elif rs == 1:
+        mode, vec = MODE_COLS, _vec(src, cs, es)
+    else:
+        mode, vec = MODE_GATHER, 1
+    return Job(src, out.data_ptr(), rs, cs, es, rows, cols, experts, mode, vec)
 
 
 def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
@@ -125,7 +133,9 @@ def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
             f"copy of swizzled scales needs two contiguous buffers of one size; found {tuple(src.shape)} "
             f"and {tuple(dst.shape)}"
         )
-    return Job(src.data_ptr(), dst.data_ptr(), 0, 0, src.numel(), 0, MODE_COPY, _vec(src.data_ptr(), dst.data_ptr()))
+    return Job(
+        src.data_ptr(), dst.data_ptr(), 0, 0, 0, src.numel(), 0, 1, MODE_COPY, _vec(src.data_ptr(), dst.data_ptr())
+    )
 
 
 def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int]:
@@ -133,7 +143,7 @@ def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int
     rows: list[tuple[int, ...]] = []
     total = 0
     for job in jobs:
-        rows.append((job.src, job.dst, job.rs, job.cs, job.rows, job.cols, job.mode | job.vec << 8, total))
+        rows.append(job.row(total))
         total += job.units()
     key = (device.index or 0, tuple(rows))
     with _lock:
@@ -171,9 +181,7 @@ def launch_jobs(jobs: Sequence[Job], device: torch.device) -> None:
     import numpy as np
     from cuda.core import LaunchConfig, launch
 
-    kernel = _kernel(device)
+    kernel, max_grid = _kernel(device)
     table, total = _table(device, jobs)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    grid = max(1, min(total, sms * BLOCKS_PER_SM * 4))
-    config = LaunchConfig(grid=grid, block=THREADS)
+    config = LaunchConfig(grid=max(1, min(total, max_grid)), block=THREADS)
     launch(_stream(device), config, kernel, np.uint64(table.data_ptr()), np.int32(len(jobs)), np.int64(total))

@@ -25,8 +25,9 @@
 #define MODE_GATHER 2     // any strides, byte by byte
 #define MODE_COPY 3       // already in the layout: copy R bytes (C unused)
 
+// One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
 struct Job {
-  long long src, dst, rs, cs, rows, cols, flags, unit_begin;
+  long long src, dst, rs, cs, es, rows, cols, experts, flags, unit_begin;
 };
 
 __device__ __forceinline__ unsigned char ld_byte(const unsigned char* p) { return __ldg(p); }
@@ -131,7 +132,7 @@ __device__ __forceinline__ void copy_unit(const Job& job, long long local) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(THREADS, 4)
 mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_units) {
   __shared__ __align__(16) unsigned char tile[ROWS * PITCH];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -150,13 +151,17 @@ mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_unit
     }
     const int R = (int)job.rows, C = (int)job.cols;
     const int tiles = (C + 3) / 4;  // Cp / 4
+    const int slabs = (R + ROWS - 1) / ROWS;  // Rp / 128
     const int chunks = (tiles + TILES_PER_UNIT - 1) / TILES_PER_UNIT;
-    const int rb = (int)(local / chunks);
-    const int t0 = (int)(local % chunks) * TILES_PER_UNIT;
+    const long long per_expert = (long long)slabs * chunks;
+    const long long e = local / per_expert;
+    const int rem = (int)(local - e * per_expert);
+    const int rb = rem / chunks;
+    const int t0 = (rem % chunks) * TILES_PER_UNIT;
     const int ntiles = min(TILES_PER_UNIT, tiles - t0);
     const int r0 = rb * ROWS, c0 = t0 * 4;
     const int rv = min(ROWS, R - r0), cv = min(UNIT_COLS, C - c0);
-    const unsigned char* src = reinterpret_cast<const unsigned char*>(job.src);
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(job.src + e * job.es);
     __syncthreads();  // the previous unit's tile reads are done
     if (mode == MODE_ROWS) {
       const int vec = (int)((job.flags >> 8) & 0xff);
@@ -169,7 +174,8 @@ mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_unit
       load_gather(tile, src, job.rs, job.cs, r0, c0, rv, cv);
     }
     __syncthreads();
-    unsigned char* dst = reinterpret_cast<unsigned char*>(job.dst) + ((long long)rb * tiles + t0) * 512;
+    unsigned char* dst = reinterpret_cast<unsigned char*>(job.dst) + e * slabs * tiles * 512LL +  // expert e: Rp*Cp
+                         ((long long)rb * tiles + t0) * 512;
     for (int t = warp; t < ntiles; t += THREADS / 32) {
       uint4 o;
       o.x = *reinterpret_cast<const unsigned*>(tile + (lane) * PITCH + t * 4);
