@@ -26,7 +26,7 @@ THREADS = 256
 TILES_PER_UNIT = 32
 COPY_CHUNK = 16384
 MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
-BLOCKS_PER_SM = 4  # 64 registers x 256 threads: four blocks fill an SM's register file
+BLOCKS_PER_SM = 3  # 80 registers x 256 threads: three blocks per SM, all resident (one persistent wave)
 _TABLE_CACHE_SIZE = 256
 
 _lock = threading.Lock()
@@ -65,7 +65,7 @@ def _kernel(device: torch.device) -> tuple[Any, int]:
             Device(index).set_current()
             kernel = compile_kernel(f"sm_{major}{minor}").get_kernel(KERNEL_NAME)
             sms = torch.cuda.get_device_properties(index).multi_processor_count
-            hit = _kernels[index] = (kernel, sms * BLOCKS_PER_SM * 4)
+            hit = _kernels[index] = (kernel, sms * BLOCKS_PER_SM)
     return hit
 
 
