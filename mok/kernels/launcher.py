@@ -22,11 +22,11 @@ from mok.errors import LayoutError
 from mok.layout import padded_shape
 
 KERNEL_NAME = "mxfp8_swizzle_jobs"
-THREADS = 256
+THREADS = 128
 TILES_PER_UNIT = 32
 COPY_CHUNK = 16384
 MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
-BLOCKS_PER_SM = 3  # 80 registers x 256 threads: three blocks per SM, all resident (one persistent wave)
+MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
 _TABLE_CACHE_SIZE = 256
 
 _lock = threading.Lock()
@@ -64,8 +64,7 @@ def _kernel(device: torch.device) -> tuple[Any, int]:
             major, minor = torch.cuda.get_device_capability(index)
             Device(index).set_current()
             kernel = compile_kernel(f"sm_{major}{minor}").get_kernel(KERNEL_NAME)
-            sms = torch.cuda.get_device_properties(index).multi_processor_count
-            hit = _kernels[index] = (kernel, sms * BLOCKS_PER_SM)
+            hit = _kernels[index] = (kernel, MAX_GRID)
     return hit
 
 

@@ -1,6 +1,6 @@
 // MXFP8 scale layout conversion for tcgen05 / cuBLAS ("128x4"), every job of a call in one launch.
 //
-// A job converts one logical scale matrix S[R, C] (uint8, read at src + r*rs + c*cs) into the layout
+// A job converts logical scale matrices S[R, C] (uint8, read at src + r*rs + c*cs) into the layout
 // (dst, Rp*Cp bytes, Rp = roundup(R,128), Cp = roundup(C,4)):
 //     S[r, c] -> ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4,   padding bytes 0,
 // or copies n already-swizzled bytes (MODE_COPY). Jobs live in a device table; the grid walks the
@@ -17,7 +17,8 @@
 #define TILES_PER_UNIT 32        // 4-column tiles per unit
 #define UNIT_COLS (TILES_PER_UNIT * 4)
 #define PITCH (UNIT_COLS + 4)    // shared row pitch: 33 words keeps the tile reads conflict-free
-#define THREADS 256
+#define THREADS 128
+#define PIECES 8                 // 16-byte pieces per thread: THREADS * PIECES * 16 = one 16 KB unit
 #define COPY_CHUNK 16384
 
 #define MODE_ROWS 0       // cs == 1: rows contiguous
@@ -88,38 +89,39 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   return U;
 }
 
-// ---- fetch: each thread reads its 64 bytes of the unit into registers (4 x 16 bytes), zero
-// outside [R, C]. Rows and gather: piece i is row (t+256i)/8, columns 16*((t+256i)%8)..+15.
-// Columns: piece x is column 4*(t/8)+x, rows 16*(t%8)..+15 (contiguous in memory).
-__device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[4]) {
+// ---- fetch: each thread reads its 128 bytes of the unit into registers (8 x 16 bytes), zero
+// outside [R, C]; every load is issued before any is used. Rows and gather: piece i is row
+// (t+128i)/8, columns 16*((t+128i)%8)..+15. Columns: piece 4g+x is column 4*(t/8 + 16g)+x, rows
+// 16*(t%8)..+15 (contiguous in memory).
+__device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
   const int t = threadIdx.x;
   if (U.mode == MODE_COLS) {
-    const int row = (t & 7) * 16, cg = t >> 3;
+    const int row = (t & 7) * 16;
 #pragma unroll
-    for (int x = 0; x < 4; ++x) {
-      const int col = cg * 4 + x;
+    for (int p = 0; p < PIECES; ++p) {
+      const int col = ((t >> 3) + 16 * (p >> 2)) * 4 + (p & 3);
       const unsigned char* in = U.src + (long long)(U.c0 + col) * U.cs + U.r0 + row;
       if (col < U.cv && U.vec == 16 && row + 16 <= U.rv) {
-        v[x] = __ldg(reinterpret_cast<const uint4*>(in));
+        v[p] = __ldg(reinterpret_cast<const uint4*>(in));
       } else {
         unsigned char b[16];
 #pragma unroll
         for (int y = 0; y < 16; ++y) b[y] = (col < U.cv && row + y < U.rv) ? ld_byte(in + y) : 0;
-        v[x] = pack16(b);
+        v[p] = pack16(b);
       }
     }
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int item = t + i * THREADS;
+  for (int p = 0; p < PIECES; ++p) {
+    const int item = t + p * THREADS;
     const int row = item >> 3, col = (item & 7) * 16;
     const bool full = row < U.rv && col + 16 <= U.cv;
     if (U.mode == MODE_ROWS && full && U.vec == 16) {
-      v[i] = __ldg(reinterpret_cast<const uint4*>(U.src + (long long)(U.r0 + row) * U.rs + U.c0 + col));
+      v[p] = __ldg(reinterpret_cast<const uint4*>(U.src + (long long)(U.r0 + row) * U.rs + U.c0 + col));
     } else if (U.mode == MODE_ROWS && full && U.vec == 4) {
       const unsigned* in = reinterpret_cast<const unsigned*>(U.src + (long long)(U.r0 + row) * U.rs + U.c0 + col);
-      v[i] = make_uint4(__ldg(in), __ldg(in + 1), __ldg(in + 2), __ldg(in + 3));
+      v[p] = make_uint4(__ldg(in), __ldg(in + 1), __ldg(in + 2), __ldg(in + 3));
     } else {
       unsigned char b[16];
 #pragma unroll
@@ -127,7 +129,7 @@ __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[4]) {
         const bool ok = row < U.rv && col + y < U.cv;
         b[y] = ok ? ld_byte(U.src + (long long)(U.r0 + row) * U.rs + (long long)(U.c0 + col + y) * U.cs) : 0;
       }
-      v[i] = pack16(b);
+      v[p] = pack16(b);
     }
   }
 }
@@ -146,27 +148,32 @@ __device__ __forceinline__ void transpose4(const unsigned w0, const unsigned w1,
 }
 
 // ---- deposit: the registers into the shared tile, row-major [128][PITCH].
-__device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[4], unsigned char* tile) {
+__device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES], unsigned char* tile) {
   const int t = threadIdx.x;
   if (U.mode == MODE_COLS) {
-    const int row = (t & 7) * 16, cg = t >> 3;
-    unsigned rows[16];
-    transpose4(v[0].x, v[1].x, v[2].x, v[3].x, rows + 0);
-    transpose4(v[0].y, v[1].y, v[2].y, v[3].y, rows + 4);
-    transpose4(v[0].z, v[1].z, v[2].z, v[3].z, rows + 8);
-    transpose4(v[0].w, v[1].w, v[2].w, v[3].w, rows + 12);
+    const int row = (t & 7) * 16;
 #pragma unroll
-    for (int y = 0; y < 16; ++y) *reinterpret_cast<unsigned*>(tile + (row + y) * PITCH + cg * 4) = rows[y];
+    for (int g = 0; g < PIECES / 4; ++g) {
+      const int cg = (t >> 3) + 16 * g;
+      const uint4* w = v + 4 * g;
+      unsigned rows[16];
+      transpose4(w[0].x, w[1].x, w[2].x, w[3].x, rows + 0);
+      transpose4(w[0].y, w[1].y, w[2].y, w[3].y, rows + 4);
+      transpose4(w[0].z, w[1].z, w[2].z, w[3].z, rows + 8);
+      transpose4(w[0].w, w[1].w, w[2].w, w[3].w, rows + 12);
+#pragma unroll
+      for (int y = 0; y < 16; ++y) *reinterpret_cast<unsigned*>(tile + (row + y) * PITCH + cg * 4) = rows[y];
+    }
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int item = t + i * THREADS;
+  for (int p = 0; p < PIECES; ++p) {
+    const int item = t + p * THREADS;
     unsigned* o = reinterpret_cast<unsigned*>(tile + (item >> 3) * PITCH + (item & 7) * 16);
-    o[0] = v[i].x;
-    o[1] = v[i].y;
-    o[2] = v[i].z;
-    o[3] = v[i].w;
+    o[0] = v[p].x;
+    o[1] = v[p].y;
+    o[2] = v[p].z;
+    o[3] = v[p].w;
   }
 }
 
@@ -195,38 +202,21 @@ __device__ __forceinline__ void copy_unit(const Unit& U) {
   }
 }
 
-// Persistent blocks walk the units of all jobs. The next unit's loads are issued before the
-// current unit's tiles are written, so reads stay in flight while the block stores.
-extern "C" __global__ void __launch_bounds__(THREADS, 3)
+// One block per unit: many small independent blocks (8 per SM) keep enough reads in flight.
+extern "C" __global__ void __launch_bounds__(THREADS, 8)
 mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_units) {
   __shared__ __align__(16) unsigned char tile[ROWS * PITCH];
-  long long u = blockIdx.x;
-  if (u >= total_units) return;
-  Unit U = decode(jobs, njobs, u);
-  uint4 v[4];
-  if (U.mode != MODE_COPY) fetch(U, v);
-  while (true) {
-    const long long next = u + gridDim.x;
+  for (long long u = blockIdx.x; u < total_units; u += gridDim.x) {
+    const Unit U = decode(jobs, njobs, u);
     if (U.mode == MODE_COPY) {
       copy_unit(U);
-      if (next >= total_units) return;
-      u = next;
-      U = decode(jobs, njobs, u);
-      if (U.mode != MODE_COPY) fetch(U, v);
       continue;
     }
+    uint4 v[PIECES];
+    fetch(U, v);
     __syncthreads();  // the previous unit's tile reads are done
     deposit(U, v, tile);
     __syncthreads();
-    Unit N;
-    const bool more = next < total_units;
-    if (more) {
-      N = decode(jobs, njobs, next);
-      if (N.mode != MODE_COPY) fetch(N, v);  // in flight during the writes below
-    }
     write_tiles(U, tile);
-    if (!more) return;
-    u = next;
-    U = N;
   }
 }
