@@ -172,11 +172,57 @@ def layer(repeats: int) -> dict[str, object]:
     }
 
 
+SWEEP = [(32, 128), (32, 256), (16, 128), (16, 64), (64, 256)]  # (tiles per unit, threads per block)
+SWEEP_CASES = [
+    ("rowwise", 256, 2048, 7168),
+    ("rowwise", 256, 2080, 7200),
+    ("rowwise", 1, 65536, 7168),
+    ("columnwise", 256, 2048, 7168),
+    ("columnwise", 256, 2080, 7200),
+]
+
+
+def logical_case(kind: str, experts: int, m: int, k: int) -> torch.Tensor:
+    if kind == "rowwise":
+        return padded_scales(experts, m, k // 32, roundup(m, 128), roundup(k // 32, 4))[:, :m, : k // 32]
+    buf = padded_scales(experts, m // 32, k, roundup(m // 32, 4), roundup(k, 128))
+    return buf[:, : m // 32, :k].transpose(1, 2)
+
+
+def sweep(repeats: int) -> list[dict[str, object]]:
+    """Graph-replay time of each kernel shape (launcher.configure) on the large cases."""
+    rows = []
+    for kind, experts, m, k in SWEEP_CASES:
+        batch = logical_case(kind, experts, m, k)
+        out = torch.empty(mok.layout_shape(batch.shape[1], batch.shape[2], experts), dtype=torch.uint8, device="cuda")
+        ref = mok.swizzle_mxfp8_scales(batch, backend="torch")
+        src = torch.empty(batch.numel(), dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        row: dict[str, object] = {
+            "case": f"{kind} E={experts} {m}x{k}",
+            "g:copy": replayed(lambda: dst.copy_(src), repeats),
+        }
+        for tiles, threads in SWEEP:
+            launcher.configure(tiles_per_unit=tiles, threads=threads)
+            t = replayed(lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend="cuda"), repeats)
+            row[f"{tiles}x{threads}"] = t / row["g:copy"]
+            row[f"{tiles}x{threads} ok"] = bool(torch.equal(out, ref))
+        rows.append(row)
+    launcher.configure()
+    print("kernel shape sweep: graph-replay time / graph-replay copy of the same bytes (lower is better)")
+    print(f"{'case':36s} " + " ".join(f"{f'{a}x{b}':>9s}" for a, b in SWEEP))
+    for r in rows:
+        cells = [f"{r[f'{a}x{b}']:8.2f}{'' if r[f'{a}x{b} ok'] else '!'}" for a, b in SWEEP]
+        print(f"{r['case']:36s} " + " ".join(f"{c:>9s}" for c in cells))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--no-te", action="store_true", help="skip TE's own swizzle")
+    parser.add_argument("--sweep", action="store_true", help="also time every kernel shape (launcher.configure)")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     meta = {
@@ -197,6 +243,7 @@ def main() -> None:
         meta["cuda.core"] = cuda.core.__version__
     except Exception:
         pass
+    sweep_rows = sweep(args.repeats) if args.sweep else []
     rows = [case("rowwise", *c, args.repeats, not args.no_te) for c in ROW_CASES]
     rows += [case("columnwise", *c, args.repeats, False) for c in COL_CASES]
     rows.append(layer(args.repeats))
@@ -233,7 +280,7 @@ def main() -> None:
     print("MB = bytes read + written; ratios are against the same-run copy of the same bytes")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+            json.dump({"meta": meta, "rows": rows, "sweep": sweep_rows}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,19 @@ def kernel_source() -> str:
     return resources.files("mok.kernels").joinpath("mxfp8_swizzle.cu").read_text()
 
 
+def configure(*, tiles_per_unit: int = 32, threads: int = 128) -> None:
+    """Choose the unit width (4-column tiles) and block size; recompiles at the next launch.
+
+    The defaults are the fastest of benchmarks/bench_swizzle.py --sweep on an H200."""
+    global TILES_PER_UNIT, THREADS
+    if (128 * tiles_per_unit // 4) % (threads * 4) or threads % 32:
+        raise ValueError(f"unsupported kernel shape: tiles_per_unit={tiles_per_unit}, threads={threads}")
+    with _lock:
+        TILES_PER_UNIT, THREADS = tiles_per_unit, threads
+        _kernels.clear()
+        _tables.clear()
+
+
 def compile_kernel(arch: str) -> Any:
     """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; returns cuda.core ObjectCode.
 
@@ -46,7 +59,12 @@ def compile_kernel(arch: str) -> Any:
     """
     from cuda.core import Program, ProgramOptions
 
-    options = ProgramOptions(std="c++17", arch=arch, name="mok_mxfp8_swizzle")
+    options = ProgramOptions(
+        std="c++17",
+        arch=arch,
+        name="mok_mxfp8_swizzle",
+        define_macro=[("TILES_PER_UNIT", str(TILES_PER_UNIT)), ("THREADS", str(THREADS))],
+    )
     return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
 
 

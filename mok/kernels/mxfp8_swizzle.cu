@@ -14,11 +14,18 @@
 // Compiled at first use by NVRTC (mok/kernels/launcher.py); compile-checked on CPU CI.
 
 #define ROWS 128                 // rows of one output slab
-#define TILES_PER_UNIT 32        // 4-column tiles per unit
-#define UNIT_COLS (TILES_PER_UNIT * 4)
-#define PITCH (UNIT_COLS + 4)    // shared row pitch: 33 words keeps the tile reads conflict-free
+#ifndef TILES_PER_UNIT
+#define TILES_PER_UNIT 32        // 4-column tiles per unit (launcher.py passes its value)
+#endif
+#ifndef THREADS
 #define THREADS 128
-#define PIECES 8                 // 16-byte pieces per thread: THREADS * PIECES * 16 = one 16 KB unit
+#endif
+#define UNIT_COLS (TILES_PER_UNIT * 4)
+#define PITCH (UNIT_COLS + 4)    // shared row pitch: an odd number of words keeps tile reads conflict-free
+#define PER_ROW (UNIT_COLS / 16) // 16-byte pieces per unit row
+#define PIECES (ROWS * PER_ROW / THREADS)  // 16-byte pieces per thread
+#define MIN_BLOCKS (1024 / THREADS)        // 64 registers a thread
+static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns per thread");
 #define COPY_CHUNK 16384
 
 #define MODE_ROWS 0       // cs == 1: rows contiguous
@@ -89,17 +96,17 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   return U;
 }
 
-// ---- fetch: each thread reads its 128 bytes of the unit into registers (8 x 16 bytes), zero
-// outside [R, C]; every load is issued before any is used. Rows and gather: piece i is row
-// (t+128i)/8, columns 16*((t+128i)%8)..+15. Columns: piece 4g+x is column 4*(t/8 + 16g)+x, rows
-// 16*(t%8)..+15 (contiguous in memory).
+// ---- fetch: each thread reads its PIECES x 16 bytes of the unit into registers, zero outside
+// [R, C]; every load is issued before any is used. Rows and gather: piece p is item t+THREADS*p,
+// row item/PER_ROW, columns 16*(item%PER_ROW)..+15. Columns: piece 4g+x is column
+// 4*(t/8 + g*THREADS/8)+x, rows 16*(t%8)..+15 (contiguous in memory).
 __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
   const int t = threadIdx.x;
   if (U.mode == MODE_COLS) {
     const int row = (t & 7) * 16;
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
-      const int col = ((t >> 3) + 16 * (p >> 2)) * 4 + (p & 3);
+      const int col = ((t >> 3) + (THREADS / 8) * (p >> 2)) * 4 + (p & 3);
       const unsigned char* in = U.src + (long long)(U.c0 + col) * U.cs + U.r0 + row;
       if (col < U.cv && U.vec == 16 && row + 16 <= U.rv) {
         v[p] = __ldg(reinterpret_cast<const uint4*>(in));
@@ -115,7 +122,7 @@ __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
     const int item = t + p * THREADS;
-    const int row = item >> 3, col = (item & 7) * 16;
+    const int row = item / PER_ROW, col = (item % PER_ROW) * 16;
     const bool full = row < U.rv && col + 16 <= U.cv;
     if (U.mode == MODE_ROWS && full && U.vec == 16) {
       v[p] = __ldg(reinterpret_cast<const uint4*>(U.src + (long long)(U.r0 + row) * U.rs + U.c0 + col));
@@ -154,7 +161,7 @@ __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES],
     const int row = (t & 7) * 16;
 #pragma unroll
     for (int g = 0; g < PIECES / 4; ++g) {
-      const int cg = (t >> 3) + 16 * g;
+      const int cg = (t >> 3) + (THREADS / 8) * g;
       const uint4* w = v + 4 * g;
       unsigned rows[16];
       transpose4(w[0].x, w[1].x, w[2].x, w[3].x, rows + 0);
@@ -169,7 +176,7 @@ __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES],
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
     const int item = t + p * THREADS;
-    unsigned* o = reinterpret_cast<unsigned*>(tile + (item >> 3) * PITCH + (item & 7) * 16);
+    unsigned* o = reinterpret_cast<unsigned*>(tile + (item / PER_ROW) * PITCH + (item % PER_ROW) * 16);
     o[0] = v[p].x;
     o[1] = v[p].y;
     o[2] = v[p].z;
@@ -202,8 +209,8 @@ __device__ __forceinline__ void copy_unit(const Unit& U) {
   }
 }
 
-// One block per unit: many small independent blocks (8 per SM) keep enough reads in flight.
-extern "C" __global__ void __launch_bounds__(THREADS, 8)
+// One block per unit: many small independent blocks per SM keep enough reads in flight.
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_units) {
   __shared__ __align__(16) unsigned char tile[ROWS * PITCH];
   for (long long u = blockIdx.x; u < total_units; u += gridDim.x) {
