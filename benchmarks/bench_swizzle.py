@@ -198,14 +198,12 @@ def sweep(repeats: int) -> list[dict[str, object]]:
         ref = mok.swizzle_mxfp8_scales(batch, backend="torch")
         src = torch.empty(batch.numel(), dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
-        row: dict[str, object] = {
-            "case": f"{kind} E={experts} {m}x{k}",
-            "g:copy": replayed(lambda: dst.copy_(src), repeats),
-        }
+        copy_time = replayed(lambda d=dst, s=src: d.copy_(s), repeats)
+        row: dict[str, object] = {"case": f"{kind} E={experts} {m}x{k}", "g:copy": copy_time}
         for tiles, threads in SWEEP:
             launcher.configure(tiles_per_unit=tiles, threads=threads)
-            t = replayed(lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend="cuda"), repeats)
-            row[f"{tiles}x{threads}"] = t / row["g:copy"]
+            t = replayed(lambda b=batch, o=out: mok.swizzle_mxfp8_scales(b, out=o, backend="cuda"), repeats)
+            row[f"{tiles}x{threads}"] = t / copy_time
             row[f"{tiles}x{threads} ok"] = bool(torch.equal(out, ref))
         rows.append(row)
     launcher.configure()
