@@ -9,6 +9,7 @@ synchronise with the host.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from mok.layout import padded_shape
 KERNEL_NAME = "mxfp8_swizzle_jobs"
 THREADS = 128
 TILES_PER_UNIT = 32
+SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" overrides the two above (benchmarks, tests)
 COPY_CHUNK = 16384
 MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
 MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
@@ -33,6 +35,10 @@ _lock = threading.Lock()
 _kernels: dict[int, tuple[Any, int]] = {}
 _tables: OrderedDict[tuple[int, tuple[tuple[int, ...], ...]], tuple[torch.Tensor, int]] = OrderedDict()
 _streams: dict[int, Any] = {}
+
+
+if os.environ.get(SHAPE_ENV):
+    TILES_PER_UNIT, THREADS = (int(v) for v in os.environ[SHAPE_ENV].split(","))
 
 
 def kernel_source() -> str:
