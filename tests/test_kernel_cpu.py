@@ -57,9 +57,10 @@ def test_jobs_rowwise_transposed_and_gather() -> None:
 
 
 def test_units_cover_the_layout() -> None:
-    # 7168 rows x 224 scale columns: 56 slabs x 2 units (32 + 24 tiles), for each of 3 experts
+    # 7168 rows x 224 scale columns = 56 slabs x 56 tiles; units of TILES_PER_UNIT tiles, 3 experts
     job = launcher.Job(0, 0, 224, 1, 7168 * 224, 7168, 224, 3, launcher.MODE_ROWS, 16)
-    assert job.units() == 3 * 56 * 2
+    assert job.units() == 3 * 56 * -(-56 // launcher.TILES_PER_UNIT)
+    assert launcher.TILES_PER_UNIT in (16, 32) and job.units() in (3 * 56 * 4, 3 * 56 * 2)
     assert launcher.Job(0, 0, 0, 0, 0, 16384 * 3 + 1, 0, 1, launcher.MODE_COPY, 16).units() == 4
 
 

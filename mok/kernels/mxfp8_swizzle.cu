@@ -15,7 +15,7 @@
 
 #define ROWS 128                 // rows of one output slab
 #ifndef TILES_PER_UNIT
-#define TILES_PER_UNIT 32        // 4-column tiles per unit (launcher.py passes its value)
+#define TILES_PER_UNIT 16        // 4-column tiles per unit (launcher.py passes its value)
 #endif
 #ifndef THREADS
 #define THREADS 128
