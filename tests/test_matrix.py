@@ -115,3 +115,14 @@ def test_extractor_reads_a_wheel(tmp_path: Path) -> None:
 def test_every_row_cites_its_release() -> None:
     for row in table.ROWS:
         assert row.introduced_by.startswith(f"TE {row.since}"), row
+
+
+def test_readme_support_table_is_generated_from_the_matrix() -> None:
+    from matrix.support import ROOT, readme_with_table
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme == readme_with_table(readme), "README's support table is stale: python -m matrix.support --write"
+
+
+def test_checked_through_is_the_newest_matrix_release() -> None:
+    assert table.CHECKED_THROUGH == release_versions()[-1]
