@@ -16,7 +16,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from matrix.releases import release_versions  # noqa: E402
+from matrix.releases import release_versions
 
 nox.options.sessions = ["tests", "lint", "typecheck", "release"]
 nox.options.default_venv_backend = "none"
