@@ -36,33 +36,46 @@ def backend_for(device: torch.device, backend: str | None) -> str:
     return kernel_backend(backend).name
 
 
+class PreparedWork:
+    """A list of work items bound to a backend, ready to run again and again (a refresh of
+    unchanged buffers runs its prepared work without planning anything)."""
+
+    def __init__(self, work: Sequence[ScaleWork], backend: str | None = None) -> None:
+        self.work = list(work)
+        self.backend = backend
+        self._launch = None
+        if not self.work:
+            return
+        device = self.work[0].dst.device
+        for i, item in enumerate(self.work):
+            if item.src.device != device or item.dst.device != device:
+                raise LayoutError(
+                    f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
+                    f"expected every tensor on {device}"
+                )
+        if backend_for(device, backend) == "cuda":
+            from mok.kernels import launcher
+
+            jobs = [
+                launcher.copy_job(item.src, item.dst) if item.copy else launcher.convert_job(item.src, item.dst)
+                for item in self.work
+            ]
+            self._launch = launcher.Launch(jobs, device)
+
+    def run(self) -> None:
+        if self._launch is not None:
+            self._launch()
+            return
+        for item in self.work:
+            if item.copy:
+                item.dst.copy_(item.src.view(item.dst.shape))
+            else:
+                swizzle_reference(item.src, item.dst)
+
+
 def run_work(work: Sequence[ScaleWork], backend: str | None = None) -> None:
     """Run every item of ``work`` (one launch on the cuda backend)."""
-    if not work:
-        return
-    device = work[0].dst.device
-    for i, item in enumerate(work):
-        if item.src.device != device or item.dst.device != device:
-            raise LayoutError(
-                f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
-                f"expected every tensor on {device}"
-            )
-    if backend_for(device, backend) == "cuda":
-        from mok.kernels import launcher
-
-        jobs = []
-        for item in work:
-            if item.copy:
-                jobs.append(launcher.copy_job(item.src, item.dst))
-            else:
-                jobs.append(launcher.convert_job(item.src, item.dst))
-        launcher.launch_jobs(jobs, device)
-        return
-    for item in work:
-        if item.copy:
-            item.dst.copy_(item.src.view(item.dst.shape))
-        else:
-            swizzle_reference(item.src, item.dst)
+    PreparedWork(work, backend).run()
 
 
 def swizzle_mxfp8_scales(

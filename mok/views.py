@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,12 +29,14 @@ from mok.layout import (
     te_columnwise_padding,
     te_rowwise_padding,
 )
-from mok.swizzle import ScaleWork, run_work
+from mok.swizzle import PreparedWork, ScaleWork
 from te_compat import (
     GroupedStorage,
+    TECompatError,
     TensorKind,
     grouped_storage,
     mxfp8_storage,
+    storage_attr,
     storage_field,
     tensor_kind,
 )
@@ -60,6 +63,7 @@ class GroupedExpertWeights:
     col_scales: torch.Tensor | None = None
     row_scales_zero_copy: bool = False  # row_scales is TE's own swizzled buffer
     col_scales_zero_copy: bool = False
+    _refresh: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +88,45 @@ class SplitExpertWeights:
     col_scale_ptrs: torch.Tensor | None = None
     row_scales_zero_copy: bool = False
     col_scales_zero_copy: bool = False
+    _refresh: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+# What a refresh must see unchanged to rerun its prepared work: each storage buffer (the same
+# tensor object at the same address) and TE's swizzled flag. The prepared work holds the old
+# tensors, so an id cannot be reused while it is compared.
+_FINGERPRINT_NAMES = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
+
+
+def _fingerprint(obj: object) -> tuple[Any, ...]:
+    parts: list[Any] = [id(obj), type(obj)]
+    for name in _FINGERPRINT_NAMES:
+        t = storage_attr(obj, name)
+        parts.append(None if t is None else (id(t), t.data_ptr()))
+    parts.append(bool(storage_field(obj, "scales_swizzled")))
+    return tuple(parts)
+
+
+def _key(weights: Sequence[object], *shape: int) -> tuple[Any, ...] | None:
+    """The fingerprint of ``weights`` for a refresh, or None when they cannot be read as MXFP8
+    storage (the full path then reports what is wrong)."""
+    try:
+        return (tuple(_fingerprint(w) for w in weights), *shape)
+    except (TECompatError, ValueError):
+        return None
+
+
+def _rerun(cached: object, key: tuple[Any, ...] | None, backend: str | None) -> bool:
+    """Rerun the prepared refresh of ``cached`` if nothing it depends on changed."""
+    plan = getattr(cached, "_refresh", {}).get("plan")
+    if key is None or plan is None or plan[0] != key or plan[1].backend != backend:
+        return False
+    plan[1].run()
+    return True
+
+
+def _remember(result: object, key: tuple[Any, ...] | None, work: PreparedWork, slot: str = "plan") -> None:
+    if key is not None:
+        result._refresh[slot] = (key, work)  # type: ignore[attr-defined]
 
 
 def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dtype, name: str) -> torch.Tensor:
@@ -221,9 +264,14 @@ def grouped_weight_view(
     """Views over one grouped Parameter ``(E, rows, columns)`` (TE 2.13 ``data`` and 2.14+
     ``rowwise_data`` naming, via te_compat). With ``cached`` (a previous result), re-convert
     the scales into its buffers in place and return it. One kernel launch on the cuda backend."""
+    if cached is not None and use_mxfp8 and _rerun(cached, _key([weight], num_experts, rows, columns), backend):
+        return cached
     work: list[ScaleWork] = []
     result = _plan_grouped(weight, num_experts, rows, columns, use_mxfp8, cached, work)
-    run_work(work, backend)
+    prepared = PreparedWork(work, backend)
+    prepared.run()
+    if use_mxfp8:
+        _remember(result, _key([weight], num_experts, rows, columns), prepared)
     return result
 
 
@@ -404,9 +452,15 @@ def split_weight_view(
     addresses) after checking that no payload moved, and return it. All experts' scales are
     converted in one kernel launch on the cuda backend.
     """
+    params = list(params)
+    if cached is not None and use_mxfp8 and _rerun(cached, _key(params, rows, columns), backend):
+        return cached
     work: list[ScaleWork] = []
     result = _plan_split(params, rows, columns, use_mxfp8, cached, work)
-    run_work(work, backend)
+    prepared = PreparedWork(work, backend)
+    prepared.run()
+    if use_mxfp8:
+        _remember(result, _key(params, rows, columns), prepared)
     return result
 
 
@@ -528,14 +582,33 @@ def _check_not_moved(name: str, old: tuple[torch.Tensor, ...] | None, new: tuple
 LayerEntry = tuple[object, "GroupedExpertWeights | SplitExpertWeights"]
 
 
+def _entry_key(weight: object, cached: object) -> tuple[Any, ...] | None:
+    if isinstance(cached, GroupedExpertWeights):
+        inner = _key([weight], cached.num_experts, cached.rows, cached.columns)
+    elif isinstance(cached, SplitExpertWeights) and isinstance(weight, Sequence):
+        inner = _key(list(weight), cached.rows, cached.columns)
+    else:
+        return None
+    return None if inner is None else (id(cached), inner)
+
+
 def refresh_layer(entries: Sequence[LayerEntry], *, backend: str | None = None) -> None:
     """Refresh every cached MXFP8 view of a layer in ONE kernel launch.
 
     ``entries`` pairs each weight with its cached view: ``(grouped_parameter, GroupedExpertWeights)``
     or ``(list_of_expert_parameters, SplitExpertWeights)``, any mix (fc1 and fc2, grouped and per
     expert; rowwise and columnwise scales are all included). Every check of the single-view
-    refresh runs first; nothing is written unless all entries pass.
+    refresh runs first; nothing is written unless all entries pass. When no TE buffer changed
+    since the last call with these views, the prepared launch runs again without any planning.
     """
+    if not entries:
+        return
+    holder = entries[0][1]
+    keys = tuple(_entry_key(w, c) for w, c in entries)
+    plan = getattr(holder, "_refresh", {}).get("layer")
+    if plan is not None and None not in keys and plan[0] == keys and plan[1].backend == backend:
+        plan[1].run()
+        return
     work: list[ScaleWork] = []
     for i, (weight, cached) in enumerate(entries):
         try:
@@ -551,4 +624,8 @@ def refresh_layer(entries: Sequence[LayerEntry], *, backend: str | None = None) 
                 )
         except (RefreshError, ExpertWeightError, LayoutError) as exc:
             raise type(exc)(f"refresh_layer entry {i}: {exc}") from exc
-    run_work(work, backend)
+    prepared = PreparedWork(work, backend)
+    prepared.run()
+    keys = tuple(_entry_key(w, c) for w, c in entries)
+    if None not in keys:
+        _remember(holder, keys, prepared, "layer")

@@ -209,6 +209,37 @@ def test_split_refresh_keeps_addresses_and_picks_up_values(installed_te: Install
         assert torch.equal(v.row_scales[e], spec_layout(_logical_rows(p._rowwise_scale_inv, 128, 256)))
 
 
+def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed_te("2.20.2")
+    from mok import views
+
+    ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(3)]
+    g = T.grouped_tensor("2.20.2", 2, 256, 128, mxfp8=True)
+    sv = split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+    gv = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True)
+    planned: list[str] = []
+    real_split, real_grouped = views._plan_split, views._plan_grouped
+    monkeypatch.setattr(views, "_plan_split", lambda *a: (planned.append("split"), real_split(*a))[1])
+    monkeypatch.setattr(views, "_plan_grouped", lambda *a: (planned.append("grouped"), real_grouped(*a))[1])
+    for p in ps:
+        p._rowwise_scale_inv.random_(0, 255)  # new values in the same buffers
+    g.scale_inv.random_(0, 255)
+    split_weight_view(ps, rows=128, columns=256, use_mxfp8=True, cached=sv)
+    grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True, cached=gv)
+    assert planned == []  # nothing re-planned ...
+    assert torch.equal(sv.row_scales[2], spec_layout(_logical_rows(ps[2]._rowwise_scale_inv, 128, 256)))
+    assert torch.equal(
+        gv.row_scales,
+        spec_layout(torch.stack([_logical_rows(s, 256, 128) for s in _members_scales(g, "_rowwise_scale_inv")])),
+    )  # ... values fresh
+    ps[1]._columnwise_scale_inv = ps[1]._columnwise_scale_inv.clone()  # TE moved one buffer
+    split_weight_view(ps, rows=128, columns=256, use_mxfp8=True, cached=sv)
+    assert planned == ["split"]
+    mok.refresh_layer([(g, gv), (ps, sv)])  # first layer refresh plans; the second reruns
+    mok.refresh_layer([(g, gv), (ps, sv)])
+    assert planned == ["split", "grouped", "split"]
+
+
 def test_split_refresh_detects_moved_payload(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]

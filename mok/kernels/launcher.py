@@ -28,12 +28,13 @@ TILES_PER_UNIT = 16  # 64 scale columns per unit: fastest of the H200 sweep (ben
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" overrides the two above (benchmarks, tests)
 COPY_CHUNK = 16384
 MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
+FLAG_INDIRECT = 1 << 16  # src/dst of the job are device arrays of per-expert addresses
 MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
 _TABLE_CACHE_SIZE = 256
 
 _lock = threading.Lock()
 _kernels: dict[int, tuple[Any, int]] = {}
-_tables: OrderedDict[tuple[int, tuple[tuple[int, ...], ...]], tuple[torch.Tensor, int]] = OrderedDict()
+_tables: OrderedDict[tuple[int, tuple[tuple[int, ...], ...]], tuple[torch.Tensor, int, int]] = OrderedDict()
 _streams: dict[int, Any] = {}
 
 
@@ -161,14 +162,50 @@ def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
     )
 
 
-def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int]:
-    """The device descriptor table of ``jobs`` (uploaded once, then reused) and its unit count."""
-    rows: list[tuple[int, ...]] = []
-    total = 0
+def _merge(jobs: Sequence[Job]) -> tuple[list[tuple[int, ...]], list[list[int]]]:
+    """Descriptor rows for ``jobs``, with single matrices of one shape and stride merged into one
+    indirect job (its experts' addresses in pointer arrays), so a block of a per-expert launch
+    finds its job without searching a long table. Returns (rows without addresses, pointer arrays
+    as [srcs, dsts] per indirect row)."""
+    groups: dict[tuple[int, ...], list[Job]] = {}
+    order: list[tuple[int, ...] | Job] = []
     for job in jobs:
-        rows.append(job.row(total))
-        total += job.units()
-    key = (device.index or 0, tuple(rows))
+        if job.mode == MODE_COPY or job.experts != 1:
+            order.append(job)
+            continue
+        key = (job.rows, job.cols, job.rs, job.cs, job.mode)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(job)
+    rows: list[tuple[int, ...]] = []
+    arrays: list[list[int]] = []
+    total = 0
+    for item in order:
+        if isinstance(item, Job):
+            rows.append(item.row(total))
+            total += item.units()
+            continue
+        members = groups[item]
+        if len(members) == 1:
+            rows.append(members[0].row(total))
+            total += members[0].units()
+            continue
+        first = members[0]
+        merged = Job(
+            -1, -1, first.rs, first.cs, 0, first.rows, first.cols, len(members), first.mode, min(m.vec for m in members)
+        )
+        row = list(merged.row(total))
+        row[8] |= FLAG_INDIRECT
+        rows.append(tuple(row))
+        arrays.append([m.src for m in members] + [m.dst for m in members])
+        total += merged.units()
+    return rows, arrays
+
+
+def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int, int]:
+    """The device descriptor table of ``jobs`` (uploaded once, then reused): (table, rows, units)."""
+    key = (device.index or 0, tuple(job.row(0) for job in jobs))
     with _lock:
         hit = _tables.get(key)
         if hit is not None:
@@ -179,12 +216,33 @@ def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int
             "these scale buffers were never converted outside CUDA-graph capture: call once before "
             "capturing (the first call uploads their descriptor table; later calls only launch)"
         )
-    table = torch.tensor(rows, dtype=torch.int64, device=device)
+    rows, arrays = _merge(jobs)
+    width = len(rows[0])
+    size = len(rows) * width + sum(len(a) for a in arrays)
+    table = torch.empty(size, dtype=torch.int64, device=device)
+    base, offset, k = table.data_ptr(), len(rows) * width, 0
+    values: list[int] = []
+    for row in rows:
+        if row[8] & FLAG_INDIRECT:  # point src/dst at this row's two address arrays
+            n = row[7]
+            row = (base + 8 * offset, base + 8 * (offset + n), *row[2:])
+            offset += len(arrays[k])
+            k += 1
+        values.extend(row)
+    for array in arrays:
+        values.extend(array)
+    table.copy_(torch.tensor(values, dtype=torch.int64))
+    total = rows[-1][9] + _row_units(rows[-1])  # the last row's first unit plus its units
+    result = (table, len(rows), total)
     with _lock:
-        _tables[key] = (table, total)
+        _tables[key] = result
         while len(_tables) > _TABLE_CACHE_SIZE:
             _tables.popitem(last=False)
-    return table, total
+    return result
+
+
+def _row_units(row: tuple[int, ...]) -> int:
+    return Job(0, 0, row[2], row[3], row[4], row[5], row[6], row[7], row[8] & 0xFF, 1).units()
 
 
 def _stream(device: torch.device) -> Any:
@@ -197,14 +255,26 @@ def _stream(device: torch.device) -> Any:
     return stream
 
 
+class Launch:
+    """One prepared launch: compiled kernel, uploaded descriptor table, grid. Calling it launches
+    on the current torch stream: no allocation, no host synchronisation (CUDA-graph safe)."""
+
+    def __init__(self, jobs: Sequence[Job], device: torch.device) -> None:
+        self.device = device
+        self.kernel, max_grid = _kernel(device)
+        self.table, self.njobs, self.total = _table(device, jobs)
+        self.grid = max(1, min(self.total, max_grid))
+
+    def __call__(self) -> None:
+        import numpy as np
+        from cuda.core import LaunchConfig, launch
+
+        config = LaunchConfig(grid=self.grid, block=THREADS)
+        args = (np.uint64(self.table.data_ptr()), np.int32(self.njobs), np.int64(self.total))
+        launch(_stream(self.device), config, self.kernel, *args)
+
+
 def launch_jobs(jobs: Sequence[Job], device: torch.device) -> None:
     """Run ``jobs`` in one launch on the current torch stream of ``device``."""
-    if not jobs:
-        return
-    import numpy as np
-    from cuda.core import LaunchConfig, launch
-
-    kernel, max_grid = _kernel(device)
-    table, total = _table(device, jobs)
-    config = LaunchConfig(grid=max(1, min(total, max_grid)), block=THREADS)
-    launch(_stream(device), config, kernel, np.uint64(table.data_ptr()), np.int32(len(jobs)), np.int64(total))
+    if jobs:
+        Launch(jobs, device)()

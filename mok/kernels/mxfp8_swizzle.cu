@@ -32,6 +32,7 @@ static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns p
 #define MODE_COLS 1       // rs == 1: columns contiguous (a transposed view)
 #define MODE_GATHER 2     // any strides, byte by byte
 #define MODE_COPY 3       // already in the layout: copy R bytes (C unused)
+#define FLAG_INDIRECT (1 << 16)  // src and dst are device arrays of per-expert addresses
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
 struct Job {
@@ -90,9 +91,14 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   U.c0 = t0 * 4;
   U.rv = min(ROWS, R - U.r0);
   U.cv = min(UNIT_COLS, C - U.c0);
-  U.src = reinterpret_cast<const unsigned char*>(job.src + e * job.es);
-  U.dst = reinterpret_cast<unsigned char*>(job.dst) + e * slabs * tiles * 512LL +  // expert e: Rp*Cp
-          ((long long)rb * tiles + t0) * 512;
+  if (job.flags & FLAG_INDIRECT) {  // separate per-expert tensors of one shape: a pointer table
+    U.src = reinterpret_cast<const unsigned char*>(reinterpret_cast<const long long*>(job.src)[e]);
+    U.dst = reinterpret_cast<unsigned char*>(reinterpret_cast<const long long*>(job.dst)[e]);
+  } else {                           // a batch: expert e at a fixed stride
+    U.src = reinterpret_cast<const unsigned char*>(job.src + e * job.es);
+    U.dst = reinterpret_cast<unsigned char*>(job.dst) + e * slabs * tiles * 512LL;  // Rp*Cp
+  }
+  U.dst += ((long long)rb * tiles + t0) * 512;
   return U;
 }
 
