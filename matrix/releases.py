@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomllib arrived in 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
 from packaging.version import Version
 
 RELEASES_FILE = Path(__file__).resolve().parent / "releases.toml"

@@ -4,7 +4,7 @@ mok reads Transformer Engine objects only through te_compat.
 """
 
 from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
-from mok.layout import layout_offset, layout_shape, padded_shape
+from mok.layout import columnwise_scales, layout_offset, layout_shape, padded_shape, rowwise_scales
 from mok.shared_expert import prepare_shared_expert_config
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import (
@@ -23,12 +23,14 @@ __all__ = [
     "MokError",
     "RefreshError",
     "SplitExpertWeights",
+    "columnwise_scales",
     "grouped_weight_view",
     "layout_offset",
     "layout_shape",
     "padded_shape",
     "prepare_shared_expert_config",
     "refresh_layer",
+    "rowwise_scales",
     "split_weight_view",
     "storage_view",
     "swizzle_mxfp8_scales",

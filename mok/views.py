@@ -32,12 +32,13 @@ from mok.layout import (
 from mok.swizzle import PreparedWork, ScaleWork
 from te_compat import (
     GroupedStorage,
+    StorageName,
     TECompatError,
     TensorKind,
     grouped_storage,
     mxfp8_storage,
-    storage_attr,
     storage_field,
+    storage_fingerprint,
     tensor_kind,
 )
 
@@ -91,26 +92,13 @@ class SplitExpertWeights:
     _refresh: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
-# What a refresh must see unchanged to rerun its prepared work: each storage buffer (the same
-# tensor object at the same address) and TE's swizzled flag. The prepared work holds the old
-# tensors, so an id cannot be reused while it is compared.
-_FINGERPRINT_NAMES = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
-
-
-def _fingerprint(obj: object) -> tuple[Any, ...]:
-    parts: list[Any] = [id(obj), type(obj)]
-    for name in _FINGERPRINT_NAMES:
-        t = storage_attr(obj, name)
-        parts.append(None if t is None else (id(t), t.data_ptr()))
-    parts.append(bool(storage_field(obj, "scales_swizzled")))
-    return tuple(parts)
-
-
 def _key(weights: Sequence[object], *shape: int) -> tuple[Any, ...] | None:
-    """The fingerprint of ``weights`` for a refresh, or None when they cannot be read as MXFP8
-    storage (the full path then reports what is wrong)."""
+    """What a refresh must see unchanged to rerun its prepared work (te_compat's fingerprint of
+    each weight's storage: every buffer's identity and address, TE's swizzled flag), or None when
+    the weights cannot be read that way (the full path then reports what is wrong). The prepared
+    work holds the old tensors, so no id can be reused while it is compared."""
     try:
-        return (tuple(_fingerprint(w) for w in weights), *shape)
+        return (tuple(storage_fingerprint(w) for w in weights), *shape)
     except (TECompatError, ValueError):
         return None
 
@@ -292,7 +280,7 @@ def _plan_grouped(
             raise RefreshError("BF16 expert views are plain views of the parameter: nothing to refresh")
         if gs.quantized:
             raise ExpertWeightError("grouped weight is quantized (it has a quantizer); pass use_mxfp8=True")
-        data = gs.need("rowwise_data")
+        data = gs.need(StorageName.ROWWISE_DATA)
         return GroupedExpertWeights(
             num_experts, rows, columns, False, storage_view(data, shape, dtype=data.dtype, name="grouped rowwise data")
         )
@@ -303,11 +291,11 @@ def _plan_grouped(
         raise ExpertWeightError(f"grouped weight: expected MXFP8 experts; found {type(gs.members[0]).__name__} members")
     if cached is not None:
         _check_cached(cached, GroupedExpertWeights, num_experts, rows, columns)
-    row_data = storage_view(gs.need("rowwise_data"), shape, dtype=FP8_DTYPE, name="grouped rowwise data")
+    row_data = storage_view(gs.need(StorageName.ROWWISE_DATA), shape, dtype=FP8_DTYPE, name="grouped rowwise data")
     if cached is not None and cached.row_data.data_ptr() != row_data.data_ptr():
         raise RefreshError(_moved("grouped rowwise data", cached.row_data, row_data))
     pr, pc = te_rowwise_padding(rows, columns)
-    flat = gs.need("rowwise_scale_inv")
+    flat = gs.need(StorageName.ROWWISE_SCALE_INV)
     padded = grouped_scales(flat, num_experts, pr, pc, "grouped rowwise scales")
     _check_packing(gs, "rowwise", flat, pr * pc)
     row_scales, row_zc = _convert(
@@ -326,7 +314,7 @@ def _plan_grouped(
         if cached is not None and (cached.col_data is None or cached.col_data.data_ptr() != col_data.data_ptr()):
             raise RefreshError(_moved("grouped columnwise data", cached.col_data, col_data))
         pr, pc = te_columnwise_padding(rows, columns)
-        flat = gs.need("columnwise_scale_inv")
+        flat = gs.need(StorageName.COLUMNWISE_SCALE_INV)
         padded = grouped_scales(flat, num_experts, pr, pc, "grouped columnwise scales")
         _check_packing(gs, "columnwise", flat, pr * pc)
         col_scales, col_zc = _convert(
@@ -380,7 +368,9 @@ def _expert_mxfp8(e: int, p: object, rows: int, columns: int):  # type: ignore[n
     kind = tensor_kind(p)
     if kind is not TensorKind.MXFP8:
         quantizer = (
-            storage_field(p, "quantizer") if kind not in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED) else None
+            storage_field(p, StorageName.QUANTIZER)
+            if kind not in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED)
+            else None
         )
         extra = f", quantizer {type(quantizer).__name__}" if quantizer is not None else ""
         raise ExpertWeightError(
@@ -498,14 +488,16 @@ def _plan_split(
         _check_cached(cached, SplitExpertWeights, count, rows, columns)
     storages = [_expert_mxfp8(e, p, rows, columns) for e, p in enumerate(params)]
     row_data = tuple(
-        storage_view(st.need("rowwise_data"), (rows, columns), dtype=FP8_DTYPE, name=f"expert {e} rowwise data")
+        storage_view(
+            st.need(StorageName.ROWWISE_DATA), (rows, columns), dtype=FP8_DTYPE, name=f"expert {e} rowwise data"
+        )
         for e, st in enumerate(storages)
     )
     device = _same_device(row_data)
     if cached is not None:
         _check_not_moved("rowwise data", cached.row_data, row_data)
     swizzled = [st.scales_swizzled for st in storages]
-    row_bufs = [st.need("rowwise_scale_inv") for st in storages]
+    row_bufs = [st.need(StorageName.ROWWISE_SCALE_INV) for st in storages]
     row_scales, row_zc = _convert_split(
         row_bufs,
         [rowwise_scales(b, rows, columns, f"expert {e} rowwise scales") for e, b in enumerate(row_bufs)],
@@ -523,13 +515,16 @@ def _plan_split(
             raise ExpertWeightError(f"expert {has_col.index(False)} has no columnwise data; the others do")
         col_data = tuple(
             storage_view(
-                st.need("columnwise_data"), (rows, columns), dtype=FP8_DTYPE, name=f"expert {e} columnwise data"
+                st.need(StorageName.COLUMNWISE_DATA),
+                (rows, columns),
+                dtype=FP8_DTYPE,
+                name=f"expert {e} columnwise data",
             )
             for e, st in enumerate(storages)
         )
         if cached is not None:
             _check_not_moved("columnwise data", cached.col_data, col_data)
-        col_bufs = [st.need("columnwise_scale_inv") for st in storages]
+        col_bufs = [st.need(StorageName.COLUMNWISE_SCALE_INV) for st in storages]
         col_scales, col_zc = _convert_split(
             col_bufs,
             [columnwise_scales(b, rows, columns, f"expert {e} columnwise scales") for e, b in enumerate(col_bufs)],

@@ -13,7 +13,7 @@ from te_compat.errors import (
     TEVersionError,
     UnsupportedTensorError,
 )
-from te_compat.probe import storage_attr, storage_field, tensor_kind
+from te_compat.probe import storage_attr, storage_field, storage_fingerprint, tensor_kind
 from te_compat.snapshots import (
     Float8Storage,
     GroupedStorage,
@@ -22,7 +22,7 @@ from te_compat.snapshots import (
     grouped_storage,
     mxfp8_storage,
 )
-from te_compat.table import TensorKind
+from te_compat.table import StorageName, TensorKind
 from te_compat.version import (
     TEStatus,
     parse_te_version,
@@ -42,6 +42,7 @@ __all__ = [
     "GroupedStorage",
     "MXFP8Storage",
     "MissingFeatureError",
+    "StorageName",
     "StorageNotFoundError",
     "TECompatError",
     "TENotFoundError",
@@ -59,6 +60,7 @@ __all__ = [
     "require_te",
     "storage_attr",
     "storage_field",
+    "storage_fingerprint",
     "te_min_version",
     "te_status",
     "te_version",

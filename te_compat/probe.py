@@ -114,6 +114,7 @@ def tensor_kind_of_class(cls: type) -> TensorKind:
 
 def resolve(cls: type, logical: str) -> Resolution:
     """Which attribute of ``cls`` holds ``logical`` under the installed TE (cached)."""
+    logical = str(logical)  # a StorageName or a plain string
     key = (cls, logical)
     found = _resolution_cache.get(key)
     if found is not None:
@@ -185,6 +186,24 @@ def storage_field(obj: object, name: str) -> Any:
         f"for {resolution.kind} storage {name!r} (TE {resolution.release}, {where}), "
         f"neither on the object nor on its .data"
     )
+
+
+def storage_fingerprint(obj: object) -> tuple[Any, ...]:
+    """What identifies ``obj``'s storage right now: for every storage name its release has, the
+    tensor's identity and address (or the value of a flag or count, or the identity of anything
+    else). Equal fingerprints mean TE reassigned nothing since; values may have changed in place.
+    """
+    resolution_kind = tensor_kind_of_class(type(obj))
+    parts: list[Any] = [id(obj), type(obj)]
+    for name in table.logical_names(resolution_kind):
+        value = storage_field(obj, name)
+        if value is None or isinstance(value, (bool, int, str)):
+            parts.append(value)
+        elif _is_torch_tensor(type(value)):
+            parts.append((id(value), value.data_ptr()))
+        else:
+            parts.append(id(value))
+    return tuple(parts)
 
 
 def storage_attr(param: object, name: str) -> torch.Tensor | None:

@@ -41,6 +41,31 @@ class TensorKind(str, Enum):
         return self.value
 
 
+class StorageName(str, Enum):
+    """The logical storage names te_compat resolves per release (plain strings work too)."""
+
+    DATA = "data"
+    TRANSPOSE = "transpose"
+    SCALE_INV = "scale_inv"
+    ROWWISE_DATA = "rowwise_data"
+    COLUMNWISE_DATA = "columnwise_data"
+    ROWWISE_SCALE_INV = "rowwise_scale_inv"
+    COLUMNWISE_SCALE_INV = "columnwise_scale_inv"
+    ROWWISE_SCALE_INV_OFFSETS = "rowwise_scale_inv_offsets"
+    COLUMNWISE_SCALE_INV_OFFSETS = "columnwise_scale_inv_offsets"
+    SCALES_SWIZZLED = "scales_swizzled"
+    QUANTIZER = "quantizer"
+    QUANTIZED_TENSORS = "quantized_tensors"
+    NUM_TENSORS = "num_tensors"
+    TENSOR_SHAPES = "tensor_shapes"
+    IS_2D_SCALED = "is_2d_scaled"
+    AMAX_ROWWISE = "amax_rowwise"
+    AMAX_COLUMNWISE = "amax_columnwise"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class StorageRow:
     """Where one TE release range keeps one tensor kind's storage."""

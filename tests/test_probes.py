@@ -226,3 +226,33 @@ def test_kind_older_than_its_first_row(installed_te: Installer) -> None:
     p = T.mxfp8_tensor("2.20.2", 64, 128)
     with pytest.raises(UnsupportedTensorError, match="predates every mxfp8 row"):
         storage_attr(p, "rowwise_data")
+
+
+def test_storage_names_enum_covers_the_table() -> None:
+    from te_compat import StorageName
+
+    every = {name for row in ROWS for name in row.storage}
+    assert {n.value for n in StorageName} == every
+
+
+def test_storage_name_enum_and_string_agree(installed_te: Installer) -> None:
+    from te_compat import StorageName
+
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 128, param=True)
+    assert storage_attr(p, StorageName.ROWWISE_SCALE_INV) is storage_attr(p, "rowwise_scale_inv")
+
+
+def test_storage_fingerprint(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor("2.20.2", 64, 128, param=True)
+    before = te_compat.storage_fingerprint(p)
+    p._rowwise_scale_inv.fill_(7)  # values change in place: same storage
+    assert te_compat.storage_fingerprint(p) == before
+    p._with_gemm_swizzled_scales = True  # TE's flag flips
+    flagged = te_compat.storage_fingerprint(p)
+    assert flagged != before
+    p._columnwise_data = p._columnwise_data.clone()  # TE reassigns a buffer
+    assert te_compat.storage_fingerprint(p) != flagged
+    g = T.grouped_tensor("2.20.2", 2, 128, 64, mxfp8=True)
+    assert te_compat.storage_fingerprint(g) == te_compat.storage_fingerprint(g)
