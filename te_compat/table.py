@@ -354,6 +354,7 @@ def all_names(kind: TensorKind, logical: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+@cache
 def logical_names(kind: TensorKind) -> tuple[str, ...]:
     return tuple(sorted({n for r in rows_for(kind) for n in r.storage}))
 
