@@ -9,8 +9,6 @@ Padding bytes are 0. A batch ``[E, R, C]`` pads each expert on its own, expert-m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from mok.errors import LayoutError
@@ -147,8 +145,3 @@ def te_rowwise_padding(rows: int, cols: int) -> tuple[int, int]:
 def te_columnwise_padding(rows: int, cols: int) -> tuple[int, int]:
     """TE's allocation of columnwise scales: [roundup(rows/32,4), roundup(cols,128)]."""
     return roundup(rows // MXFP8_BLOCK, 4), roundup(cols, 128)
-
-
-def expect_sizes(t: torch.Tensor, shape: Sequence[int], name: str) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise LayoutError(f"{name}: expected shape {tuple(shape)}; found {tuple(t.shape)}")

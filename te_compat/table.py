@@ -89,10 +89,6 @@ class StorageRow:
         return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
 
 
-def _pub(name: str) -> bool:
-    return not name.startswith("_")
-
-
 # Float8 (delayed and current scaling). Before 2.0, _scale_inv and _transpose are properties
 # over the dict _fp8_attrs shared between a tensor and its detached copies.
 _F8_1X_KNOWN = frozenset(
@@ -357,7 +353,3 @@ def all_names(kind: TensorKind, logical: str) -> tuple[str, ...]:
 @cache
 def logical_names(kind: TensorKind) -> tuple[str, ...]:
     return tuple(sorted({n for r in rows_for(kind) for n in r.storage}))
-
-
-def is_public(attr: str) -> bool:
-    return _pub(attr)
