@@ -7,7 +7,7 @@ copy scales TE already swizzled). :func:`run_work` runs a list of them: on CUDA 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +43,7 @@ class PreparedWork:
     def __init__(self, work: Sequence[ScaleWork], backend: str | None = None) -> None:
         self.work = list(work)
         self.backend = backend
-        self._launch = None
+        self._launch: Callable[[], None] | None = None
         if not self.work:
             return
         device = self.work[0].dst.device
