@@ -28,6 +28,7 @@ import torch
 
 import mok
 from mok.kernels import launcher
+from mok.layout import roundup
 from mok.swizzle import ScaleWork, run_work
 
 ROW_CASES = [(256, 2048, 7168), (32, 4096, 7168), (8, 7168, 2048), (1, 65536, 7168), (256, 2080, 7200)]
@@ -70,10 +71,6 @@ def padded_scales(experts: int, rows: int, cols: int, pr: int, pc: int) -> torch
     buf = torch.full((experts, pr, pc), 0xFF, dtype=torch.uint8, device="cuda")
     buf[:, :rows, :cols] = torch.randint(0, 255, (experts, rows, cols), dtype=torch.uint8, device="cuda")
     return buf
-
-
-def roundup(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def te_multi_swizzle(experts: int, m: int, k: int, repeats: int) -> float | str:

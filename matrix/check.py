@@ -26,7 +26,7 @@ from te_compat import table
 from te_compat.table import StorageRow, TensorKind
 
 
-def _lineage(classes: dict[str, Any], path: str) -> list[str]:
+def lineage(classes: dict[str, Any], path: str) -> list[str]:
     """``path`` and every TE base class of it that the release defines, depth first."""
     seen: list[str] = []
     stack = [path]
@@ -44,7 +44,7 @@ def _assigned(classes: dict[str, Any], paths: Iterable[str]) -> tuple[set[str], 
     assigns: set[str] = set()
     props: set[str] = set()
     for path in paths:
-        for cls in _lineage(classes, path):
+        for cls in lineage(classes, path):
             assigns |= set(classes[cls]["assigns"])
             props |= set(classes[cls]["properties"])
     return assigns, props
@@ -99,9 +99,7 @@ def check_record(record: dict[str, Any], rows: tuple[StorageRow, ...] = table.RO
                 f"{row.span} (a new storage attribute, or a rename?)"
             )
     for path, since, until in table.QUANTIZED_BASES:
-        lo, hi = Version(since), Version(until) if until else None
-        expected = lo.release <= release.release and (hi is None or release.release < hi.release)
-        if expected and path not in classes:
+        if table.in_range(release, since, until) and path not in classes:
             problems.append(f"TE {release}: quantized base class {path} ({since}..{until}) missing")
     return problems
 
@@ -113,9 +111,9 @@ def uncovered_quantized(record: dict[str, Any]) -> list[str]:
     covered = set(table.class_index())
     out = []
     for path in classes:
-        lineage = _lineage(classes, path)
-        if path not in covered and path not in bases and any(b in bases for b in lineage[1:]):
-            if not any(c in covered for c in lineage):
+        chain = lineage(classes, path)
+        if path not in covered and path not in bases and any(b in bases for b in chain[1:]):
+            if not any(c in covered for c in chain):
                 out.append(path)
     return out
 

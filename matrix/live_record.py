@@ -29,7 +29,7 @@ def summarize(junit: Path) -> dict[str, Any]:
         skip = case.find("skipped")
         if problem is not None:
             counts["failed"] += 1
-            failed[name] = (problem.get("message") or "").splitlines()[0][:300] if problem.get("message") else ""
+            failed[name] = (problem.get("message") or "").split("\n")[0][:300]
         elif skip is not None:
             counts["skipped"] += 1
             skipped[name] = (skip.get("message") or "")[:300]

@@ -41,6 +41,12 @@ class TensorKind(str, Enum):
         return self.value
 
 
+def in_range(release: Version, since: str, until: str | None) -> bool:
+    """``since <= release < until`` on release segments (a dev build of X counts as X)."""
+    lo = Version(since).release
+    return lo <= release.release and (until is None or release.release < Version(until).release)
+
+
 class StorageName(str, Enum):
     """The logical storage names te_compat resolves per release (plain strings work too)."""
 
@@ -80,9 +86,7 @@ class StorageRow:
     field_notes: dict[str, str] = field(default_factory=dict)
 
     def covers(self, release: Version) -> bool:
-        lo = Version(self.since).release
-        hi = Version(self.until).release if self.until else None
-        return lo <= release.release and (hi is None or release.release < hi)
+        return in_range(release, self.since, self.until)
 
     @property
     def span(self) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from matrix.check import lineage
 from matrix.extract import load_record
 from matrix.releases import matrix_release
 
@@ -37,21 +38,11 @@ def _record(release: str) -> dict[str, Any]:
     return load_record(matrix_release(release).source_from)["classes"]
 
 
-def _lineage(classes: dict[str, Any], path: str) -> list[str]:
-    out, stack = [], [path]
-    while stack:
-        cur = stack.pop()
-        if cur in classes and cur not in out:
-            out.append(cur)
-            stack.extend(classes[cur]["bases"])
-    return out
-
-
 def assigned_names(release: str, path: str) -> set[str]:
     """Attributes the release's class ``path`` (with its TE bases) assigns or exposes as properties."""
     classes = _record(release)
     names: set[str] = set()
-    for cls in _lineage(classes, path):
+    for cls in lineage(classes, path):
         names |= set(classes[cls]["assigns"])
     return names
 
@@ -59,9 +50,9 @@ def assigned_names(release: str, path: str) -> set[str]:
 def _dict_backed(release: str, path: str) -> set[str]:
     """1.x: attributes that are properties over the shared dict ``_fp8_attrs``."""
     classes = _record(release)
-    lineage = _lineage(classes, path)
-    assigns = {a for c in lineage for a in classes[c]["assigns"]}
-    props = {p for c in lineage for p in classes[c]["properties"]}
+    chain = lineage(classes, path)
+    assigns = {a for c in chain for a in classes[c]["assigns"]}
+    props = {p for c in chain for p in classes[c]["properties"]}
     if "_fp8_attrs" not in assigns:
         return set()
     return (props & assigns) - {"data", "_data", "_fp8_attrs"}

@@ -69,14 +69,14 @@ def test_same_shaped_experts_merge_into_one_indirect_job() -> None:
     experts = [launcher.Job(1000 * e, 5000 * e, 16, 1, 0, 256, 8, 1, launcher.MODE_ROWS, 16) for e in range(1, 4)]
     odd = launcher.Job(7, 9, 12, 1, 0, 128, 3, 1, launcher.MODE_ROWS, 4)
     copy = launcher.Job(64, 128, 0, 0, 0, 40000, 0, 1, launcher.MODE_COPY, 16)
-    rows, arrays = launcher._merge([*experts[:2], odd, experts[2], copy])
+    rows, arrays, total = launcher._merge([*experts[:2], odd, experts[2], copy])
     assert len(rows) == 3
     merged = rows[0]
     assert merged[7] == 3 and merged[8] & launcher.FLAG_INDIRECT and merged[9] == 0
     assert arrays == [[1000, 2000, 3000, 5000, 10000, 15000]]
     assert rows[1][9] == 3 * experts[0].units()  # the odd job's units follow the merged job's
     assert rows[2][9] == rows[1][9] + odd.units()
-    assert launcher._row_units(merged) == 3 * experts[0].units()
+    assert total == 3 * experts[0].units() + odd.units() + copy.units()
 
 
 def test_misaligned_output_is_refused() -> None:

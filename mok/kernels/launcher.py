@@ -162,11 +162,11 @@ def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
     )
 
 
-def _merge(jobs: Sequence[Job]) -> tuple[list[tuple[int, ...]], list[list[int]]]:
+def _merge(jobs: Sequence[Job]) -> tuple[list[tuple[int, ...]], list[list[int]], int]:
     """Descriptor rows for ``jobs``, with single matrices of one shape and stride merged into one
     indirect job (its experts' addresses in pointer arrays), so a block of a per-expert launch
     finds its job without searching a long table. Returns (rows without addresses, pointer arrays
-    as [srcs, dsts] per indirect row)."""
+    as [srcs, dsts] per indirect row, total units)."""
     groups: dict[tuple[int, ...], list[Job]] = {}
     order: list[tuple[int, ...] | Job] = []
     for job in jobs:
@@ -200,7 +200,7 @@ def _merge(jobs: Sequence[Job]) -> tuple[list[tuple[int, ...]], list[list[int]]]
         rows.append(tuple(row))
         arrays.append([m.src for m in members] + [m.dst for m in members])
         total += merged.units()
-    return rows, arrays
+    return rows, arrays, total
 
 
 def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int, int]:
@@ -216,7 +216,7 @@ def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int
             "these scale buffers were never converted outside CUDA-graph capture: call once before "
             "capturing (the first call uploads their descriptor table; later calls only launch)"
         )
-    rows, arrays = _merge(jobs)
+    rows, arrays, total = _merge(jobs)
     width = len(rows[0])
     size = len(rows) * width + sum(len(a) for a in arrays)
     table = torch.empty(size, dtype=torch.int64, device=device)
@@ -232,17 +232,12 @@ def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int
     for array in arrays:
         values.extend(array)
     table.copy_(torch.tensor(values, dtype=torch.int64))
-    total = rows[-1][9] + _row_units(rows[-1])  # the last row's first unit plus its units
     result = (table, len(rows), total)
     with _lock:
         _tables[key] = result
         while len(_tables) > _TABLE_CACHE_SIZE:
             _tables.popitem(last=False)
     return result
-
-
-def _row_units(row: tuple[int, ...]) -> int:
-    return Job(0, 0, row[2], row[3], row[4], row[5], row[6], row[7], row[8] & 0xFF, 1).units()
 
 
 def _stream(device: torch.device) -> Any:
