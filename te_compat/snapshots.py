@@ -183,3 +183,98 @@ def grouped_storage(param: object) -> GroupedStorage:
         quantized=quantized,
         scales_swizzled=swizzled,
     )
+
+
+# --- NVFP4 -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NVFP4Storage:
+    """The buffers of one NVFP4 tensor (TE 2.8+), as TE's source shapes them (checked in every
+    release 2.8-2.20.2: NVFP4Quantizer.get_scale_shape, get_columnwise_shape and
+    convert_shape_for_fp4 in pytorch/tensor/nvfp4_tensor.py are the same in all of them).
+
+    With ``M = prod(shape[:-1])`` and ``K = shape[-1]``:
+
+    - ``rowwise_data``: uint8 ``shape[:-1] + [K/2]``, two FP4 (E2M1) values a byte;
+    - ``rowwise_scale_inv``: uint8 E4M3 bytes ``[roundup(M,128), roundup(ceil(K/16),4)]``, one per
+      16 values of a row; TE leaves the padding uninitialised;
+    - ``columnwise_data``: uint8 ``[K, M/2]``, stored already TRANSPOSED (TE's make_empty passes
+      the 2-D shape through get_columnwise_shape: ``[K, M]``, then halves the last dim);
+    - ``columnwise_scale_inv``: uint8 ``[roundup(K,128), roundup(ceil(M/16),4)]`` (transposed
+      too, unlike MXFP8's ``[M/32, K]`` columnwise scales);
+    - ``amax_rowwise`` / ``amax_columnwise``: fp32 ``[1]`` (per-tensor); ``amax_rowwise`` is
+      ``[M]`` when ``row_scaled_nvfp4`` (2.19+'s inner_tensor_specs says so).
+
+    The flags are None where the release lacks them: ``scales_swizzled`` 2.12+ (False before),
+    ``row_scaled_nvfp4`` 2.16+, ``nvfp4_use_4over6`` and ``nvfp4_e4m3_max`` 2.17+
+    (storage/nvfp4_tensor_storage.py's constructor; matrix/records).
+    """
+
+    owner: object
+    shape: tuple[int, ...]  # logical, unpacked: [..., K]
+    rowwise_data: torch.Tensor | None
+    rowwise_scale_inv: torch.Tensor | None
+    columnwise_data: torch.Tensor | None
+    columnwise_scale_inv: torch.Tensor | None
+    amax_rowwise: torch.Tensor | None
+    amax_columnwise: torch.Tensor | None
+    scales_swizzled: bool  # TE 2.12+: scales already in GEMM layout; always False before
+    row_scaled_nvfp4: bool | None  # TE 2.16+
+    nvfp4_e4m3_max: int | None  # TE 2.17+
+    nvfp4_use_4over6: bool | None  # TE 2.17+
+
+    def need(self, name: str) -> Any:
+        """The named buffer or flag, or an error naming the attribute, class and TE release."""
+        return _need(self.owner, getattr(self, name), name)
+
+
+def _tensor_shape(obj: object) -> tuple[int, ...] | None:
+    """The logical shape of a TE tensor (a storage-only object has none)."""
+    shape = getattr(obj, "shape", None)
+    if shape is None or callable(shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+def _nvfp4_shape(obj: object, row: torch.Tensor | None, col: torch.Tensor | None) -> tuple[int, ...]:
+    """TE's NVFP4 size(): rowwise bytes [..., K/2] -> [..., K]; columnwise [K, M/2] -> [M, K]."""
+    shape = _tensor_shape(obj)
+    if shape is not None:
+        return shape
+    if row is not None:
+        dims = tuple(int(d) for d in row.shape)
+        return (*dims[:-1], dims[-1] * 2)
+    if col is not None:
+        dims = tuple(int(d) for d in col.shape)
+        return (*dims[1:-1], dims[-1] * 2, dims[0])
+    raise StorageNotFoundError(f"{_class_path(type(obj))}: no shape and no data to take it from")
+
+
+def _optional_flag(obj: object, name: str, kind: type) -> Any:
+    value = storage_field(obj, name)
+    return None if value is None else kind(value)
+
+
+def nvfp4_storage(param: object) -> NVFP4Storage:
+    """Snapshot of an NVFP4 tensor, Parameter, ``.data`` or storage. Raises if it holds neither
+    direction."""
+    _expect_kind(param, (TensorKind.NVFP4,), "nvfp4_storage")
+    row = storage_attr(param, "rowwise_data")
+    col = storage_attr(param, "columnwise_data")
+    if row is None and col is None:
+        _need(param, None, "rowwise_data")
+    return NVFP4Storage(
+        owner=param,
+        shape=_nvfp4_shape(param, row, col),
+        rowwise_data=row,
+        rowwise_scale_inv=storage_attr(param, "rowwise_scale_inv"),
+        columnwise_data=col,
+        columnwise_scale_inv=storage_attr(param, "columnwise_scale_inv"),
+        amax_rowwise=storage_attr(param, "amax_rowwise"),
+        amax_columnwise=storage_attr(param, "amax_columnwise"),
+        scales_swizzled=_swizzled_flag(param),
+        row_scaled_nvfp4=_optional_flag(param, "row_scaled_nvfp4", bool),
+        nvfp4_e4m3_max=_optional_flag(param, "nvfp4_e4m3_max", int),
+        nvfp4_use_4over6=_optional_flag(param, "nvfp4_use_4over6", bool),
+    )

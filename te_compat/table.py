@@ -35,6 +35,8 @@ class TensorKind(str, Enum):
     FLOAT8_BLOCKWISE = "float8_blockwise"
     NVFP4 = "nvfp4"
     GROUPED = "grouped"
+    HYBRID = "hybrid"  # TE 2.19+: one sub-storage per direction, each of its own kind
+    IDENTITY = "identity"  # TE 2.19+: a high-precision tensor behind the quantized interface
     OTHER_QUANTIZED = "other_quantized"  # a TE quantized class this table does not cover
 
     def __str__(self) -> str:
@@ -67,6 +69,12 @@ class StorageName(str, Enum):
     IS_2D_SCALED = "is_2d_scaled"
     AMAX_ROWWISE = "amax_rowwise"
     AMAX_COLUMNWISE = "amax_columnwise"
+    DATA_FORMAT = "data_format"  # blockwise 2.5-2.11: GEMM_READY or COMPACT
+    ROW_SCALED_NVFP4 = "row_scaled_nvfp4"  # NVFP4 2.16+
+    NVFP4_E4M3_MAX = "nvfp4_e4m3_max"  # NVFP4 2.17+
+    NVFP4_USE_4OVER6 = "nvfp4_use_4over6"  # NVFP4 2.17+
+    ROWWISE_STORAGE = "rowwise_storage"  # hybrid 2.19+: the rowwise sub-storage
+    COLUMNWISE_STORAGE = "columnwise_storage"  # hybrid 2.19+: the columnwise sub-storage
 
     def __str__(self) -> str:
         return self.value
@@ -115,10 +123,20 @@ _MX_KNOWN = frozenset({"_fp8_dtype"}) | _QT_KNOWN
 _SWIZZLED = {"scales_swizzled": "_with_gemm_swizzled_scales"}
 
 _BW_STORAGE = {**_MX_STORAGE, "is_2d_scaled": "_is_2D_scaled"}
-_BW_KNOWN = frozenset({"_fp8_dtype", "_data_format"}) | _QT_KNOWN
+_BW_FORMAT = {"data_format": "_data_format"}  # a tex.Float8BlockScaleTensorFormat
+_BW_KNOWN = frozenset({"_fp8_dtype"}) | _QT_KNOWN
 
 _FP4_STORAGE = {**_MX_STORAGE, "amax_rowwise": "_amax_rowwise", "amax_columnwise": "_amax_columnwise"}
-_FP4_KNOWN = frozenset({"_fp4_dtype", "_row_scaled_nvfp4", "_nvfp4_e4m3_max", "_nvfp4_use_4over6"}) | _QT_KNOWN
+_FP4_ROW_SCALED = {"row_scaled_nvfp4": "_row_scaled_nvfp4"}
+_FP4_4OVER6 = {"nvfp4_e4m3_max": "_nvfp4_e4m3_max", "nvfp4_use_4over6": "_nvfp4_use_4over6"}
+_FP4_KNOWN = frozenset({"_fp4_dtype"}) | _QT_KNOWN
+
+_HYBRID_STORAGE = {
+    "rowwise_storage": "_rowwise_storage",
+    "columnwise_storage": "_columnwise_storage",
+    "quantizer": "_quantizer",
+}
+_HYBRID_PR = "PR 2817, experimental"
 
 _GROUPED_KNOWN = frozenset(
     {"amax", "columnwise_amax", "scale", "first_dims", "last_dims", "offsets", "tensor_offsets", "logical_shape"}
@@ -214,7 +232,7 @@ ROWS: tuple[StorageRow, ...] = (
     StorageRow(
         TensorKind.FLOAT8_BLOCKWISE,
         "2.3",
-        "2.9",
+        "2.5",
         classes=(
             f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
             f"{TE}.tensor._internal.float8_blockwise_tensor_base.Float8BlockwiseQTensorBase",
@@ -222,11 +240,34 @@ ROWS: tuple[StorageRow, ...] = (
         storage=_BW_STORAGE,
         known=_BW_KNOWN,
         introduced_by="TE 2.3: Float8BlockwiseQTensor (fp32 scales, columnwise data transposed)",
-        field_notes={"_data_format": "2.5-2.11 only"},
+    ),
+    StorageRow(
+        TensorKind.FLOAT8_BLOCKWISE,
+        "2.5",
+        "2.9",
+        classes=(
+            f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
+            f"{TE}.tensor._internal.float8_blockwise_tensor_base.Float8BlockwiseQTensorBase",
+        ),
+        storage={**_BW_STORAGE, **_BW_FORMAT},
+        known=_BW_KNOWN,
+        introduced_by="TE 2.5: _data_format (COMPACT: 1-D scaled columnwise data not transposed)",
     ),
     StorageRow(
         TensorKind.FLOAT8_BLOCKWISE,
         "2.9",
+        "2.12",
+        classes=(
+            f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
+            f"{TE}.tensor.storage.float8_blockwise_tensor_storage.Float8BlockwiseQTensorStorage",
+        ),
+        storage={**_BW_STORAGE, **_BW_FORMAT},
+        known=_BW_KNOWN,
+        introduced_by="TE 2.9 (PR 2039/2226): renamed Float8BlockwiseQTensorStorage",
+    ),
+    StorageRow(
+        TensorKind.FLOAT8_BLOCKWISE,
+        "2.12",
         None,
         classes=(
             f"{TE}.tensor.float8_blockwise_tensor.Float8BlockwiseQTensor",
@@ -234,8 +275,7 @@ ROWS: tuple[StorageRow, ...] = (
         ),
         storage=_BW_STORAGE,
         known=_BW_KNOWN,
-        introduced_by="TE 2.9 (PR 2039/2226): renamed Float8BlockwiseQTensorStorage",
-        field_notes={"_data_format": "2.5-2.11 only"},
+        introduced_by="TE 2.12: _data_format gone (columnwise data always transposed)",
     ),
     StorageRow(
         TensorKind.NVFP4,
@@ -261,7 +301,7 @@ ROWS: tuple[StorageRow, ...] = (
     StorageRow(
         TensorKind.NVFP4,
         "2.12",
-        None,
+        "2.16",
         classes=(
             f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
             f"{TE}.tensor.storage.nvfp4_tensor_storage.NVFP4TensorStorage",
@@ -269,7 +309,30 @@ ROWS: tuple[StorageRow, ...] = (
         storage={**_FP4_STORAGE, **_SWIZZLED},
         known=_FP4_KNOWN,
         introduced_by="TE 2.12: _with_gemm_swizzled_scales on NVFP4 too",
-        field_notes={"_row_scaled_nvfp4": "2.16+", "_nvfp4_e4m3_max": "2.17+"},
+    ),
+    StorageRow(
+        TensorKind.NVFP4,
+        "2.16",
+        "2.17",
+        classes=(
+            f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
+            f"{TE}.tensor.storage.nvfp4_tensor_storage.NVFP4TensorStorage",
+        ),
+        storage={**_FP4_STORAGE, **_SWIZZLED, **_FP4_ROW_SCALED},
+        known=_FP4_KNOWN,
+        introduced_by="TE 2.16 (PR 2931): _row_scaled_nvfp4 (then one fp32 rowwise amax per row)",
+    ),
+    StorageRow(
+        TensorKind.NVFP4,
+        "2.17",
+        None,
+        classes=(
+            f"{TE}.tensor.nvfp4_tensor.NVFP4Tensor",
+            f"{TE}.tensor.storage.nvfp4_tensor_storage.NVFP4TensorStorage",
+        ),
+        storage={**_FP4_STORAGE, **_SWIZZLED, **_FP4_ROW_SCALED, **_FP4_4OVER6},
+        known=_FP4_KNOWN,
+        introduced_by="TE 2.17 (PR 2972): 4over6 NVFP4, _nvfp4_use_4over6 and _nvfp4_e4m3_max",
     ),
     StorageRow(
         TensorKind.GROUPED,
@@ -299,10 +362,34 @@ ROWS: tuple[StorageRow, ...] = (
         introduced_by="TE 2.14: GroupedTensor is a torch.Tensor; data renamed rowwise_data",
         field_notes={"row_scaled_nvfp4": "2.16+", "nvfp4_*": "2.17+"},
     ),
+    StorageRow(
+        TensorKind.HYBRID,
+        "2.19",
+        None,
+        classes=(
+            f"{TE}.tensor.hybrid_tensor.HybridQuantizedTensor",
+            f"{TE}.tensor.storage.hybrid_tensor_storage.HybridQuantizedTensorStorage",
+        ),
+        storage=_HYBRID_STORAGE,
+        known=_QT_KNOWN,
+        introduced_by=f"TE 2.19 ({_HYBRID_PR}): HybridQuantizedTensor, a sub-storage per direction",
+    ),
+    StorageRow(
+        TensorKind.IDENTITY,
+        "2.19",
+        None,
+        classes=(
+            f"{TE}.tensor.identity_tensor.IdentityTensor",
+            f"{TE}.tensor.storage.identity_tensor_storage.IdentityTensorStorage",
+        ),
+        storage={"data": "_hp_data", "quantizer": "_quantizer"},
+        known=_QT_KNOWN,
+        introduced_by=f"TE 2.19 ({_HYBRID_PR}): IdentityTensor, high-precision data as a hybrid direction",
+    ),
 )
 
 # Base classes of every TE quantized tensor: an object under one of these that matches no
-# row above is a quantized kind this table does not cover (e.g. 2.19's HybridQuantizedTensor).
+# row above is a quantized kind this table does not cover (e.g. a custom recipe's tensor).
 QUANTIZED_BASES: tuple[tuple[str, str, str | None], ...] = (
     (f"{TE}.tensor.quantized_tensor.QuantizedTensor", "1.11", "2.10"),
     (f"{TE}.quantized_tensor.QuantizedTensor", "2.10", None),

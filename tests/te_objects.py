@@ -7,6 +7,7 @@ echoed. Which classes exist, where, and what they assign comes from matrix/recor
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -23,6 +24,22 @@ SWIZZLE_FLAG_SINCE = Version("2.12")
 GROUPED_RENAME_SINCE = Version("2.14")  # facts.md: data -> rowwise_data, shape -> tensor_shapes
 
 
+# NVFP4, read off TE's source (transformer_engine/pytorch/tensor/nvfp4_tensor.py, the same
+# NVFP4Quantizer.get_scale_shape / get_columnwise_shape / convert_shape_for_fp4 in every release
+# 2.8.0-2.20.2; make_empty in 2.8-2.15, inner_tensor_specs in 2.19+): with M = prod(shape[:-1])
+# and K = shape[-1], _rowwise_data is uint8 [M, K/2] (two E2M1 values a byte), _rowwise_scale_inv
+# uint8 E4M3 [roundup(M,128), roundup(ceil(K/16),4)], _columnwise_data uint8 [K, M/2] (TRANSPOSED),
+# _columnwise_scale_inv uint8 [roundup(K,128), roundup(ceil(M/16),4)], _amax_rowwise and
+# _amax_columnwise fp32 [1] (_amax_rowwise [M] when row-scaled: 2.19+'s inner_tensor_specs).
+# Constructor defaults (NVFP4Tensor.__new__ 2.17+): row_scaled_nvfp4=False,
+# nvfp4_use_4over6=False, nvfp4_e4m3_max=448. Flags: _row_scaled_nvfp4 2.16+, _nvfp4_use_4over6 and
+# _nvfp4_e4m3_max 2.17+ (storage/nvfp4_tensor_storage.py).
+NVFP4_BLOCK = 16  # constants.NVFP4_BLOCK_SCALING_SIZE
+NVFP4_ROW_SCALED_SINCE = Version("2.16")
+NVFP4_4OVER6_SINCE = Version("2.17")
+NVFP4_E4M3_MAX_DEFAULT = 448
+
+
 def rel(v: str) -> Version:
     return Version(v)
 
@@ -35,6 +52,16 @@ def class_path(release: str, name: str) -> str:
         raise LookupError(f"TE {release} defines no class {name}")
     # Prefer the user-facing tensor class over a same-named storage class.
     return sorted(hits, key=lambda p: ".storage." in p)[0]
+
+
+def storage_class_path(release: str, name: str) -> str:
+    """The module path of TE's storage-only class ``name`` (2.9+ ``...Storage``, 2.0-2.8
+    ``..._internal...Base``) in ``release``, read off the record."""
+    classes = load_record(matrix_release(release).source_from)["classes"]
+    hits = [p for p, c in classes.items() if c["name"] in (f"{name}Storage", f"{name}Base")]
+    if len(hits) != 1:
+        raise LookupError(f"TE {release}: expected one storage class for {name}, found {hits}")
+    return hits[0]
 
 
 def releases_with(name: str) -> list[str]:
@@ -178,3 +205,73 @@ def grouped_tensor(
     if param and isinstance(obj, torch.Tensor):
         return torch.nn.Parameter(obj, requires_grad=False)
     return obj
+
+
+def nvfp4_buffers(
+    m: int,
+    k: int,
+    g: torch.Generator,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    row_scaled: bool = False,
+) -> dict[str, Any]:
+    """NVFP4 buffers of a logical [m, k] tensor, shaped as TE's source shapes them (see above)."""
+    out: dict[str, Any] = {}
+    if rowwise:
+        kb = math.ceil(k / NVFP4_BLOCK)
+        out["_rowwise_data"] = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, generator=g)
+        out["_rowwise_scale_inv"] = garbage_padded(m, kb, roundup(m, 128), roundup(kb, 4), g)
+        out["_amax_rowwise"] = torch.rand(m if row_scaled else 1, generator=g)
+    if columnwise:
+        mb = math.ceil(m / NVFP4_BLOCK)
+        out["_columnwise_data"] = torch.randint(0, 256, (k, m // 2), dtype=torch.uint8, generator=g)
+        out["_columnwise_scale_inv"] = garbage_padded(k, mb, roundup(k, 128), roundup(mb, 4), g)
+        out["_amax_columnwise"] = torch.rand(1, generator=g)
+    return out
+
+
+def _nvfp4_flags(release: str, swizzled: bool, row_scaled: bool) -> dict[str, Any]:
+    """The flags the release's NVFP4 constructor sets, at TE's defaults."""
+    v = rel(release)
+    flags: dict[str, Any] = {}
+    if v >= SWIZZLE_FLAG_SINCE:
+        flags["_with_gemm_swizzled_scales"] = swizzled
+    elif swizzled:
+        raise ValueError(f"TE {release} has no swizzled-scales flag (2.12+)")
+    if v >= NVFP4_ROW_SCALED_SINCE:
+        flags["_row_scaled_nvfp4"] = row_scaled
+    elif row_scaled:
+        raise ValueError(f"TE {release} has no row-scaled NVFP4 (2.16+)")
+    if v >= NVFP4_4OVER6_SINCE:
+        flags["_nvfp4_use_4over6"] = False
+        flags["_nvfp4_e4m3_max"] = NVFP4_E4M3_MAX_DEFAULT
+    return flags
+
+
+def nvfp4_tensor(
+    release: str,
+    m: int,
+    k: int,
+    *,
+    seed: int = 0,
+    columnwise: bool = True,
+    rowwise: bool = True,
+    swizzled: bool = False,
+    row_scaled: bool = False,
+    param: bool = False,
+    storage: bool = False,
+    device: str = "cpu",
+    **extra: Any,
+) -> Any:
+    """One NVFP4 weight of logical shape [m, k] (TE 2.8+): an NVFP4Tensor (a Parameter with
+    ``param``), or the storage-only class with ``storage`` (what a hybrid holds per direction).
+    ``swizzled`` sets the 2.12+ flag; ``extra`` overrides any attribute by TE's name."""
+    g = torch.Generator().manual_seed(seed)
+    attrs = _to(nvfp4_buffers(m, k, g, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled), device)
+    attrs.update(_nvfp4_flags(release, swizzled, row_scaled))
+    attrs.update(extra)
+    if storage:
+        return make_standin(release, storage_class_path(release, "NVFP4Tensor"), attrs)
+    t = make_standin(release, class_path(release, "NVFP4Tensor"), attrs, shape=(m, k), device=device)
+    return torch.nn.Parameter(t, requires_grad=False) if param else t
