@@ -1,0 +1,335 @@
+"""The facts about TE's classes that the release table relies on, read from TE's Python source.
+
+One set of rules for two readers: ``matrix/`` reads each PyPI release's wheel with them and
+commits the result (``matrix/records/<release>.json``), and :func:`te_compat.verify.verify_installed`
+reads the installed TE's files with them, so the table is checked the same way on every release
+and on the very TE a process will run. The source is parsed with :mod:`ast`; nothing of TE is
+imported or executed.
+
+For each class of TE's PyTorch tensor modules: its module path, its bases (resolved through the
+module's imports), the attributes its constructors assign, its properties and its methods. The
+check (:func:`check_classes`) compares those facts with the table's rows.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypedDict
+
+from packaging.version import Version
+
+from te_compat import table
+from te_compat.table import StorageRow, TensorKind
+
+PACKAGE = "transformer_engine"
+# Files of a release that hold its tensor and storage classes (1.x kept Float8Tensor at the
+# top of pytorch/; QuantizedTensor moved from tensor/ to pytorch/ in 2.10).
+SOURCE_PREFIXES = (f"{PACKAGE}/pytorch/tensor/",)
+SOURCE_FILES = (
+    f"{PACKAGE}/pytorch/float8_tensor.py",
+    f"{PACKAGE}/pytorch/quantized_tensor.py",
+)
+# Methods that set up an instance: what they assign is what the class "assigns".
+CONSTRUCTOR_NAMES = ("__new__", "__init__", "_initialize_storage_fields")
+
+
+class ClassFacts(TypedDict):
+    """What one TE class is, as read from its source (the records' per-class JSON object)."""
+
+    module: str
+    name: str
+    bases: list[str]
+    assigns: list[str]
+    properties: list[str]
+    methods: list[str]
+
+
+# "module.Class" -> facts, for every class of one release's tensor modules.
+Classes = Mapping[str, ClassFacts]
+
+
+def is_source_file(name: str) -> bool:
+    """True for a file (``transformer_engine/...``, "/"-separated) whose classes are read."""
+    return name.endswith(".py") and (name.startswith(SOURCE_PREFIXES) or name in SOURCE_FILES)
+
+
+def module_name(path: str) -> str:
+    """``transformer_engine/pytorch/tensor/__init__.py`` -> ``transformer_engine.pytorch.tensor``."""
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def _resolve_relative(module: str, level: int, name: str | None, is_package: bool) -> str:
+    parts = module.split(".")
+    if not is_package:
+        parts = parts[:-1]
+    if level > 1:
+        parts = parts[: len(parts) - (level - 1)]
+    return ".".join(parts + ([name] if name else []))
+
+
+def _import_map(tree: ast.Module, module: str, is_package: bool) -> dict[str, str]:
+    """Local name -> dotted path, for the module-level imports of one file."""
+    names: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_relative(module, node.level, node.module, is_package) if node.level else (node.module or "")
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{base}.{alias.name}"
+    return names
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    if isinstance(node, ast.Subscript):  # Generic[T] and the like
+        return _dotted(node.value)
+    return None
+
+
+def _resolve_base(expr: ast.expr, imports: dict[str, str], module: str, local: set[str]) -> str:
+    dotted = _dotted(expr) or ast.unparse(expr)
+    head, _, rest = dotted.partition(".")
+    if head in local and not rest:
+        return f"{module}.{head}"
+    if head in imports:
+        return imports[head] + (f".{rest}" if rest else "")
+    return dotted
+
+
+def _instance_names(func: ast.FunctionDef) -> set[str]:
+    """Names that stand for the instance a constructor builds."""
+    args = func.args.posonlyargs + func.args.args
+    owners = {args[0].arg} if args and func.name != "__new__" else set()
+    if func.name in ("__new__", "_initialize_storage_fields"):
+        # __new__ builds ``instance = super().__new__(cls, ...)``; the storage initialiser of
+        # 2.14+ takes the instance as a parameter.
+        owners |= {a.arg for a in args if a.arg != "cls"}
+        for node in ast.walk(func):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                owners |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return owners
+
+
+def _assigned_attrs(func: ast.FunctionDef) -> set[str]:
+    """Attributes a constructor assigns on the instance it builds (``self.x = ...``)."""
+    owners = _instance_names(func)
+    found: set[str] = set()
+    for node in ast.walk(func):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in owners:
+                    found.add(sub.attr)
+    return found
+
+
+def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: set[str]) -> ClassFacts:
+    """The facts of one class definition of ``module``."""
+    assigns: set[str] = set()
+    properties: list[str] = []
+    methods: list[str] = []
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            decorators = {_dotted(d) or "" for d in node.decorator_list}
+            if "property" in decorators:
+                properties.append(node.name)
+            elif any(d.endswith((".setter", ".deleter")) for d in decorators):
+                continue
+            else:
+                methods.append(node.name)
+            if node.name in CONSTRUCTOR_NAMES and isinstance(node, ast.FunctionDef):
+                assigns |= _assigned_attrs(node)
+        elif isinstance(node, ast.Assign):
+            # ``_scale_inv = property(**_make_fp8_attr_property_funcs("scale_inv"))`` (1.x) and
+            # ``data = property(_get_data, _set_data)``
+            for target in node.targets:
+                if (
+                    isinstance(target, ast.Name)
+                    and isinstance(node.value, ast.Call)
+                    and (_dotted(node.value.func) == "property")
+                ):
+                    properties.append(target.id)
+    return {
+        "module": module,
+        "name": cls.name,
+        "bases": [_resolve_base(b, imports, module, local) for b in cls.bases],
+        "assigns": sorted(assigns),
+        "properties": sorted(set(properties)),
+        "methods": sorted(set(methods)),
+    }
+
+
+def file_classes(source: bytes | str, name: str) -> dict[str, ClassFacts]:
+    """``module.Class`` -> facts for every top-level class of one file (``name`` as in a wheel)."""
+    tree = ast.parse(source, filename=name)
+    module = module_name(name)
+    imports = _import_map(tree, module, name.endswith("__init__.py"))
+    local = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    return {
+        f"{module}.{node.name}": class_facts(node, imports, module, local)
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def extract_sources(files: Iterable[tuple[str, bytes | str]]) -> dict[str, ClassFacts]:
+    """Facts of every class in ``files`` ((name, source) pairs), sorted by ``module.Class``."""
+    classes: dict[str, ClassFacts] = {}
+    for name, source in sorted(files, key=lambda f: f[0]):
+        if is_source_file(name):
+            classes.update(file_classes(source, name))
+    return dict(sorted(classes.items()))
+
+
+# ---- the check: the table's rows against one release's facts ----
+
+
+def lineage(classes: Classes, path: str) -> list[str]:
+    """``path`` and every TE base class of it that the release defines, depth first."""
+    seen: list[str] = []
+    stack = [path]
+    while stack:
+        current = stack.pop()
+        if current in seen or current not in classes:
+            continue
+        seen.append(current)
+        stack.extend(reversed(classes[current]["bases"]))
+    return seen
+
+
+def assigned(classes: Classes, paths: Iterable[str]) -> tuple[set[str], set[str]]:
+    """(attributes assigned, properties defined) over the classes and their TE bases."""
+    assigns: set[str] = set()
+    props: set[str] = set()
+    for path in paths:
+        for cls in lineage(classes, path):
+            assigns |= set(classes[cls]["assigns"])
+            props |= set(classes[cls]["properties"])
+    return assigns, props
+
+
+def describe(path: str) -> str:
+    """``a.b.C`` -> "class C of module a.b": problems name both."""
+    module, _, name = path.rpartition(".")
+    return f"class {name} of module {module}"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Problems found, how many facts were checked, and the rows the check used."""
+
+    problems: tuple[str, ...] = ()
+    checked: int = 0
+    rows: tuple[StorageRow, ...] = ()
+
+    def __add__(self, other: CheckResult) -> CheckResult:
+        return CheckResult(self.problems + other.problems, self.checked + other.checked, self.rows + other.rows)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _first_assigner(classes: Classes, paths: Sequence[str], attr: str) -> str:
+    for path in paths:
+        for cls in lineage(classes, path):
+            if attr in classes[cls]["assigns"]:
+                return cls
+    return paths[-1]
+
+
+def check_row(release: Version, classes: Classes, row: StorageRow, kind_rows: Sequence[StorageRow]) -> CheckResult:
+    """``row`` against the release: its classes exist, its probes are assigned, nothing unknown."""
+    kind, problems = row.kind, []
+    for path in row.classes:
+        if path not in classes:
+            problems.append(
+                f"TE {release}: {kind} row {row.span} looks for class {path}, which this release does not define"
+            )
+    # A class of this kind that the release defines but the row does not name.
+    present = sorted({p for r in kind_rows for p in r.classes if p in classes})
+    for path in present:
+        if path not in row.classes:
+            problems.append(f"TE {release}: defines {path} ({kind}), which {kind} row {row.span} does not name")
+    found = [p for p in row.classes if p in classes]
+    assigns, props = assigned(classes, found)
+    for logical, attr in row.storage.items():
+        if attr not in assigns and attr not in props:
+            problems.append(
+                f"TE {release}: {kind} row {row.span} probes {logical!r} as attribute {attr!r}, but "
+                f"{describe(row.classes[-1])} (and its TE bases) never assigns it"
+            )
+    for attr in sorted(assigns - set(row.storage.values()) - row.known):
+        problems.append(
+            f"TE {release}: {describe(_first_assigner(classes, found, attr))} assigns {attr!r}, unknown to "
+            f"the {kind} row {row.span} (a new storage attribute, or a rename?)"
+        )
+    checked = len(row.classes) + len(present) + len(row.storage) + len(assigns)
+    return CheckResult(tuple(problems), checked, (row,))
+
+
+def check_kind(release: Version, classes: Classes, kind: TensorKind, rows: Sequence[StorageRow]) -> CheckResult:
+    """The one row of ``kind`` covering ``release`` against its facts (or: no row, no class)."""
+    kind_rows = [r for r in rows if r.kind is kind]
+    if not kind_rows:
+        return CheckResult()
+    covering = [r for r in kind_rows if r.covers(release)]
+    if not covering:
+        known_paths = {p for r in kind_rows for p in r.classes}
+        present = sorted(p for p in known_paths if p in classes)
+        if not present:
+            return CheckResult(checked=len(known_paths))
+        line = f"TE {release}: defines {', '.join(present)} ({kind}) but no {kind} row of the table covers {release}"
+        return CheckResult((line,), len(known_paths))
+    result = CheckResult()
+    if len(covering) > 1:
+        spans = ", ".join(r.span for r in covering)
+        line = f"TE {release}: {len(covering)} {kind} rows cover it ({spans}); expected exactly one"
+        result = CheckResult((line,))
+    return result + check_row(release, classes, covering[0], kind_rows)
+
+
+def check_bases(release: Version, classes: Classes) -> CheckResult:
+    """Every quantized base class the table knows for ``release`` exists."""
+    problems, checked = [], 0
+    for path, since, until in table.QUANTIZED_BASES:
+        if table.in_range(release, since, until):
+            checked += 1
+            if path not in classes:
+                problems.append(f"TE {release}: quantized base class {path} ({since}..{until}) missing")
+    return CheckResult(tuple(problems), checked)
+
+
+def check_classes(release: Version, classes: Classes, rows: Sequence[StorageRow] = table.ROWS) -> CheckResult:
+    """Every disagreement between ``rows`` and one release's class facts (matrix/check.py's check)."""
+    result = CheckResult()
+    for kind in TensorKind:
+        result += check_kind(release, classes, kind, rows)
+    return result + check_bases(release, classes)
+
+
+def uncovered_quantized(classes: Classes) -> list[str]:
+    """Quantized tensor classes of a release that no row covers (informational)."""
+    bases = {p for p, _, _ in table.QUANTIZED_BASES}
+    covered = set(table.class_index())
+    out = []
+    for path in classes:
+        chain = lineage(classes, path)
+        if path not in covered and path not in bases and any(b in bases for b in chain[1:]):
+            if not any(c in covered for c in chain):
+                out.append(path)
+    return out
