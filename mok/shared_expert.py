@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 import warnings
 from typing import Any, TypeVar, cast
 
+from mok.checks import check_bool
+
 T = TypeVar("T")
-_warned = False
+_warned = False  # the BF16 warning was emitted in this process (see bf16_warning_emitted)
+
+
+def bf16_warning_emitted() -> bool:
+    """Whether :func:`prepare_shared_expert_config` has warned in this process (it warns once)."""
+    return _warned
 
 
 def _is_rank_zero() -> bool:
@@ -18,13 +26,45 @@ def _is_rank_zero() -> bool:
     return int(dist.get_rank()) == 0
 
 
+def _with_bf16(config: Any) -> Any:
+    """A copy of ``config`` with ``fp8 = None`` and ``fp8_param = False``; ``config`` is untouched.
+
+    Frozen dataclasses go through ``dataclasses.replace`` and namedtuples through ``_replace``
+    (neither can be assigned to); anything else is shallow-copied and assigned, so a mutable
+    dataclass such as Megatron's TransformerConfig does not rerun its ``__post_init__``.
+    """
+    changes: dict[str, Any] = {"fp8": None, "fp8_param": False}
+    params = getattr(type(config), "__dataclass_params__", None)
+    if params is not None and params.frozen:
+        return dataclasses.replace(config, **changes)
+    if isinstance(config, tuple) and hasattr(config, "_replace"):
+        return config._replace(**changes)
+    shared = copy.copy(config)
+    if shared is config:
+        raise TypeError(
+            f"prepare_shared_expert_config: copy.copy of a {type(config).__name__} returned the same object; "
+            f"expected a copy that can be changed without changing the caller's config"
+        )
+    try:
+        for name, value in changes.items():
+            setattr(shared, name, value)
+    except (AttributeError, TypeError) as exc:
+        raise TypeError(
+            f"prepare_shared_expert_config: cannot set fp8 and fp8_param on a copy of {type(config).__name__} "
+            f"({exc}); expected a mutable object, a frozen dataclass or a namedtuple"
+        ) from exc
+    return shared
+
+
 def prepare_shared_expert_config(config: T) -> T:
-    """For a config with FP8 parameters, a shallow copy with FP8 execution and FP8 parameters
-    off (``fp8 = None``, ``fp8_param = False``), so shared experts run in BF16.
+    """For a config with FP8 parameters, a copy with FP8 execution and FP8 parameters off
+    (``fp8 = None``, ``fp8_param = False``), so shared experts run in BF16.
 
     Any object with ``fp8`` and ``fp8_param`` attributes works (Megatron's TransformerConfig, a
-    dataclass, a namespace). A config without FP8 parameters is returned as it is. Warns once per
-    process, and only on rank 0 when torch.distributed is initialised.
+    dataclass, frozen or not, a namedtuple, a namespace); ``fp8_param`` must be a real bool (the
+    string "False" is truthy). ``config`` is never changed. A config without FP8 parameters is
+    returned as it is. Warns once per process, and only on rank 0 when torch.distributed is
+    initialised.
     """
     global _warned
     missing = [name for name in ("fp8", "fp8_param") if not hasattr(config, name)]
@@ -34,11 +74,9 @@ def prepare_shared_expert_config(config: T) -> T:
             f"{type(config).__name__} lacks {', '.join(missing)}"
         )
     source: Any = config  # any object with the two attributes
-    if not source.fp8_param:
+    if not check_bool(f"{type(config).__name__}.fp8_param", source.fp8_param):
         return config
-    shared: Any = copy.copy(config)
-    shared.fp8 = None
-    shared.fp8_param = False
+    shared = _with_bf16(config)
     if not _warned and _is_rank_zero():
         _warned = True
         warnings.warn(
