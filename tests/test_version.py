@@ -133,3 +133,63 @@ def test_te_whose_import_raises_is_present_but_unusable(tmp_path: Path) -> None:
     present, usable, version, reason = json.loads(out)
     assert present is True and usable is False and version == "2.20.2"
     assert "OSError: libcudart.so.13" in reason
+
+
+# Installed release, asked minimum, answer. As strings "2.9.0" >= "2.14" and "2.10.0" < "2.9";
+# the answers below are what the release numbers say.
+MIN_VERSION_CASES = [
+    ("2.9.0", "2.14", False),
+    ("2.14.0", "2.9", True),
+    ("2.14.1", "2.9.0", True),
+    ("2.10.0", "2.9", True),
+    ("2.9.0", "2.10", False),
+    ("1.13.0", "1.9", True),
+    ("1.9.0", "1.13", False),
+    ("2.20.2", "2.20.10", False),
+    ("2.20.10", "2.20.2", True),
+    ("2.14.0", "2.14", True),
+    ("2.14", "2.14.0", True),  # releases of different lengths: 2.14 is 2.14.0
+    ("2.13.99", "2.14", False),
+    # dev, pre, post and local builds count as their release
+    ("2.9.0.dev0+5fdd7bb", "2.14", False),
+    ("2.14.0.dev0+5fdd7bb", "2.9", True),
+    ("2.10.0rc1", "2.9", True),
+    ("2.9.0.post1", "2.10", False),
+    ("0.1.0+te2.10.0", "2.9", True),  # a fork naming its TE release in the local part
+    ("0.1.0+te2.9.0", "2.10", False),
+    ("0.1.0+te2.14", "2.14.0", True),
+]
+
+
+@pytest.mark.parametrize(("installed", "asked", "expected"), MIN_VERSION_CASES)
+def test_min_version_compares_releases_not_strings(installed: str, asked: str, expected: bool, installed_te) -> None:  # type: ignore[no-untyped-def]
+    installed_te(installed)
+    assert te_min_version(asked) is expected
+
+
+# The newest release matrix/ checked the table against, when these literals were written.
+LAST_CHECKED = "2.20.2"
+
+
+@pytest.mark.parametrize(
+    ("installed", "in_table"),
+    [
+        ("2.20.2", True),  # exactly the last checked release
+        ("2.20.2.dev0+abc123", True),  # a dev build of it counts as it
+        ("2.20.2.post1", True),
+        ("2.19.0", True),
+        ("1.9.0", True),
+        ("2.20.3", False),
+        ("2.21.0.dev0", False),
+        ("2.21.0", False),
+        ("3.0.0", False),
+    ],
+)
+def test_te_in_table_up_to_the_last_checked_release(installed: str, in_table: bool, installed_te) -> None:  # type: ignore[no-untyped-def]
+    from matrix.releases import release_versions
+
+    assert release_versions()[-1] == LAST_CHECKED, "the matrix moved on: update LAST_CHECKED and these cases"
+    installed_te(installed)
+    caps = te_compat.capabilities(import_te=False)
+    assert caps.te_in_table is in_table
+    assert caps.table_checked_through == LAST_CHECKED
