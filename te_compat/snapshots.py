@@ -278,3 +278,125 @@ def nvfp4_storage(param: object) -> NVFP4Storage:
         nvfp4_e4m3_max=_optional_flag(param, "nvfp4_e4m3_max", int),
         nvfp4_use_4over6=_optional_flag(param, "nvfp4_use_4over6", bool),
     )
+
+
+# --- Float8 blockwise --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockwiseStorage:
+    """The buffers of one Float8 blockwise tensor (TE 2.3+), as Float8BlockQuantizer shapes them
+    (pytorch/tensor/float8_blockwise_tensor.py: get_scale_shape, get_columnwise_shape,
+    make_empty / inner_tensor_specs; checked 2.3.0-2.20.2). Blocks are 128 long; with
+    ``M = prod(shape[:-1])``, ``K = shape[-1]``, ``c(x) = ceil(x/128)``, ``r4`` = round up to 4:
+
+    - payloads uint8 (FP8): rowwise ``shape``; columnwise TRANSPOSED ``[K, *shape[:-1]]``;
+    - scales fp32: 2-D (128x128) rowwise ``[c(M), r4(c(K))]``, columnwise ``[c(K), r4(c(M))]``;
+      1-D (1x128) rowwise ``[c(K), r4(M)]`` (already transposed for GEMM), columnwise
+      ``[c(M), r4(K)]``.
+    - TE 2.5-2.11 only: ``data_format`` ``"GEMM_READY"`` (as above) or ``"COMPACT"`` (the
+      quantizer's all_gather_usage): with 1-D scaling, COMPACT keeps columnwise data
+      untransposed ``shape`` and scales unpadded (rowwise ``[M, c(K)]``, columnwise ``[c(M), K]``).
+      ``columnwise_transposed`` says which; ``data_format`` is None outside 2.5-2.11.
+    """
+
+    owner: object
+    shape: tuple[int, ...]
+    rowwise_data: torch.Tensor | None
+    rowwise_scale_inv: torch.Tensor | None
+    columnwise_data: torch.Tensor | None
+    columnwise_scale_inv: torch.Tensor | None
+    is_2d_scaled: bool  # 128x128 blocks (True) or 1x128 (False)
+    data_format: str | None  # TE 2.5-2.11: "GEMM_READY" or "COMPACT"
+    columnwise_transposed: bool  # columnwise data is [K, M] (False only for 2.5-2.11 COMPACT 1-D)
+
+    def need(self, name: str) -> Any:
+        """The named buffer, or an error naming the attribute, class and TE release."""
+        return _need(self.owner, getattr(self, name), name)
+
+
+def _format_name(value: Any) -> str | None:
+    """A tex.Float8BlockScaleTensorFormat (a pybind11 enum) as its member name."""
+    if value is None:
+        return None
+    name = getattr(value, "name", None)
+    return str(name) if name is not None else str(value).rsplit(".", 1)[-1]
+
+
+def _blockwise_shape(
+    obj: object, row: torch.Tensor | None, col: torch.Tensor | None, transposed: bool
+) -> tuple[int, ...]:
+    shape = _tensor_shape(obj)
+    if shape is not None:
+        return shape
+    if row is not None:
+        return tuple(int(d) for d in row.shape)
+    if col is not None:
+        dims = tuple(int(d) for d in col.shape)
+        return (*dims[1:], dims[0]) if transposed else dims
+    raise StorageNotFoundError(f"{_class_path(type(obj))}: no shape and no data to take it from")
+
+
+def blockwise_storage(param: object) -> BlockwiseStorage:
+    """Snapshot of a Float8 blockwise tensor, Parameter, ``.data`` or storage (TE 2.3+)."""
+    _expect_kind(param, (TensorKind.FLOAT8_BLOCKWISE,), "blockwise_storage")
+    row = storage_attr(param, "rowwise_data")
+    col = storage_attr(param, "columnwise_data")
+    if row is None and col is None:
+        _need(param, None, "rowwise_data")
+    is_2d = bool(_need(param, storage_field(param, "is_2d_scaled"), "is_2d_scaled"))
+    data_format = _format_name(storage_field(param, "data_format"))
+    transposed = not (data_format == "COMPACT" and not is_2d)
+    return BlockwiseStorage(
+        owner=param,
+        shape=_blockwise_shape(param, row, col, transposed),
+        rowwise_data=row,
+        rowwise_scale_inv=storage_attr(param, "rowwise_scale_inv"),
+        columnwise_data=col,
+        columnwise_scale_inv=storage_attr(param, "columnwise_scale_inv"),
+        is_2d_scaled=is_2d,
+        data_format=data_format,
+        columnwise_transposed=transposed,
+    )
+
+
+# --- Hybrid (TE 2.19+) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HybridStorage:
+    """The two sub-storages of a HybridQuantizedTensor (TE 2.19+, experimental; PR 2817).
+
+    pytorch/tensor/hybrid_tensor.py: HybridQuantizer pins its rowwise sub-quantizer to rowwise
+    usage only and its columnwise one to columnwise only, so ``rowwise`` holds only rowwise
+    buffers and ``columnwise`` only columnwise ones; either may be None (that direction not
+    needed) and they may be of different kinds (MXFP8, NVFP4, blockwise, Float8, IDENTITY for
+    high-precision data, or a custom recipe's). Read each with the snapshot of its kind
+    (``mxfp8_storage``, ``nvfp4_storage``, ...).
+    """
+
+    owner: object
+    rowwise: object | None
+    columnwise: object | None
+    rowwise_kind: TensorKind | None
+    columnwise_kind: TensorKind | None
+
+    def need(self, name: str) -> Any:
+        """The named sub-storage, or an error naming the attribute, class and TE release."""
+        return _need(self.owner, getattr(self, name), f"{name}_storage")
+
+
+def hybrid_storage(param: object) -> HybridStorage:
+    """Snapshot of a HybridQuantizedTensor, Parameter, ``.data`` or storage (TE 2.19+)."""
+    _expect_kind(param, (TensorKind.HYBRID,), "hybrid_storage")
+    row = storage_field(param, "rowwise_storage")
+    col = storage_field(param, "columnwise_storage")
+    if row is None and col is None:
+        _need(param, None, "rowwise_storage")
+    return HybridStorage(
+        owner=param,
+        rowwise=row,
+        columnwise=col,
+        rowwise_kind=tensor_kind(row) if row is not None else None,
+        columnwise_kind=tensor_kind(col) if col is not None else None,
+    )

@@ -7,6 +7,7 @@ echoed. Which classes exist, where, and what they assign comes from matrix/recor
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import Any
 
@@ -38,6 +39,36 @@ NVFP4_BLOCK = 16  # constants.NVFP4_BLOCK_SCALING_SIZE
 NVFP4_ROW_SCALED_SINCE = Version("2.16")
 NVFP4_4OVER6_SINCE = Version("2.17")
 NVFP4_E4M3_MAX_DEFAULT = 448
+
+
+# Float8 blockwise, read off TE's source (transformer_engine/pytorch/tensor/float8_blockwise_tensor.py,
+# Float8BlockQuantizer: block_len = 128; get_scale_shape, get_columnwise_shape, make_empty (2.3-2.15)
+# and inner_tensor_specs (2.19+)). With M = prod(shape[:-1]), K = shape[-1], c(x) = ceil(x/128):
+# _rowwise_data uint8 shape; _columnwise_data uint8 [K, M] (transposed); scales fp32, 2-D (128x128):
+# rowwise [c(M), roundup(c(K),4)], columnwise [c(K), roundup(c(M),4)]; 1-D (1x128): rowwise
+# [c(K), roundup(M,4)], columnwise [c(M), roundup(K,4)]. 2.5-2.11 add _data_format
+# (tex.Float8BlockScaleTensorFormat): COMPACT when the quantizer's all_gather_usage, and then,
+# for 1-D scaling only, columnwise data is not transposed ([M, K]) and the scales are unpadded:
+# rowwise [M, c(K)], columnwise [c(M), K]. _is_2D_scaled is block_scaling_dim == 2.
+BLOCKWISE_BLOCK = 128
+BLOCKWISE_FORMAT_SINCE, BLOCKWISE_FORMAT_UNTIL = Version("2.5"), Version("2.12")
+
+
+class Float8BlockScaleTensorFormat(enum.Enum):
+    """Stands for tex.Float8BlockScaleTensorFormat (a pybind11 enum in TE's C++ extension)."""
+
+    GEMM_READY = 0
+    COMPACT = 1
+
+
+# Hybrid (2.19+), read off pytorch/tensor/hybrid_tensor.py and storage/hybrid_tensor_storage.py:
+# HybridQuantizedTensorStorage.__new__ assigns _rowwise_storage, _columnwise_storage, _quantizer
+# (and _dtype); HybridQuantizer pins its rowwise sub-quantizer to rowwise usage only and its
+# columnwise one to columnwise only, so each sub-storage holds one direction's buffers. The
+# sub-storages are what sub_quantizer.quantize() returns: a tensor class or, for an internal
+# quantizer, a storage class. IdentityTensorStorage (storage/identity_tensor_storage.py) holds
+# the high-precision tensor in _hp_data.
+HYBRID_SINCE = Version("2.19")
 
 
 def rel(v: str) -> Version:
@@ -274,4 +305,160 @@ def nvfp4_tensor(
     if storage:
         return make_standin(release, storage_class_path(release, "NVFP4Tensor"), attrs)
     t = make_standin(release, class_path(release, "NVFP4Tensor"), attrs, shape=(m, k), device=device)
+    return torch.nn.Parameter(t, requires_grad=False) if param else t
+
+
+def _padded_f32(rows: int, cols: int, pad_rows: int, pad_cols: int, g: torch.Generator) -> torch.Tensor:
+    """An fp32 scale buffer: random logical values, 0xFF bytes (NaN) in TE's uninitialised padding."""
+    buf = torch.full((pad_rows, pad_cols * 4), 0xFF, dtype=torch.uint8).view(torch.float32)
+    buf[:rows, :cols] = torch.rand(rows, cols, generator=g) + 0.5
+    return buf
+
+
+def blockwise_buffers(
+    m: int,
+    k: int,
+    g: torch.Generator,
+    *,
+    two_d: bool = True,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    compact: bool = False,
+) -> dict[str, Any]:
+    """Float8 blockwise buffers of a logical [m, k] tensor, shaped as TE's source shapes them."""
+
+    def c(x: int) -> int:
+        return math.ceil(x / BLOCKWISE_BLOCK)
+
+    flat = compact and not two_d  # COMPACT changes nothing for 2-D scaling
+    out: dict[str, Any] = {}
+    if rowwise:
+        out["_rowwise_data"] = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+        if two_d:
+            out["_rowwise_scale_inv"] = _padded_f32(c(m), c(k), c(m), roundup(c(k), 4), g)
+        elif flat:
+            out["_rowwise_scale_inv"] = _padded_f32(m, c(k), m, c(k), g)
+        else:
+            out["_rowwise_scale_inv"] = _padded_f32(c(k), m, c(k), roundup(m, 4), g)
+    if columnwise:
+        shape = (m, k) if flat else (k, m)
+        out["_columnwise_data"] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+        if two_d:
+            out["_columnwise_scale_inv"] = _padded_f32(c(k), c(m), c(k), roundup(c(m), 4), g)
+        elif flat:
+            out["_columnwise_scale_inv"] = _padded_f32(c(m), k, c(m), k, g)
+        else:
+            out["_columnwise_scale_inv"] = _padded_f32(c(m), k, c(m), roundup(k, 4), g)
+    return out
+
+
+def blockwise_tensor(
+    release: str,
+    m: int,
+    k: int,
+    *,
+    seed: int = 0,
+    two_d: bool = True,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    compact: bool = False,
+    param: bool = False,
+    storage: bool = False,
+    device: str = "cpu",
+    **extra: Any,
+) -> Any:
+    """One Float8 blockwise weight of logical shape [m, k] (TE 2.3+); ``compact`` is the 2.5-2.11
+    COMPACT data format; ``storage`` gives the storage-only class."""
+    v = rel(release)
+    has_format = BLOCKWISE_FORMAT_SINCE <= v < BLOCKWISE_FORMAT_UNTIL
+    if compact and not has_format:
+        raise ValueError(f"TE {release} has no COMPACT blockwise format (2.5-2.11)")
+    g = torch.Generator().manual_seed(seed)
+    attrs = _to(
+        blockwise_buffers(m, k, g, two_d=two_d, rowwise=rowwise, columnwise=columnwise, compact=compact), device
+    )
+    attrs["_is_2D_scaled"] = two_d
+    if has_format:
+        fmt = Float8BlockScaleTensorFormat.COMPACT if compact else Float8BlockScaleTensorFormat.GEMM_READY
+        attrs["_data_format"] = fmt
+    attrs.update(extra)
+    if storage:
+        return make_standin(release, storage_class_path(release, "Float8BlockwiseQTensor"), attrs)
+    t = make_standin(release, class_path(release, "Float8BlockwiseQTensor"), attrs, shape=(m, k), device=device)
+    return torch.nn.Parameter(t, requires_grad=False) if param else t
+
+
+def _mxfp8_one_direction(release: str, m: int, k: int, *, rowwise: bool, seed: int, storage: bool) -> Any:
+    g = torch.Generator().manual_seed(seed)
+    if rowwise:
+        attrs = mxfp8_buffers(m, k, g, columnwise=False)
+    else:
+        attrs = {
+            "_columnwise_data": torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g),
+            "_columnwise_scale_inv": garbage_padded(m // 32, k, roundup(m // 32, 4), roundup(k, 128), g),
+        }
+    attrs["_with_gemm_swizzled_scales"] = False
+    if storage:
+        return make_standin(release, storage_class_path(release, "MXFP8Tensor"), attrs)
+    return make_standin(release, class_path(release, "MXFP8Tensor"), attrs, shape=(m, k))
+
+
+def _identity(release: str, m: int, k: int, *, seed: int, storage: bool) -> Any:
+    g = torch.Generator().manual_seed(seed)
+    attrs = {"_hp_data": torch.randn(m, k, generator=g).to(torch.bfloat16), "_dtype": torch.bfloat16}
+    if storage:
+        return make_standin(release, storage_class_path(release, "IdentityTensor"), attrs)
+    return make_standin(release, class_path(release, "IdentityTensor"), attrs, shape=(m, k))
+
+
+HYBRID_FORMATS = ("mxfp8", "nvfp4", "blockwise", "identity")
+
+
+def hybrid_direction(
+    release: str, fmt: str, m: int, k: int, *, rowwise: bool, seed: int = 0, storage: bool = True
+) -> Any:
+    """One sub-storage of a hybrid: ``fmt`` pinned to one direction, as HybridQuantizer pins it."""
+    if fmt == "mxfp8":
+        return _mxfp8_one_direction(release, m, k, rowwise=rowwise, seed=seed, storage=storage)
+    if fmt == "nvfp4":
+        return nvfp4_tensor(release, m, k, seed=seed, rowwise=rowwise, columnwise=not rowwise, storage=storage)
+    if fmt == "blockwise":
+        return blockwise_tensor(release, m, k, seed=seed, rowwise=rowwise, columnwise=not rowwise, storage=storage)
+    if fmt == "identity":
+        return _identity(release, m, k, seed=seed, storage=storage)
+    raise ValueError(f"hybrid direction format must be one of {HYBRID_FORMATS}; got {fmt!r}")
+
+
+def hybrid_tensor(
+    release: str,
+    m: int,
+    k: int,
+    *,
+    rowwise: str | None = "mxfp8",
+    columnwise: str | None = "nvfp4",
+    seed: int = 0,
+    sub_storage: bool = True,
+    param: bool = False,
+    storage: bool = False,
+) -> Any:
+    """A HybridQuantizedTensor (TE 2.19+) of logical shape [m, k]: ``rowwise`` and ``columnwise``
+    name each direction's format (None: that direction absent). ``sub_storage`` makes the
+    sub-storages storage-only objects (an internal sub-quantizer) rather than tensors."""
+    if rel(release) < HYBRID_SINCE:
+        raise ValueError(f"TE {release} has no HybridQuantizedTensor (2.19+)")
+    attrs: dict[str, Any] = {
+        "_rowwise_storage": (
+            hybrid_direction(release, rowwise, m, k, rowwise=True, seed=seed, storage=sub_storage) if rowwise else None
+        ),
+        "_columnwise_storage": (
+            hybrid_direction(release, columnwise, m, k, rowwise=False, seed=seed + 1, storage=sub_storage)
+            if columnwise
+            else None
+        ),
+        "_quantizer": object(),  # stands for the HybridQuantizer copy TE keeps
+        "_dtype": torch.bfloat16,
+    }
+    if storage:
+        return make_standin(release, storage_class_path(release, "HybridQuantizedTensor"), attrs)
+    t = make_standin(release, class_path(release, "HybridQuantizedTensor"), attrs, shape=(m, k))
     return torch.nn.Parameter(t, requires_grad=False) if param else t

@@ -8,6 +8,9 @@ import pytest
 import torch
 
 import te_compat
+from matrix.check import lineage
+from matrix.extract import load_record
+from matrix.releases import matrix_release
 from te_compat import StorageNotFoundError, UnsupportedTensorError
 from tests import te_objects as T
 
@@ -33,6 +36,41 @@ def test_mxfp8_swizzled_flag_2_12(installed_te: Installer) -> None:
 def test_flag_does_not_exist_before_2_12() -> None:
     with pytest.raises(AttributeError, match="never assigns"):
         T.mxfp8_tensor("2.11.0", 128, 128, _with_gemm_swizzled_scales=True)
+
+
+SWIZZLE_ATTR = "_with_gemm_swizzled_scales"
+FLAG_CASES = [("MXFP8Tensor", v) for v in T.releases_with("MXFP8Tensor")] + [
+    ("NVFP4Tensor", v) for v in T.releases_with("NVFP4Tensor")
+]
+
+
+def _record_has_flag(release: str, name: str) -> bool:
+    """Whether the release's class (with its TE bases) assigns the flag, per its record alone."""
+    classes = load_record(matrix_release(release).source_from)["classes"]
+    return any(SWIZZLE_ATTR in classes[c]["assigns"] for c in lineage(classes, T.class_path(release, name)))
+
+
+def _snapshot(name: str, release: str, swizzled: bool) -> tuple[object, Callable[[object], object]]:
+    if name == "MXFP8Tensor":
+        extra = {SWIZZLE_ATTR: swizzled} if swizzled else {}
+        return T.mxfp8_tensor(release, 128, 128, param=True, **extra), te_compat.mxfp8_storage
+    return T.nvfp4_tensor(release, 128, 128, param=True, swizzled=swizzled), te_compat.snapshots.nvfp4_storage
+
+
+@pytest.mark.parametrize(("name", "release"), FLAG_CASES, ids=[f"{n}-{v}" for n, v in FLAG_CASES])
+def test_swizzled_flag_follows_the_record(name: str, release: str, installed_te: Installer) -> None:
+    installed_te(release)
+    if _record_has_flag(release, name):
+        for value in (True, False):
+            p, snapshot = _snapshot(name, release, value)
+            assert snapshot(p).scales_swizzled is value  # type: ignore[attr-defined]
+            assert snapshot(p.data).scales_swizzled is value  # type: ignore[attr-defined]
+        return
+    # The release has no such flag: te_compat must answer False without reading one, even when
+    # a stray attribute of that name sits on the object.
+    p, snapshot = _snapshot(name, release, False)
+    p.__dict__[SWIZZLE_ATTR] = True
+    assert snapshot(p).scales_swizzled is False  # type: ignore[attr-defined]
 
 
 def test_mxfp8_rowwise_only(installed_te: Installer) -> None:
