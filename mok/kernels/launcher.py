@@ -26,71 +26,171 @@ KERNEL_NAME = "mxfp8_swizzle_jobs"
 THREADS = 128
 TILES_PER_UNIT = 16  # 64 scale columns per unit: fastest of the H200 sweep (benchmarks/results)
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" overrides the two above (benchmarks, tests)
+VARIANT_ENV = "MOK_KERNEL_VARIANT"  # "default" or "bulk" (see VARIANTS)
+VARIANTS = ("default", "bulk")  # bulk: Hopper bulk copies, persistent blocks (sm_90+; else default)
+BULK_MIN_ARCH = (9, 0)
+STAGE_BYTES = 32768  # bulk: one shared stage (two per block); a rowwise slab of up to 255 bytes a row
+BULK_BLOCKS = 3  # bulk: blocks per SM that the kernel's register bound is compiled for
 COPY_CHUNK = 16384
 MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
 FLAG_INDIRECT = 1 << 16  # src/dst of the job are device arrays of per-expert addresses
+STAGE_NONE, STAGE_SLAB, STAGE_ROWSEG, STAGE_COLSEG = 0, 1, 2, 3  # bulk: how a job's units are staged
+COL_PITCH = 144  # bulk: shared bytes per staged column (mxfp8_swizzle.cu)
 MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
 _TABLE_CACHE_SIZE = 256
 
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What one compiled kernel is: variant, block size, and (default variant) unit width."""
+
+    variant: str = "default"
+    tiles_per_unit: int = 16
+    threads: int = 128
+
+    @property
+    def bulk(self) -> bool:
+        return self.variant == "bulk"
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory per block."""
+        return 2 * STAGE_BYTES if self.bulk else 0
+
+    def macros(self) -> list[tuple[str, str]]:
+        found = [("TILES_PER_UNIT", str(self.tiles_per_unit)), ("THREADS", str(self.threads))]
+        if self.bulk:
+            found += [("MOK_BULK", "1"), ("STAGE_BYTES", str(STAGE_BYTES)), ("BULK_BLOCKS", str(BULK_BLOCKS))]
+        return found
+
+
+def make_config(
+    variant: str = "default", tiles_per_unit: int | None = None, threads: int | None = None
+) -> KernelConfig:
+    """A checked :class:`KernelConfig`; None picks the variant's default."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown kernel variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+    if variant == "bulk":
+        threads = threads or 256
+        if threads % 32 or not 64 <= threads <= 1024:
+            raise ValueError(f"unsupported bulk kernel block size: threads={threads} (a multiple of 32, 64-1024)")
+        return KernelConfig("bulk", threads // 8, threads)  # tiles: the pre-sm_90 fallback's unit
+    tiles, threads = tiles_per_unit or 16, threads or 128
+    if (128 * tiles // 4) % (threads * 4) or threads % 32:
+        raise ValueError(f"unsupported kernel shape: tiles_per_unit={tiles}, threads={threads}")
+    return KernelConfig("default", tiles, threads)
+
+
+def _initial_config() -> KernelConfig:
+    tiles = threads = None
+    if os.environ.get(SHAPE_ENV):
+        tiles, threads = (int(v) for v in os.environ[SHAPE_ENV].split(","))
+    return make_config(os.environ.get(VARIANT_ENV) or "default", tiles, threads)
+
+
 _lock = threading.Lock()
-_kernels: dict[int, tuple[Any, int]] = {}
-_tables: OrderedDict[tuple[int, tuple[tuple[int, ...], ...]], tuple[torch.Tensor, int, int]] = OrderedDict()
+_config = _initial_config()
+TILES_PER_UNIT, THREADS = _config.tiles_per_unit, _config.threads
+_kernels: dict[tuple[int, KernelConfig], tuple[Any, int, KernelConfig]] = {}
+_tables: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, int, int]] = OrderedDict()
 _streams: dict[int, Any] = {}
-
-
-if os.environ.get(SHAPE_ENV):
-    TILES_PER_UNIT, THREADS = (int(v) for v in os.environ[SHAPE_ENV].split(","))
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch have it
 
 
 def kernel_source() -> str:
     return resources.files("mok.kernels").joinpath("mxfp8_swizzle.cu").read_text()
 
 
-def configure(*, tiles_per_unit: int = 16, threads: int = 128) -> None:
-    """Choose the unit width (4-column tiles) and block size; recompiles at the next launch.
-
-    The defaults are the fastest of benchmarks/bench_swizzle.py --sweep on an H200."""
-    global TILES_PER_UNIT, THREADS
-    if (128 * tiles_per_unit // 4) % (threads * 4) or threads % 32:
-        raise ValueError(f"unsupported kernel shape: tiles_per_unit={tiles_per_unit}, threads={threads}")
+def configure(*, tiles_per_unit: int | None = None, threads: int | None = None, variant: str | None = None) -> None:
+    """Choose the kernel variant (``"default"`` or ``"bulk"``), block size and (default variant)
+    unit width for launches prepared from now on; None picks the defaults (the fastest of
+    benchmarks/bench_swizzle.py on an H200). Prepared launches keep the kernel they were built
+    with. Each configuration compiles once per device."""
+    global _config, TILES_PER_UNIT, THREADS
+    config = make_config(variant or "default", tiles_per_unit, threads)
     with _lock:
-        TILES_PER_UNIT, THREADS = tiles_per_unit, threads
-        _kernels.clear()
-        _tables.clear()
+        _config = config
+        TILES_PER_UNIT, THREADS = config.tiles_per_unit, config.threads
 
 
-def compile_kernel(arch: str) -> Any:
+def current_config() -> KernelConfig:
+    return _config
+
+
+def compile_kernel(arch: str, config: KernelConfig | None = None) -> Any:
     """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; returns cuda.core ObjectCode.
 
     Needs no GPU: CI uses this to check the source through the same path users take.
     """
     from cuda.core import Program, ProgramOptions
 
-    options = ProgramOptions(
-        std="c++17",
-        arch=arch,
-        name="mok_mxfp8_swizzle",
-        define_macro=[("TILES_PER_UNIT", str(TILES_PER_UNIT)), ("THREADS", str(THREADS))],
-    )
+    config = config or _config
+    options = ProgramOptions(std="c++17", arch=arch, name="mok_mxfp8_swizzle", define_macro=config.macros())
     return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
 
 
-def _kernel(device: torch.device) -> tuple[Any, int]:
-    """(compiled kernel, grid size) for ``device``; compiled once per device, thread-safe."""
+def _allow_shared(kernel: Any, nbytes: int, index: int) -> None:
+    """Let ``kernel`` use ``nbytes`` of dynamic shared memory (over 48 KB needs the opt-in)."""
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, driver.CUdevice(index))
+    else:
+        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise LayoutError(f"the bulk kernel needs {nbytes} bytes of shared memory per block; the driver said {err}")
+
+
+def _effective(config: KernelConfig, capability: tuple[int, int]) -> KernelConfig:
+    """The bulk variant needs sm_90; older devices run the default kernel."""
+    return config if not config.bulk or capability >= BULK_MIN_ARCH else make_config()
+
+
+def _kernel(device: torch.device) -> tuple[Any, int, KernelConfig]:
+    """(compiled kernel, grid limit, its config) for ``device`` under the current configuration;
+    compiled once per device and configuration, thread-safe."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    hit = _kernels.get(index)
+    key = (index, _config)
+    hit = _kernels.get(key)
     if hit is not None:
         return hit
     with _lock:
-        hit = _kernels.get(index)
+        hit = _kernels.get(key)
         if hit is None:
             from cuda.core import Device
 
-            major, minor = torch.cuda.get_device_capability(index)
+            capability = torch.cuda.get_device_capability(index)
+            config = _effective(key[1], capability)
             Device(index).set_current()
-            kernel = compile_kernel(f"sm_{major}{minor}").get_kernel(KERNEL_NAME)
-            hit = _kernels[index] = (kernel, MAX_GRID)
+            kernel = compile_kernel(f"sm_{capability[0]}{capability[1]}", config).get_kernel(KERNEL_NAME)
+            grid = MAX_GRID
+            if config.bulk:  # persistent: every block resident at once
+                _allow_shared(kernel, config.shared_bytes, index)
+                per_sm = kernel.occupancy.max_active_blocks_per_multiprocessor(config.threads, config.shared_bytes)
+                grid = max(1, per_sm) * torch.cuda.get_device_properties(index).multi_processor_count
+            hit = _kernels[key] = (kernel, grid, config)
     return hit
+
+
+def _bulk_plan(job: Job) -> tuple[int, int]:
+    """(staging kind, 4-column tiles per unit) of ``job`` under the bulk kernel (mxfp8_swizzle.cu)."""
+    tiles = -(-job.cols // 4)
+    if job.mode == MODE_ROWS and 127 * job.rs + job.cols + 15 <= STAGE_BYTES:
+        return STAGE_SLAB, tiles  # a whole 128-row slab is one contiguous range
+    if job.mode == MODE_ROWS and job.vec == 16:  # one copy per row; units of whole 16-byte words
+        most = ((STAGE_BYTES // 128 // 16 - 1) | 1) * 4  # an odd number of 16-byte words a row
+        return STAGE_ROWSEG, _balanced(tiles, most, 4)
+    if job.mode == MODE_COLS and job.vec == 16:
+        return STAGE_COLSEG, _balanced(tiles, STAGE_BYTES // (4 * COL_PITCH), 1)
+    return STAGE_NONE, min(tiles, 32)
+
+
+def _balanced(tiles: int, most: int, multiple: int) -> int:
+    """Tiles per unit: the fewest units of at most ``most`` tiles, evened out, in ``multiple``s."""
+    per_unit = -(-tiles // -(-tiles // most))
+    return min(most, -(-per_unit // multiple) * multiple)
 
 
 @dataclass(frozen=True)
@@ -110,14 +210,19 @@ class Job:
     mode: int
     vec: int
 
-    def units(self) -> int:
+    def units(self, config: KernelConfig | None = None) -> int:
         if self.mode == MODE_COPY:
             return -(-self.rows // COPY_CHUNK)
+        config = config or _config
+        unit = _bulk_plan(self)[1] if config.bulk else config.tiles_per_unit
         rp, cp = padded_shape(self.rows, self.cols)
-        return self.experts * (rp // 128) * (-(-(cp // 4) // TILES_PER_UNIT))
+        return self.experts * (rp // 128) * (-(-(cp // 4) // unit))
 
-    def row(self, unit_begin: int) -> tuple[int, ...]:
+    def row(self, unit_begin: int, config: KernelConfig | None = None) -> tuple[int, ...]:
         flags = self.mode | self.vec << 8
+        if (config or _config).bulk and self.mode != MODE_COPY:
+            kind, unit = _bulk_plan(self)
+            flags |= kind << 20 | unit << 24
         return (self.src, self.dst, self.rs, self.cs, self.es, self.rows, self.cols, self.experts, flags, unit_begin)
 
 
@@ -162,11 +267,14 @@ def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
     )
 
 
-def _merge(jobs: Sequence[Job]) -> tuple[list[tuple[int, ...]], list[list[int]], int]:
+def _merge(
+    jobs: Sequence[Job], config: KernelConfig | None = None
+) -> tuple[list[tuple[int, ...]], list[list[int]], int]:
     """Descriptor rows for ``jobs``, with single matrices of one shape and stride merged into one
     indirect job (its experts' addresses in pointer arrays), so a block of a per-expert launch
     finds its job without searching a long table. Returns (rows without addresses, pointer arrays
     as [srcs, dsts] per indirect row, total units)."""
+    config = config or _config
     groups: dict[tuple[int, ...], list[Job]] = {}
     order: list[tuple[int, ...] | Job] = []
     for job in jobs:
@@ -174,56 +282,37 @@ def _merge(jobs: Sequence[Job]) -> tuple[list[tuple[int, ...]], list[list[int]],
             order.append(job)
             continue
         key = (job.rows, job.cols, job.rs, job.cs, job.mode)
-        if key not in groups:
-            groups[key] = []
+        members = groups.get(key)
+        if members is None:
+            groups[key] = members = []
             order.append(key)
-        groups[key].append(job)
+        members.append(job)
     rows: list[tuple[int, ...]] = []
     arrays: list[list[int]] = []
     total = 0
     for item in order:
-        if isinstance(item, Job):
-            rows.append(item.row(total))
-            total += item.units()
-            continue
-        members = groups[item]
+        members = [item] if isinstance(item, Job) else groups[item]
         if len(members) == 1:
-            rows.append(members[0].row(total))
-            total += members[0].units()
+            rows.append(members[0].row(total, config))
+            total += members[0].units(config)
             continue
         first = members[0]
-        merged = Job(
-            -1, -1, first.rs, first.cs, 0, first.rows, first.cols, len(members), first.mode, min(m.vec for m in members)
-        )
-        row = list(merged.row(total))
-        row[8] |= FLAG_INDIRECT
-        rows.append(tuple(row))
+        vec = min(m.vec for m in members)
+        merged = Job(-1, -1, first.rs, first.cs, 0, first.rows, first.cols, len(members), first.mode, vec)
+        row = merged.row(total, config)
+        rows.append((*row[:8], row[8] | FLAG_INDIRECT, row[9]))
         arrays.append([m.src for m in members] + [m.dst for m in members])
-        total += merged.units()
+        total += merged.units(config)
     return rows, arrays, total
 
 
-def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int, int]:
-    """The device descriptor table of ``jobs`` (uploaded once, then reused): (table, rows, units)."""
-    key = (device.index or 0, tuple(job.row(0) for job in jobs))
-    with _lock:
-        hit = _tables.get(key)
-        if hit is not None:
-            _tables.move_to_end(key)
-            return hit
-    if torch.cuda.is_current_stream_capturing():
-        raise LayoutError(
-            "these scale buffers were never converted outside CUDA-graph capture: call once before "
-            "capturing (the first call uploads their descriptor table; later calls only launch)"
-        )
-    rows, arrays, total = _merge(jobs)
-    width = len(rows[0])
-    size = len(rows) * width + sum(len(a) for a in arrays)
-    table = torch.empty(size, dtype=torch.int64, device=device)
-    base, offset, k = table.data_ptr(), len(rows) * width, 0
+def _table_values(rows: list[tuple[int, ...]], arrays: list[list[int]], base: int) -> list[int]:
+    """The int64 words of a descriptor table at device address ``base``: the rows, then each
+    indirect row's address arrays (its src/dst fields point at them)."""
+    offset, k = len(rows) * len(rows[0]), 0
     values: list[int] = []
     for row in rows:
-        if row[8] & FLAG_INDIRECT:  # point src/dst at this row's two address arrays
+        if row[8] & FLAG_INDIRECT:
             n = row[7]
             row = (base + 8 * offset, base + 8 * (offset + n), *row[2:])
             offset += len(arrays[k])
@@ -231,7 +320,35 @@ def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int
         values.extend(row)
     for array in arrays:
         values.extend(array)
-    table.copy_(torch.tensor(values, dtype=torch.int64))
+    return values
+
+
+def _table_key(device_index: int, jobs: Sequence[Job], config: KernelConfig) -> tuple[Any, ...]:
+    """What a descriptor table depends on: the device, the kernel configuration and the jobs
+    (dataclass fields compared as tuples; hashing them is C code)."""
+    return (device_index, config, tuple(jobs))
+
+
+def _table(
+    device: torch.device, jobs: Sequence[Job], config: KernelConfig | None = None
+) -> tuple[torch.Tensor, int, int]:
+    """The device descriptor table of ``jobs`` (uploaded once, then reused): (table, rows, units)."""
+    config = config or _config
+    key = _table_key(device.index or 0, jobs, config)
+    with _lock:
+        hit = _tables.get(key)
+        if hit is not None:
+            _tables.move_to_end(key)
+            return hit
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise LayoutError(
+            "these scale buffers were never converted outside CUDA-graph capture: call once before "
+            "capturing (the first call uploads their descriptor table; later calls only launch)"
+        )
+    rows, arrays, total = _merge(jobs, config)
+    size = len(rows) * len(rows[0]) + sum(len(a) for a in arrays)
+    table = torch.empty(size, dtype=torch.int64, device=device)
+    table.copy_(torch.tensor(_table_values(rows, arrays, table.data_ptr()), dtype=torch.int64))
     result = (table, len(rows), total)
     with _lock:
         _tables[key] = result
@@ -240,8 +357,16 @@ def _table(device: torch.device, jobs: Sequence[Job]) -> tuple[torch.Tensor, int
     return result
 
 
-def _stream(device: torch.device) -> Any:
-    handle = torch.cuda.current_stream(device).cuda_stream
+def _current_stream_handle(index: int) -> int:
+    """The raw handle of torch's current stream on device ``index`` (cheap on CUDA builds)."""
+    if _raw_stream is not None:
+        return int(_raw_stream(index))
+    return int(torch.cuda.current_stream(index).cuda_stream)
+
+
+def _stream(handle: int) -> Any:
+    """cuda.core's Stream for a raw handle (made once per handle; graph capture uses the capturing
+    stream, which is why the handle is looked up at each call)."""
     stream = _streams.get(handle)
     if stream is None:
         from cuda.core import Stream
@@ -251,22 +376,32 @@ def _stream(device: torch.device) -> Any:
 
 
 class Launch:
-    """One prepared launch: compiled kernel, uploaded descriptor table, grid. Calling it launches
-    on the current torch stream: no allocation, no host synchronisation (CUDA-graph safe)."""
+    """One prepared launch: compiled kernel, uploaded descriptor table, grid, launch arguments.
+    Calling it launches on the current torch stream: no allocation, no host synchronisation, no
+    import (CUDA-graph safe); its host cost is one stream lookup and cuda.core's launch."""
 
     def __init__(self, jobs: Sequence[Job], device: torch.device) -> None:
-        self.device = device
-        self.kernel, max_grid = _kernel(device)
-        self.table, self.njobs, self.total = _table(device, jobs)
-        self.grid = max(1, min(self.total, max_grid))
-
-    def __call__(self) -> None:
         import numpy as np
         from cuda.core import LaunchConfig, launch
 
-        config = LaunchConfig(grid=self.grid, block=THREADS)
-        args = (np.uint64(self.table.data_ptr()), np.int32(self.njobs), np.int64(self.total))
-        launch(_stream(self.device), config, self.kernel, *args)
+        self.device = device
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self.kernel, max_grid, self.config = _kernel(device)
+        self.table, self.njobs, self.total = _table(device, jobs, self.config)
+        self.grid = max(1, min(self.total, max_grid))
+        self._launch = launch
+        self._launch_config = LaunchConfig(
+            grid=self.grid, block=self.config.threads, shmem_size=self.config.shared_bytes
+        )
+        self._args = (np.uint64(self.table.data_ptr()), np.int32(self.njobs), np.int64(self.total))
+        self._stream_handle = -1
+        self._stream: Any = None
+
+    def __call__(self) -> None:
+        handle = _current_stream_handle(self._index)
+        if handle != self._stream_handle:
+            self._stream, self._stream_handle = _stream(handle), handle
+        self._launch(self._stream, self._launch_config, self.kernel, *self._args)
 
 
 def launch_jobs(jobs: Sequence[Job], device: torch.device) -> None:
