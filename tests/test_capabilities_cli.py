@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -9,20 +11,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 import te_compat
-from te_compat import MissingFeatureError
+from te_compat import MissingFeatureError, cli
+from te_compat.capabilities import FEATURES, Capabilities
 from te_compat.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 Installer = Callable[..., None]
+GROUP = "te_compat.report"
 
 
 def test_without_te(installed_te: Installer) -> None:
     installed_te(None)
     c = te_compat.capabilities()
     assert not c.te_present and not c.te_usable and c.tensor_kinds == ()
-    assert c.kernel_backend in ("torch", "cuda")
     assert c.missing("te", "mxfp8") == {
         "te": "transformer_engine is not installed",
         "mxfp8": "needs TE >= 2.0; found no TE",
@@ -42,6 +46,12 @@ def test_kinds_follow_the_table(installed_te: Installer) -> None:
     assert "needs TE >= 2.12; found 2.11.0" in c.missing("swizzled_scale_flag")["swizzled_scale_flag"]
     installed_te("2.99.1")
     assert not te_compat.capabilities(import_te=False).te_in_table
+    # the last checked release is in the table; its next patch release is not
+    installed_te(te_compat.table.CHECKED_THROUGH)
+    assert te_compat.capabilities(import_te=False).te_in_table
+    last = Version(te_compat.table.CHECKED_THROUGH).release
+    installed_te(".".join(map(str, (*last[:-1], last[-1] + 1))))
+    assert not te_compat.capabilities(import_te=False).te_in_table
 
 
 def test_unknown_feature() -> None:
@@ -49,21 +59,22 @@ def test_unknown_feature() -> None:
         te_compat.capabilities(import_te=False).require("warp_drive")
 
 
-def test_backend_choice_on_cpu() -> None:
-    assert te_compat.kernel_backend("torch").name == "torch"
-    with pytest.raises(MissingFeatureError, match="kernel backend 'cuda' was asked for, but"):
-        te_compat.kernel_backend("cuda")
-    with pytest.raises(ValueError, match="must be one of auto, cuda, torch; found 'fast'"):
-        te_compat.kernel_backend("fast")
-    c = te_compat.capabilities(import_te=False, backend="cuda")
-    assert c.kernel_backend == "none" and "asked for" in c.kernel_backend_reason
-
-
 def test_cli_report_text(installed_te: Installer, capsys: pytest.CaptureFixture[str]) -> None:
     installed_te(None)
     assert main(["report"]) == 0
     out = capsys.readouterr().out
-    assert "te present" in out and "transformer_engine is not installed" in out and "kernel backend" in out
+    assert "transformer_engine is not installed" in out
+    labels = [line.split("  ")[0] for line in out.splitlines()[3:]]
+    for f in dataclasses.fields(Capabilities):  # one row per field, none dropped
+        assert f.name.replace("_", " ") in labels, f.name
+
+
+def test_cli_report_json_has_every_field(installed_te: Installer, capsys: pytest.CaptureFixture[str]) -> None:
+    installed_te("2.14.1")
+    assert main(["report", "--json", "--no-import"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {f.name for f in dataclasses.fields(Capabilities)} | {"sections"}
+    assert data["te_version"] == "2.14.1" and data["te_present"] is True
 
 
 def test_cli_report_json_and_require(installed_te: Installer, capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,6 +85,106 @@ def test_cli_report_json_and_require(installed_te: Installer, capsys: pytest.Cap
     assert data["te_present"] is False and data["table_checked_through"] == te_compat.table.CHECKED_THROUGH
     assert "te: transformer_engine is not installed" in captured.err
     assert "grouped: needs TE >= 2.13" in captured.err
+
+
+def test_cli_require_exit_codes(installed_te: Installer, capsys: pytest.CaptureFixture[str]) -> None:
+    installed_te("2.14.1")  # float8 since 1.x, mxfp8 since 2.0, grouped since 2.13 (facts.md)
+    assert main(["report", "--no-import", "--require", "te", "float8", "mxfp8", "grouped"]) == 0
+    installed_te("2.11.0")
+    assert main(["report", "--no-import", "--require", "mxfp8", "grouped"]) == 1
+    assert "grouped: needs TE >= 2.13; found 2.11.0" in capsys.readouterr().err
+    # a typo is a usage error (2), even beside a missing feature, and the known names are listed
+    assert main(["report", "--no-import", "--require", "grouped", "bogus"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "unknown feature 'bogus'" in captured.err
+    for name in FEATURES:
+        assert name in captured.err
+
+
+def test_cli_report_never_shows_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(**_: object) -> Capabilities:
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr(cli, "capabilities", broken)
+    assert main(["report"]) == 2
+    err = capsys.readouterr().err
+    assert "could not read the capabilities: RuntimeError: probe exploded" in err and "Traceback" not in err
+
+
+def test_cli_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["report", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "  0  the report was printed" in out
+    assert "  1  --require: a FEATURE is not available" in out and "  2  usage error" in out
+    assert "``" not in out and ":func:" not in out  # plain text, not reST
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "report exit codes:" in capsys.readouterr().out
+
+
+def demo_section() -> dict[str, object]:
+    """A report section as another package contributes it (the target of an entry point)."""
+    return {"kernel_backend": "torch", "reason": "no CUDA device"}
+
+
+def _failing_section() -> dict[str, object]:
+    raise RuntimeError("section exploded")
+
+
+@dataclasses.dataclass
+class _EntryPoint:
+    """What the report uses of an importlib.metadata.EntryPoint, with a chosen load()."""
+
+    name: str
+    value: str
+    load: Callable[[], object]
+
+
+def _entry_points(*found: object) -> Callable[..., list[object]]:
+    def fake(*, group: str) -> list[object]:
+        assert group == GROUP
+        return list(found)
+
+    return fake
+
+
+def test_cli_report_sections_from_entry_points(
+    installed_te: Installer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    installed_te(None)
+    here = "tests.test_capabilities_cli"
+    sections = _entry_points(
+        importlib.metadata.EntryPoint("mok", f"{here}:demo_section", GROUP),
+        importlib.metadata.EntryPoint("gone", "no_such_module_xyz:section", GROUP),
+        _EntryPoint("raises", f"{here}:_failing_section", lambda: _failing_section),
+        _EntryPoint("not_a_dict", "pkg:rows", lambda: lambda: ["a", "list"]),
+    )
+    monkeypatch.setattr(cli, "entry_points", sections)
+    assert main(["report", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["sections"]
+    assert data["mok"] == {"kernel_backend": "torch", "reason": "no CUDA device"}
+    assert "ModuleNotFoundError" in data["gone"]["error"] and "no_such_module_xyz" in data["gone"]["error"]
+    assert data["raises"] == {"error": f"{here}:_failing_section() raised RuntimeError: section exploded"}
+    assert data["not_a_dict"] == {"error": "pkg:rows() returned list; expected a dict of rows"}
+    assert main(["report"]) == 0
+    out = capsys.readouterr().out
+    assert "\nmok\n" in out and "kernel backend  torch" in out and "RuntimeError: section exploded" in out
+
+
+def test_cli_report_survives_entry_points_failing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(**_: object) -> list[object]:
+        raise OSError("metadata unreadable")
+
+    monkeypatch.setattr(cli, "entry_points", broken)
+    assert main(["report", "--json", "--no-import"]) == 0
+    error = json.loads(capsys.readouterr().out)["sections"][GROUP]["error"]
+    assert "OSError: metadata unreadable" in error
 
 
 def test_cli_releases(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,229 @@
+"""Check the installed TE's own source against the release table, without importing TE.
+
+The matrix checks the table against every PyPI release's wheel; a container or git build
+(``2.21.0.dev0+5fdd7bb``) is none of those. Its Python source is on disk, though, so the same
+facts are read from it with the same rules (:mod:`te_compat.source_facts`) and checked the same
+way: the table is confirmed, or refused with the exact difference, on the very TE that will run.
+For a TE newer than the last checked release the newest rows are tried first; where one fails,
+the newest older row of that kind that verifies is used, and the result says so.
+
+TE is located with ``importlib.util.find_spec("transformer_engine")``, which reads no TE code
+(a top-level package has no parent whose ``__init__`` would run), so this works where TE's
+import fails. Parsed files are cached on (path, mtime, size).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from te_compat import table
+from te_compat.errors import TENotFoundError, TEVersionError
+from te_compat.source_facts import (
+    PACKAGE,
+    SOURCE_FILES,
+    SOURCE_PREFIXES,
+    CheckResult,
+    ClassFacts,
+    check_bases,
+    check_classes,
+    check_kind,
+    check_row,
+    file_classes,
+)
+from te_compat.table import StorageRow, TensorKind
+from te_compat.version import parse_te_version, release_of, te_status
+
+# path -> ((mtime_ns, size), facts of its classes): a file is parsed again only when it changed.
+_FILE_FACTS: dict[str, tuple[tuple[int, int], dict[str, ClassFacts]]] = {}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The verdict on one TE source tree: does the release table hold for it, and where not."""
+
+    ok: bool
+    release: str  # the TE version verified against, as te_compat reads it (dev and local kept)
+    source_dir: str  # the transformer_engine package directory that was read
+    checked: int  # facts checked: classes looked up, attributes probed, attributes assigned
+    problems: tuple[str, ...]  # each names the class, its module, the attribute and the table row
+    rows: tuple[str, ...]  # the table rows used, "kind since .. until"
+    beyond_table: bool  # the release is newer than table.CHECKED_THROUGH
+    newest_rows_verified: bool | None  # beyond the table: did the newest rows hold (else None)
+    files: int = 0  # source files read
+    elapsed_s: float = field(default=0.0, compare=False)
+
+    @property
+    def verdict(self) -> str:
+        """One line for a person: verified or not, against which rows, and for a newer TE which."""
+        where = f"the source at {self.source_dir}"
+        if not self.ok:
+            return f"TE {self.release}: {len(self.problems)} disagreement(s) between {where} and the release table"
+        head = f"TE {self.release}: {where} agrees with the release table ({self.checked} facts checked)"
+        if not self.beyond_table:
+            return head
+        newer = f"; newer than the last checked release {table.CHECKED_THROUGH}"
+        if self.newest_rows_verified:
+            return f"{head}{newer}, the newest rows verified"
+        return f"{head}{newer}, the newest rows did not all verify; used: {', '.join(self.rows)}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verdict": self.verdict}
+
+
+def find_te_source() -> Path | None:
+    """The installed ``transformer_engine`` package directory, found without running its code."""
+    try:
+        spec = importlib.util.find_spec(PACKAGE)  # top level: no parent __init__ runs
+    except (ImportError, ValueError):  # ValueError: a module in sys.modules without __spec__
+        return None
+    if spec is None:
+        return None
+    locations = [Path(p) for p in (spec.submodule_search_locations or ())]
+    for location in locations:
+        if (location / "pytorch").is_dir():
+            return location
+    return locations[0] if locations else None
+
+
+def package_dir(source_dir: str | os.PathLike[str]) -> Path:
+    """``source_dir`` itself or its ``transformer_engine/`` subfolder: the one holding ``pytorch/``."""
+    given = Path(source_dir)
+    for candidate in (given, given / PACKAGE):
+        if (candidate / "pytorch").is_dir():
+            return candidate
+    raise TENotFoundError(
+        f"expected a {PACKAGE} package directory (one holding pytorch/), or a folder holding "
+        f"{PACKAGE}/; found no pytorch/ folder in {given} or {given / PACKAGE}"
+    )
+
+
+def source_files(pkg: Path) -> list[tuple[str, Path]]:
+    """(name as in a wheel, file) for every file of ``pkg`` whose classes the table checks."""
+    out = [(name, pkg.parent / name) for name in SOURCE_FILES if (pkg.parent / name).is_file()]
+    for prefix in SOURCE_PREFIXES:
+        top = pkg / prefix.removeprefix(f"{PACKAGE}/")
+        for folder, dirs, names in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            rel = Path(folder).relative_to(pkg).as_posix()
+            out += [(f"{PACKAGE}/{rel}/{n}", Path(folder, n)) for n in names if n.endswith(".py")]
+    return sorted(out)
+
+
+def _facts(name: str, path: Path) -> dict[str, ClassFacts]:
+    stat = path.stat()
+    key = (stat.st_mtime_ns, stat.st_size)
+    cached = _FILE_FACTS.get(str(path))
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    facts = file_classes(path.read_bytes(), name)
+    _FILE_FACTS[str(path)] = (key, facts)
+    return facts
+
+
+def read_source_dir(source_dir: str | os.PathLike[str]) -> tuple[dict[str, ClassFacts], int]:
+    """(``module.Class`` -> facts, files read) of a TE source tree; the matrix records' ``classes``."""
+    files = source_files(package_dir(source_dir))
+    classes: dict[str, ClassFacts] = {}
+    for name, path in files:
+        classes.update(_facts(name, path))
+    return dict(sorted(classes.items())), len(files)
+
+
+def _newest_that_verifies(
+    release: Version, classes: dict[str, ClassFacts], kind: TensorKind, rows: Sequence[StorageRow]
+) -> CheckResult:
+    """Beyond the table: the newest row of ``kind`` if it verifies, else the newest older one that does."""
+    kind_rows = [r for r in rows if r.kind is kind]
+    if not kind_rows or not kind_rows[-1].covers(release):  # a kind the table stopped covering
+        return check_kind(release, classes, kind, kind_rows)
+    newest = check_row(release, classes, kind_rows[-1], kind_rows)
+    if newest.ok:
+        return newest
+    for row in reversed(kind_rows[:-1]):
+        older = check_row(release, classes, row, kind_rows)
+        if older.ok:
+            return older
+    return newest
+
+
+def _check_beyond(
+    release: Version, classes: dict[str, ClassFacts], rows: Sequence[StorageRow]
+) -> tuple[CheckResult, bool]:
+    """(the check with the rows used, whether every newest row verified) for a TE beyond the table."""
+    result = CheckResult()
+    for kind in TensorKind:
+        result += _newest_that_verifies(release, classes, kind, rows)
+    newest = [kind_rows[-1] for k in TensorKind if (kind_rows := [r for r in rows if r.kind is k])]
+    newest_ok = result.ok and all(any(row is n for n in newest) for row in result.rows)
+    return result + check_bases(release, classes), newest_ok
+
+
+def _version_to_verify(release: str | Version | None) -> Version:
+    if isinstance(release, Version):
+        return release
+    if release is not None:
+        return parse_te_version(release)
+    status = te_status()
+    if status.version is not None:
+        return status.version
+    if not status.present and status.source is None:
+        raise TENotFoundError(
+            "Transformer Engine is not installed, so there is no source to verify; to verify a source "
+            "tree, name it and its version (source_dir= and release=; te-compat verify --source --release)"
+        )
+    raise TEVersionError(f"cannot verify the installed Transformer Engine: {status.reason or 'its version is unknown'}")
+
+
+def _source_to_verify(source_dir: str | os.PathLike[str] | None) -> Path:
+    if source_dir is not None:
+        return package_dir(source_dir)
+    found = find_te_source()
+    if found is None:
+        raise TENotFoundError(
+            f"expected an installed {PACKAGE} package (importlib.util.find_spec({PACKAGE!r})); found none"
+        )
+    return package_dir(found)
+
+
+def verify_installed(
+    source_dir: str | os.PathLike[str] | None = None,
+    release: str | Version | None = None,
+    *,
+    rows: Sequence[StorageRow] = table.ROWS,
+) -> Verification:
+    """Check the release table against a TE's own source (default: the installed TE's).
+
+    ``release`` (default: the installed TE's version, see :func:`te_compat.te_status`) picks the
+    rows; ``source_dir`` (default: where ``transformer_engine`` is installed) is read. Raises
+    TENotFoundError when there is no TE to read, TEVersionError when its version is unreadable.
+    ``rows`` (default: the table) lets a maintainer try candidate rows on a TE checkout.
+    """
+    start = time.perf_counter()
+    version = _version_to_verify(release)
+    pkg = _source_to_verify(source_dir)
+    classes, files = read_source_dir(pkg)
+    beyond = release_of(version) > table.checked_through()
+    if beyond:
+        result, newest_ok = _check_beyond(version, classes, rows)
+    else:
+        result, newest_ok = check_classes(version, classes, rows), False
+    return Verification(
+        ok=result.ok,
+        release=str(version),
+        source_dir=str(pkg),
+        checked=result.checked,
+        problems=result.problems,
+        rows=tuple(f"{row.kind} {row.span}" for row in result.rows),
+        beyond_table=beyond,
+        newest_rows_verified=newest_ok if beyond else None,
+        files=files,
+        elapsed_s=time.perf_counter() - start,
+    )

@@ -1,0 +1,222 @@
+"""te_compat.verify_installed and ``te-compat verify`` on real TE sources (the matrix's wheels).
+
+Each release's wheel (matrix/.cache, downloaded once when missing) is unpacked into a temporary
+folder and read as if it were the installed TE. Expectations come from the matrix: the committed
+records (extracted from the same wheels) and ``matrix.check``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import shutil
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import te_compat.verify as verify_module
+from matrix.check import check_release
+from matrix.extract import load_record, wheel_path
+from matrix.releases import matrix_release, release_versions
+from te_compat import table
+from te_compat.cli import main
+from te_compat.errors import TENotFoundError, TEVersionError
+from te_compat.table import TensorKind
+from te_compat.verify import read_source_dir, verify_installed
+
+Installer = Callable[..., None]
+Unpacker = Callable[[str], Path]
+MXFP8_STORAGE = "transformer_engine/pytorch/tensor/storage/mxfp8_tensor_storage.py"
+MXFP8_STORAGE_CLASS = "MXFP8TensorStorage"
+MXFP8_STORAGE_MODULE = "transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage"
+DEV_BUILD = "2.21.0.dev0+5fdd7bb"
+
+
+@pytest.fixture(scope="session")
+def te_source(tmp_path_factory: pytest.TempPathFactory) -> Unpacker:
+    """The unpacked wheel of a matrix release (its source release's wheel), unpacked once."""
+    root = tmp_path_factory.mktemp("te-sources")
+
+    def unpack(release: str) -> Path:
+        source = matrix_release(release).source_from
+        target = root / source
+        if not target.exists():
+            with zipfile.ZipFile(wheel_path(source)) as archive:
+                archive.extractall(target)
+        return target
+
+    return unpack
+
+
+def _copy_with(src: Path, dst: Path, relpath: str, old: str, new: str) -> Path:
+    """A copy of a TE source tree with ``old`` replaced by ``new`` in one file (which must hold it)."""
+    shutil.copytree(src, dst)
+    path = dst / relpath
+    text = path.read_text()
+    assert old in text, f"{relpath} no longer holds {old!r}: pick another edit"
+    path.write_text(text.replace(old, new))
+    return dst
+
+
+@pytest.mark.parametrize("version", release_versions())
+def test_verify_agrees_with_the_matrix(version: str, te_source: Unpacker) -> None:
+    src = te_source(version)
+    result = verify_installed(source_dir=src, release=version)
+    assert result.problems == tuple(check_release(version))
+    assert result.ok, result.problems
+    assert result.release == version and not result.beyond_table and result.newest_rows_verified is None
+    assert result.checked > 0 and result.source_dir == str(src / "transformer_engine")
+    # the facts read from the files are the committed record's (extracted from the zip by matrix)
+    classes, files = read_source_dir(src)
+    assert classes == load_record(matrix_release(version).source_from)["classes"]
+    assert files == result.files
+
+
+def test_1_9_0_reads_the_post_release_source(te_source: Unpacker) -> None:
+    assert te_source("1.9.0").name == "1.9.0.post1"
+    assert verify_installed(te_source("1.9.0"), "1.9.0").rows == ("float8 1.0 .. 1.11",)
+
+
+def test_a_renamed_storage_attribute_fails(te_source: Unpacker, tmp_path: Path) -> None:
+    copy = _copy_with(te_source("2.20.2"), tmp_path / "te", MXFP8_STORAGE, "_rowwise_scale_inv", "_rowwise_scales")
+    result = verify_installed(copy, "2.20.2")
+    assert not result.ok
+    missing = [p for p in result.problems if "'_rowwise_scale_inv'" in p]
+    assert missing and all("never assigns it" in p for p in missing)
+    renamed = [p for p in result.problems if "'_rowwise_scales'" in p]
+    assert len(renamed) == 1
+    assert f"class {MXFP8_STORAGE_CLASS} of module {MXFP8_STORAGE_MODULE} assigns '_rowwise_scales'" in renamed[0]
+    assert "unknown to the mxfp8 row 2.12" in renamed[0]
+    assert result.verdict.startswith("TE 2.20.2: 2 disagreement(s)")  # the probe misses, the new name is unknown
+    # a dev build past the table fails the same way: no older mxfp8 row probes another name
+    beyond = verify_installed(copy, DEV_BUILD)
+    assert not beyond.ok and beyond.newest_rows_verified is False
+    assert any("'_rowwise_scales'" in p for p in beyond.problems)
+
+
+def test_a_dev_build_beyond_the_table_uses_the_newest_rows(te_source: Unpacker) -> None:
+    result = verify_installed(te_source("2.20.2"), DEV_BUILD)
+    assert result.ok and result.beyond_table and result.newest_rows_verified is True
+    assert result.release == DEV_BUILD
+    newest = {f"{r.kind} {r.span}" for r in table.ROWS if r.until is None}
+    assert set(result.rows) == newest and all(span.endswith("+") for span in result.rows)
+    assert f"newer than the last checked release {table.CHECKED_THROUGH}" in result.verdict
+    assert "the newest rows verified" in result.verdict
+
+
+def test_beyond_the_table_an_older_row_that_verifies_is_used_and_named(te_source: Unpacker, tmp_path: Path) -> None:
+    # a future TE that dropped the 2.12 swizzled-scales flag from MXFP8 storage
+    flag = "instance._with_gemm_swizzled_scales = "
+    copy = _copy_with(te_source("2.20.2"), tmp_path / "te", MXFP8_STORAGE, flag, "_dropped_flag = ")
+    in_table = verify_installed(copy, "2.20.2")
+    assert not in_table.ok and any("'_with_gemm_swizzled_scales'" in p for p in in_table.problems)
+    beyond = verify_installed(copy, DEV_BUILD)
+    assert beyond.ok and beyond.newest_rows_verified is False
+    mxfp8 = [r for r in beyond.rows if r.startswith("mxfp8 ")]
+    assert mxfp8 == ["mxfp8 2.9 .. 2.12"]  # the newest mxfp8 row without the flag
+    assert "did not all verify" in beyond.verdict and "mxfp8 2.9 .. 2.12" in beyond.verdict
+
+
+def test_beyond_the_table_the_newest_of_several_verifying_rows_wins(te_source: Unpacker, tmp_path: Path) -> None:
+    # candidate rows: the 2.9 .. 2.12 mxfp8 row twice, the copy starting at 2.10; both verify the
+    # flag-less source, and the newer one must be the one used
+    flag = "instance._with_gemm_swizzled_scales = "
+    copy = _copy_with(te_source("2.20.2"), tmp_path / "te", MXFP8_STORAGE, flag, "_dropped_flag = ")
+    rows = list(table.ROWS)
+    at = next(i for i, r in enumerate(rows) if r.kind is TensorKind.MXFP8 and r.since == "2.9")
+    rows.insert(at + 1, dataclasses.replace(rows[at], since="2.10", introduced_by="TE 2.10: a candidate row"))
+    beyond = verify_installed(copy, DEV_BUILD, rows=rows)
+    assert beyond.ok and [r for r in beyond.rows if r.startswith("mxfp8 ")] == ["mxfp8 2.10 .. 2.12"]
+
+
+def test_the_cache_reparses_only_changed_files(
+    te_source: Unpacker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = shutil.copytree(te_source("2.20.2"), tmp_path / "te")
+    parsed: list[str] = []
+    real = verify_module.file_classes
+
+    def counting(source: bytes | str, name: str) -> dict[str, verify_module.ClassFacts]:
+        parsed.append(name)
+        return real(source, name)
+
+    monkeypatch.setattr(verify_module, "file_classes", counting)
+    first = verify_installed(copy, "2.20.2")
+    assert first.ok and len(parsed) == first.files > 10
+    parsed.clear()
+    assert verify_installed(copy, "2.20.2") == first and parsed == []
+    path = copy / MXFP8_STORAGE
+    path.write_text(path.read_text().replace("_rowwise_scale_inv", "_rowwise_scales"))
+    assert not verify_installed(copy, "2.20.2").ok and parsed == [MXFP8_STORAGE]
+
+
+def test_the_installed_te_is_found_without_running_it(
+    te_source: Unpacker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installed_te: Installer
+) -> None:
+    site = tmp_path / "site"
+    shutil.copytree(te_source("2.20.2") / "transformer_engine", site / "transformer_engine")
+    for init in ("transformer_engine/__init__.py", "transformer_engine/pytorch/__init__.py"):
+        (site / init).write_text("raise RuntimeError('TE code ran')\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    installed_te("2.20.2")
+    assert not [m for m in sys.modules if m.split(".")[0] == "transformer_engine"]
+    result = verify_installed()
+    assert result.ok and result.source_dir == str(site / "transformer_engine") and result.release == "2.20.2"
+    assert not [m for m in sys.modules if m.split(".")[0] == "transformer_engine"]
+
+
+def test_no_te_and_bad_input(installed_te: Installer, tmp_path: Path, te_source: Unpacker) -> None:
+    installed_te(None)
+    with pytest.raises(TENotFoundError, match="Transformer Engine is not installed"):
+        verify_installed()
+    with pytest.raises(TENotFoundError, match=f"found no pytorch/ folder in {tmp_path}"):
+        verify_installed(tmp_path, "2.20.2")
+    installed_te("not a version")
+    with pytest.raises(TEVersionError, match="cannot verify the installed Transformer Engine"):
+        verify_installed(te_source("2.20.2"))
+    with pytest.raises(TEVersionError, match="'2.x'"):
+        verify_installed(te_source("2.20.2"), "2.x")
+
+
+def test_a_kind_of_the_table_is_checked_in_the_right_release_only(te_source: Unpacker) -> None:
+    # 2.12.0's source read as 2.11.0: the swizzled flag is assigned but the 2.11 row does not know it
+    result = verify_installed(te_source("2.12.0"), "2.11.0")
+    assert not result.ok
+    assert any("assigns '_with_gemm_swizzled_scales', unknown to the mxfp8 row" in p for p in result.problems)
+    assert TensorKind.MXFP8.value in {r.split()[0] for r in result.rows}
+
+
+# ---- te-compat verify ----
+
+
+def test_cli_verify_exit_codes(
+    te_source: Unpacker, tmp_path: Path, installed_te: Installer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = te_source("2.20.2")
+    assert main(["verify", "--source", str(src), "--release", "2.20.2"]) == 0
+    assert "agrees with the release table" in capsys.readouterr().out
+    bad = _copy_with(src, tmp_path / "te", MXFP8_STORAGE, "_rowwise_scale_inv", "_rowwise_scales")
+    assert main(["verify", "--source", str(bad), "--release", "2.20.2"]) == 1
+    out = capsys.readouterr().out
+    assert "disagreement(s)" in out and "'_rowwise_scales'" in out and MXFP8_STORAGE_MODULE in out
+    installed_te(None)
+    assert main(["verify"]) == 2
+    assert "Transformer Engine is not installed" in capsys.readouterr().err
+    installed_te("2.20.2")
+    assert main(["verify", "--source", str(src), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is True and data["release"] == "2.20.2" and data["problems"] == []
+    assert data["source_dir"] == str(src / "transformer_engine") and data["checked"] > 0
+
+
+def test_cli_verify_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["verify", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "  0  the TE source agrees" in out and "  1  disagreements found" in out and "  2  no TE to verify" in out
