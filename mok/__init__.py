@@ -3,28 +3,30 @@
 mok reads Transformer Engine objects only through te_compat.
 """
 
+from mok.backend import BackendChoice, kernel_backend
 from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
+from mok.grouped import grouped_weight_view
+from mok.layer import LayerRefresh, refresh_layer
 from mok.layout import columnwise_scales, layout_offset, layout_shape, padded_shape, rowwise_scales
+from mok.per_expert import split_weight_view
+from mok.plan import RefreshPlan
 from mok.shared_expert import prepare_shared_expert_config
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
-from mok.views import (
-    GroupedExpertWeights,
-    SplitExpertWeights,
-    grouped_weight_view,
-    refresh_layer,
-    split_weight_view,
-    storage_view,
-)
+from mok.views import GroupedExpertWeights, SplitExpertWeights, storage_view
 
 __all__ = [
+    "BackendChoice",
     "ExpertWeightError",
     "GroupedExpertWeights",
+    "LayerRefresh",
     "LayoutError",
     "MokError",
     "RefreshError",
+    "RefreshPlan",
     "SplitExpertWeights",
     "columnwise_scales",
     "grouped_weight_view",
+    "kernel_backend",
     "layout_offset",
     "layout_shape",
     "padded_shape",

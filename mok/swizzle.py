@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mok.backend import backend_for
 from mok.errors import LayoutError
 from mok.layout import as_batch, check_out, layout_shape, swizzle_reference
-from te_compat import kernel_backend
 
 
 @dataclass(frozen=True)
@@ -25,15 +25,6 @@ class ScaleWork:
     src: torch.Tensor
     dst: torch.Tensor
     copy: bool = False
-
-
-def backend_for(device: torch.device, backend: str | None) -> str:
-    """ "cuda" or "torch" for tensors on ``device`` under the requested backend."""
-    if device.type != "cuda":
-        if backend == "cuda":
-            raise LayoutError(f"backend 'cuda' needs CUDA tensors; found scales on {device}")
-        return "torch"
-    return kernel_backend(backend).name
 
 
 class PreparedWork:
@@ -86,7 +77,7 @@ def swizzle_mxfp8_scales(
     Returns uint8 ``[E*Rp/128, Cp/4, 32, 16]`` (``Rp = roundup(R,128)``, ``Cp = roundup(C,4)``),
     each expert padded on its own with zero bytes. With ``out`` the result is written there
     (same address: CUDA-graph safe) and ``out`` is returned. ``backend``: "auto" (default),
-    "cuda" or "torch" (see te_compat.kernel_backend).
+    "cuda" or "torch" (see mok.kernel_backend).
     """
     batch = as_batch(scales)
     if out is None:

@@ -4,7 +4,8 @@ Importing this package imports neither Transformer Engine nor torch; both are lo
 when a function is called. See README.md for a tour.
 """
 
-from te_compat.capabilities import BackendChoice, Capabilities, capabilities, kernel_backend
+from te_compat.caches import on_refresh, refresh
+from te_compat.capabilities import Capabilities, capabilities, cuda_device, has_cuda_core
 from te_compat.errors import (
     MissingFeatureError,
     StorageNotFoundError,
@@ -13,7 +14,7 @@ from te_compat.errors import (
     TEVersionError,
     UnsupportedTensorError,
 )
-from te_compat.probe import storage_attr, storage_field, storage_fingerprint, tensor_kind
+from te_compat.probe import StorageReader, storage_attr, storage_field, storage_fingerprint, storage_reader, tensor_kind
 from te_compat.snapshots import (
     Float8Storage,
     GroupedStorage,
@@ -26,7 +27,6 @@ from te_compat.table import StorageName, TensorKind
 from te_compat.version import (
     TEStatus,
     parse_te_version,
-    refresh,
     require_te,
     te_min_version,
     te_status,
@@ -36,7 +36,6 @@ from te_compat.version import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendChoice",
     "Capabilities",
     "Float8Storage",
     "GroupedStorage",
@@ -44,6 +43,7 @@ __all__ = [
     "MissingFeatureError",
     "StorageName",
     "StorageNotFoundError",
+    "StorageReader",
     "TECompatError",
     "TENotFoundError",
     "TEStatus",
@@ -51,16 +51,19 @@ __all__ = [
     "TensorKind",
     "UnsupportedTensorError",
     "capabilities",
+    "cuda_device",
     "float8_storage",
     "grouped_storage",
-    "kernel_backend",
+    "has_cuda_core",
     "mxfp8_storage",
+    "on_refresh",
     "parse_te_version",
     "refresh",
     "require_te",
     "storage_attr",
     "storage_field",
     "storage_fingerprint",
+    "storage_reader",
     "te_min_version",
     "te_status",
     "te_version",

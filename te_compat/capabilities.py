@@ -1,4 +1,4 @@
-"""What this process can do: TE, torch, the GPU, and which scale-conversion backend runs.
+"""What this process can do: TE, torch, the GPU, and cuda.core (the facts mok's kernel needs).
 
 Call once at start-up; ``require`` turns a missing feature into one clear error.
 """
@@ -6,7 +6,6 @@ Call once at start-up; ``require`` turns a missing feature into one clear error.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -15,6 +14,7 @@ from typing import Any
 from packaging.version import Version
 
 from te_compat import table
+from te_compat.caches import on_refresh
 from te_compat.errors import MissingFeatureError
 from te_compat.table import TensorKind
 from te_compat.version import release_of, te_import_status, te_status
@@ -23,18 +23,11 @@ from te_compat.version import release_of, te_import_status, te_status
 MXFP8_GEMM_MIN_CC = (10, 0)
 # MXFP8 quantisation kernels ran on an H200 (sm_90) with TE 2.20.2 (shared/te-releases).
 MXFP8_QUANTIZE_MIN_CC = (9, 0)
-BACKEND_ENV = "TE_COMPAT_KERNEL_BACKEND"
-BACKENDS = ("auto", "cuda", "torch")
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    name: str  # "cuda" or "torch"
-    reason: str
 
 
 @cache
-def _has_cuda_core() -> bool:
+def has_cuda_core() -> bool:
+    """cuda.core (the NVRTC compiler and launcher mok's kernel uses) is importable."""
     try:
         return importlib.util.find_spec("cuda.core") is not None
     except (ImportError, ValueError):
@@ -42,7 +35,7 @@ def _has_cuda_core() -> bool:
 
 
 @cache
-def _cuda_device() -> tuple[str | None, tuple[int, int] | None, str]:
+def cuda_device() -> tuple[str | None, tuple[int, int] | None, str]:
     """(name, compute capability, why none) of the current CUDA device; cached (refresh() clears)."""
     try:
         import torch  # already imported whenever a tensor was handed to us
@@ -55,26 +48,8 @@ def _cuda_device() -> tuple[str | None, tuple[int, int] | None, str]:
     return torch.cuda.get_device_name(index), (major, minor), ""
 
 
-def kernel_backend(preference: str | None = None) -> BackendChoice:
-    """Which MXFP8 scale-conversion backend mok uses, and why.
-
-    ``preference`` (default: environment variable TE_COMPAT_KERNEL_BACKEND, else "auto"):
-    "cuda" demands the NVRTC kernel, "torch" the reference, "auto" takes the kernel when
-    cuda.core and a CUDA device are present.
-    """
-    pref = (preference or os.environ.get(BACKEND_ENV) or "auto").lower()
-    if pref not in BACKENDS:
-        raise ValueError(f"kernel backend must be one of {', '.join(BACKENDS)}; found {pref!r}")
-    if pref == "torch":
-        return BackendChoice("torch", "asked for the torch reference")
-    has_core = _has_cuda_core()
-    device, _, why_not = _cuda_device()
-    if has_core and device is not None:
-        return BackendChoice("cuda", f"cuda.core and {device} present")
-    missing = why_not if device is None else "cuda.core is not installed (pip install te-compat[cuda])"
-    if pref == "cuda":
-        raise MissingFeatureError(f"kernel backend 'cuda' was asked for, but {missing}")
-    return BackendChoice("torch", f"fallback: {missing}")
+on_refresh(has_cuda_core.cache_clear)
+on_refresh(cuda_device.cache_clear)
 
 
 @dataclass(frozen=True)
@@ -96,8 +71,7 @@ class Capabilities:
     swizzled_scale_flag: bool
     mxfp8_hardware: bool
     mxfp8_quantization: bool
-    kernel_backend: str
-    kernel_backend_reason: str
+    cuda_core: bool  # mok's kernel needs it (pip install te-compat[cuda]) and a CUDA device
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,11 +130,15 @@ FEATURES: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
         f"TE {c.te_version or 'none'} ({'usable' if c.te_usable else c.te_reason}), "
         f"device {c.compute_capability or 'none'}",
     ),
-    "cuda_kernel": lambda c: (c.kernel_backend == "cuda", c.kernel_backend_reason),
+    "cuda_kernel": lambda c: (
+        c.cuda_core and c.cuda_device is not None,
+        f"mok's CUDA kernel needs cuda.core ({'present' if c.cuda_core else 'pip install te-compat[cuda]'}) "
+        f"and a CUDA device ({c.cuda_device or 'none visible to torch'})",
+    ),
 }
 
 
-def capabilities(*, import_te: bool = True, backend: str | None = None) -> Capabilities:
+def capabilities(*, import_te: bool = True) -> Capabilities:
     """Probe the process once (imports TE when ``import_te``; never raises for a broken TE)."""
     status = te_import_status() if import_te else te_status()
     release = release_of(status.version) if status.version is not None else None
@@ -174,12 +152,8 @@ def capabilities(*, import_te: bool = True, backend: str | None = None) -> Capab
         torch_version: str | None = str(torch.__version__)
     except ImportError:
         torch_version = None
-    device, cc, _ = _cuda_device()
+    device, cc, _ = cuda_device()
     usable = bool(status.usable) if import_te else status.present
-    try:
-        choice = kernel_backend(backend)
-    except MissingFeatureError as exc:  # "cuda" demanded and unavailable: report, don't raise
-        choice = BackendChoice("none", str(exc))
     return Capabilities(
         te_present=status.present,
         te_version=str(status.version) if status.version is not None else status.raw_version,
@@ -198,6 +172,5 @@ def capabilities(*, import_te: bool = True, backend: str | None = None) -> Capab
         mxfp8_quantization=bool(
             usable and TensorKind.MXFP8 in kinds and cc is not None and cc >= MXFP8_QUANTIZE_MIN_CC
         ),
-        kernel_backend=choice.name,
-        kernel_backend_reason=choice.reason,
+        cuda_core=has_cuda_core(),
     )

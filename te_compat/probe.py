@@ -7,13 +7,16 @@ dequantisation. The attribute a class uses for a logical name is found once per
 
 from __future__ import annotations
 
+import operator
 import sys
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from packaging.version import Version
 
 from te_compat import table
+from te_compat.caches import on_refresh
 from te_compat.errors import StorageNotFoundError, TENotFoundError, UnsupportedTensorError
 from te_compat.table import StorageRow, TensorKind
 from te_compat.version import te_status
@@ -33,14 +36,30 @@ class Resolution(NamedTuple):
     candidates: tuple[str, ...]  # attribute names to try, in order; () = no such storage
 
 
+class StorageReader(NamedTuple):
+    """Every storage value of one class, read by one C-level call.
+
+    ``read(obj)`` returns the values of ``names`` (logical names, in that order) straight off the
+    object's attributes (``operator.attrgetter``); it raises AttributeError for an object that
+    keeps one of them only on ``.data``. Comparing two reads item by item with ``is`` tells
+    whether TE reassigned anything: this is the cheap check behind a refresh of unchanged weights.
+    """
+
+    names: tuple[str, ...]
+    read: Callable[[object], tuple[Any, ...]]
+
+
 _kind_cache: dict[type, TensorKind] = {}
 _resolution_cache: dict[tuple[type, str], Resolution] = {}
 _warned: set[str] = set()
+_reader_cache: dict[type, StorageReader] = {}
 
 
+@on_refresh
 def clear_caches() -> None:
     _kind_cache.clear()
     _resolution_cache.clear()
+    _reader_cache.clear()
     _warned.clear()
 
 
@@ -186,6 +205,38 @@ def storage_field(obj: object, name: str) -> Any:
         f"for {resolution.kind} storage {name!r} (TE {resolution.release}, {where}), "
         f"neither on the object nor on its .data"
     )
+
+
+def storage_reader(obj: object) -> StorageReader:
+    """The :class:`StorageReader` of ``obj``'s class under the installed TE (cached per class).
+
+    Logical names the release has no storage for are left out. For a TE newer than the table,
+    each name reads the first candidate attribute that ``obj`` has.
+    """
+    cls = type(obj)
+    found = _reader_cache.get(cls)
+    if found is not None:
+        return found
+    names: list[str] = []
+    attrs: list[str] = []
+    for name in table.logical_names(tensor_kind_of_class(cls)):
+        candidates = resolve(cls, name).candidates
+        present = [a for a in candidates if hasattr(obj, a)] or list(candidates[:1])
+        if present:
+            names.append(name)
+            attrs.append(present[0])
+    reader = _reader_cache[cls] = StorageReader(tuple(names), _tuple_getter(attrs))
+    return reader
+
+
+def _tuple_getter(attrs: list[str]) -> Callable[[object], tuple[Any, ...]]:
+    """``operator.attrgetter`` that always returns a tuple (it returns a bare value for one name)."""
+    if len(attrs) > 1:
+        return operator.attrgetter(*attrs)
+    if attrs:
+        get = operator.attrgetter(attrs[0])
+        return lambda obj: (get(obj),)
+    return lambda obj: ()
 
 
 def storage_fingerprint(obj: object) -> tuple[Any, ...]:

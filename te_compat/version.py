@@ -17,6 +17,7 @@ from functools import cache
 
 from packaging.version import InvalidVersion, Version
 
+from te_compat.caches import on_refresh
 from te_compat.errors import TENotFoundError, TEVersionError
 
 # Distributions that carry TE's Python package, in the order they are asked.
@@ -152,13 +153,5 @@ def require_te(min_version: str | None = None, feature: str | None = None) -> Ve
     return status.version
 
 
-def refresh() -> None:
-    """Forget every cached fact about the installed TE (after installing one in-process)."""
-    te_status.cache_clear()
-    te_import_status.cache_clear()
-    from te_compat import probe
-    from te_compat.capabilities import _cuda_device, _has_cuda_core
-
-    probe.clear_caches()
-    _has_cuda_core.cache_clear()
-    _cuda_device.cache_clear()
+on_refresh(te_status.cache_clear)
+on_refresh(te_import_status.cache_clear)

@@ -218,9 +218,8 @@ def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, mon
     sv = split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
     gv = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True)
     planned: list[str] = []
-    real_split, real_grouped = views._plan_split, views._plan_grouped
-    monkeypatch.setattr(views, "_plan_split", lambda *a: (planned.append("split"), real_split(*a))[1])
-    monkeypatch.setattr(views, "_plan_grouped", lambda *a: (planned.append("grouped"), real_grouped(*a))[1])
+    real_plan = views.plan_scales
+    monkeypatch.setattr(views, "plan_scales", lambda *a: (planned.append(a[2].split()[0]), real_plan(*a))[1])
     for p in ps:
         p._rowwise_scale_inv.random_(0, 255)  # new values in the same buffers
     g.scale_inv.random_(0, 255)
@@ -234,10 +233,10 @@ def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, mon
     )  # ... values fresh
     ps[1]._columnwise_scale_inv = ps[1]._columnwise_scale_inv.clone()  # TE moved one buffer
     split_weight_view(ps, rows=128, columns=256, use_mxfp8=True, cached=sv)
-    assert planned == ["split"]
+    assert planned == ["rowwise", "columnwise"]  # the split view re-planned (both directions)
     mok.refresh_layer([(g, gv), (ps, sv)])  # first layer refresh plans; the second reruns
     mok.refresh_layer([(g, gv), (ps, sv)])
-    assert planned == ["split", "grouped", "split"]
+    assert planned == ["rowwise", "columnwise"] + ["grouped"] * 2 + ["rowwise", "columnwise"]
 
 
 def test_split_refresh_detects_moved_payload(installed_te: Installer) -> None:

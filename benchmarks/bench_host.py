@@ -1,0 +1,246 @@
+"""Host time of mok's views as users call them: a first view, a refresh, a layer refresh.
+
+    python benchmarks/bench_host.py --source standins      # CPU: TE stand-ins (tests/te_objects)
+    python benchmarks/bench_host.py --source te --out r.json   # GPU: a real TE
+
+For E = 8, 32, 256 experts, per-expert Parameters ("split") and one grouped Parameter: the
+median host microseconds (``time.perf_counter``, no synchronisation) of
+  first view      planning a view from scratch (descriptor table upload included),
+  refresh         ``cached=`` refresh of weights whose storage TE did not reassign,
+  refresh row     the same with rowwise scales only,
+  layer           ``mok.LayerRefresh`` over fc1 and fc2 of the layer (split cases).
+With a real TE on a GPU it adds, on the same rowwise tensors in the same run, eager time per
+call (a loop of calls, then one synchronisation, divided by the calls: what a training step
+pays) of mok's refresh, of TE's ``multi_tensor_swizzle_scales_for_gemm_`` and of TE 2.18+'s
+``grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights``.
+On the CPU the stand-ins' conversion work (torch reference) is not run while timing: on a GPU it
+is an asynchronous launch, so what is timed there is what a GPU user pays on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mok
+import te_compat
+
+EXPERTS = (8, 32, 256)
+
+
+def host_us(fn: Callable[[], object], repeats: int) -> float:
+    """Median host microseconds of ``fn`` (after two warm-up calls)."""
+    fn()
+    fn()
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+        if torch.cuda.is_available() and i % 64 == 63:
+            torch.cuda.synchronize()  # keep the launch queue short; outside the timed region
+    return statistics.median(times)
+
+
+def eager_us(fn: Callable[[], object], calls: int, before: Callable[[], object] | None = None) -> float:
+    """Microseconds per call of ``calls`` back-to-back calls, then one synchronisation."""
+    fn()
+    torch.cuda.synchronize()
+    total = 0.0
+    for _ in range(calls):
+        if before:
+            before()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        total += time.perf_counter() - start
+    return total / calls * 1e6
+
+
+@contextlib.contextmanager
+def conversion_not_run() -> Iterator[None]:
+    """CPU only: skip the torch reference's work so that what is timed is mok's host path."""
+    real = mok.swizzle.PreparedWork.run
+    mok.swizzle.PreparedWork.run = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        mok.swizzle.PreparedWork.run = real  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------------------------ weights
+
+
+def standin_weights(experts: int, rows: int, cols: int, columnwise: bool) -> tuple[list[Any], Any]:
+    """Per-expert MXFP8 stand-ins and one grouped stand-in of TE 2.20.2 (tests/te_objects)."""
+    from te_compat import version
+    from tests import te_objects as T
+
+    # pretend TE 2.20.2 is installed, as tests/conftest.py's installed_te fixture does
+    version._read_installed = lambda: ("2.20.2", "transformer-engine")  # type: ignore[assignment]
+    te_compat.refresh()
+    split = [T.mxfp8_tensor("2.20.2", rows, cols, seed=e, param=True, columnwise=columnwise) for e in range(experts)]
+    grouped = T.grouped_tensor("2.20.2", experts, rows, cols, mxfp8=True, columnwise=columnwise, members=False)
+    return split, grouped
+
+
+def te_weights(experts: int, rows: int, cols: int, columnwise: bool) -> tuple[list[Any], Any]:
+    """Real TE MXFP8 Parameters (one per expert) and, on TE 2.14+, one grouped Parameter."""
+    import transformer_engine_torch as tex
+    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
+
+    q = MXFP8Quantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=columnwise)
+    x = torch.randn(rows, cols, dtype=torch.bfloat16, device="cuda")
+    split = [torch.nn.Parameter(q(x), requires_grad=False) for _ in range(experts)]
+    grouped = None
+    try:
+        from transformer_engine.pytorch.tensor.grouped_tensor import GroupedTensor
+
+        grouped = GroupedTensor.make_grouped_tensor_with_shapes(
+            num_tensors=experts, shapes=[(rows, cols)] * experts, quantizer=q, device="cuda"
+        )
+    except Exception as exc:  # older TE: no grouped tensors
+        print(f"grouped: skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
+    return split, grouped
+
+
+# ------------------------------------------------------------------------------ cases
+
+
+def split_case(params: list[Any], rows: int, cols: int, repeats: int) -> dict[str, float]:
+    view = mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True)
+    first = host_us(
+        lambda: mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True), max(5, repeats // 20)
+    )
+    refresh = host_us(
+        lambda: mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True, cached=view), repeats
+    )
+    return {"first view": first, "refresh": refresh, "plans": float(view.refresh_plan.plans)}
+
+
+def grouped_case(weight: Any, experts: int, rows: int, cols: int, repeats: int) -> dict[str, float]:
+    kw = {"num_experts": experts, "rows": rows, "columns": cols, "use_mxfp8": True}
+    view = mok.grouped_weight_view(weight, **kw)
+    first = host_us(lambda: mok.grouped_weight_view(weight, **kw), max(5, repeats // 20))
+    refresh = host_us(lambda: mok.grouped_weight_view(weight, cached=view, **kw), repeats)
+    return {"first view": first, "refresh": refresh}
+
+
+def layer_case(make: Callable[..., tuple[list[Any], Any]], experts: int, rows: int, cols: int, repeats: int) -> float:
+    fc1, _ = make(experts, 2 * rows, cols, True)
+    fc2, _ = make(experts, cols, rows, True)
+    v1 = mok.split_weight_view(fc1, rows=2 * rows, columns=cols, use_mxfp8=True)
+    v2 = mok.split_weight_view(fc2, rows=cols, columns=rows, use_mxfp8=True)
+    layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
+    return host_us(layer, repeats)
+
+
+def te_rowwise_peers(params: list[Any], rows: int, cols: int, calls: int) -> dict[str, float | str]:
+    """Eager us per call, same rowwise tensors, same run: mok's refresh and TE's two swizzles."""
+    import transformer_engine_torch as tex
+
+    view = mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True)
+    out: dict[str, float | str] = {
+        "kernel/exp": eager_us(
+            lambda: mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True, cached=view), calls
+        )
+    }
+    data = [te_compat.storage_attr(p, "rowwise_data") for p in params]
+    scales = [te_compat.storage_attr(p, "rowwise_scale_inv") for p in params]
+    discrete = getattr(
+        getattr(tex, "grouped_mlp_experimental", None), "swizzle_scales_and_pack_ptrs_for_discrete_weights", None
+    )
+    out["TE discrete"] = (
+        eager_us(lambda: discrete(data, scales, "mxfp8_rowwise", torch.device("cuda")), calls)
+        if discrete
+        else f"n/a: TE {te_compat.te_version()} has no grouped_mlp_experimental discrete swizzle (TE 2.18+)"
+    )
+    multi = getattr(tex, "multi_tensor_swizzle_scales_for_gemm_", None)
+    if multi is None:
+        out["TE multi"] = f"n/a: TE {te_compat.te_version()} has no multi_tensor_swizzle_scales_for_gemm_"
+        return out
+    # TE swizzles in place (reassigns the scales, sets its flag); each call gets fresh unswizzled
+    # tensors sharing the same buffers, made untimed by TE's own detach
+    fresh = [p.detach() for p in params]
+
+    def reset() -> None:
+        fresh[:] = [p.detach() for p in params]
+
+    out["TE multi"] = eager_us(lambda: multi(fresh, True, False), calls, before=reset)
+    return out
+
+
+def run(source: str, repeats: int) -> list[dict[str, Any]]:
+    make = standin_weights if source == "standins" else te_weights
+    rows, cols = (128, 256) if source == "standins" else (2048, 7168)
+    results = []
+    guard = conversion_not_run() if source == "standins" else contextlib.nullcontext()
+    with guard:
+        for experts in EXPERTS:
+            for columnwise in (True, False):
+                split, grouped = make(experts, rows, cols, columnwise)
+                row: dict[str, Any] = {"case": f"E={experts} {rows}x{cols} {'row+col' if columnwise else 'row'}"}
+                row.update({f"split {k}": v for k, v in split_case(split, rows, cols, repeats).items()})
+                if grouped is not None:
+                    row.update(
+                        {f"grouped {k}": v for k, v in grouped_case(grouped, experts, rows, cols, repeats).items()}
+                    )
+                if columnwise:
+                    row["layer refresh"] = layer_case(make, experts, rows // 2, cols, repeats)
+                elif source == "te":
+                    row.update(te_rowwise_peers(split, rows, cols, max(10, repeats // 10)))
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    return results
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    keys = [k for k in results[0] if k != "case"] + sorted({k for r in results for k in r} - set(results[0]))
+    lines = ["| case | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for r in results:
+        cells = [f"{r[k]:.1f}" if isinstance(r.get(k), float) else str(r.get(k, "-")) for k in keys]
+        lines.append(f"| {r['case']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--source", choices=("standins", "te"), default="te" if torch.cuda.is_available() else "standins"
+    )
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    results = run(args.source, args.repeats)
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "machine": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "te": str(te_compat.te_version()),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "source": args.source,
+        "unit": "microseconds of host time per call (median); eager columns: us per call, synchronised",
+    }
+    print(table(results))
+    if args.out:
+        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

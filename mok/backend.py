@@ -1,0 +1,78 @@
+"""Which backend converts scales: mok's CUDA kernel or the torch reference, and why.
+
+The choice is mok's; it rests on facts te_compat reports (cuda.core present, a CUDA device).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from mok.errors import LayoutError
+from te_compat import MissingFeatureError, cuda_device, has_cuda_core
+
+BACKEND_ENV = "TE_COMPAT_KERNEL_BACKEND"
+BACKENDS = ("auto", "cuda", "torch")
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str  # "cuda" or "torch"
+    reason: str
+
+
+def _preference(backend: object) -> str:
+    """The asked-for backend: the ``backend`` argument, else the environment variable, else auto."""
+    if backend is not None:
+        if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+            raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))} or None; found {backend!r}")
+        return backend.lower()
+    raw = os.environ.get(BACKEND_ENV)
+    if raw is None or raw == "":
+        return "auto"
+    if raw.lower() not in BACKENDS:
+        raise ValueError(
+            f"environment variable {BACKEND_ENV}: expected one of {', '.join(BACKENDS)} (or unset); found {raw!r}"
+        )
+    return raw.lower()
+
+
+def backend_for(device: object, backend: str | None) -> str:
+    """ "cuda" or "torch" for tensors on ``device`` (a torch.device) under the requested backend.
+
+    The request is validated on every device; CPU tensors always take the torch reference.
+    """
+    pref = _preference(backend)
+    if getattr(device, "type", None) != "cuda":
+        if pref == "cuda":
+            raise LayoutError(f"backend 'cuda' needs CUDA tensors; found scales on {device}")
+        return "torch"
+    return kernel_backend(pref).name
+
+
+def kernel_backend(backend: str | None = None) -> BackendChoice:
+    """The backend for CUDA tensors: "cuda" (the NVRTC kernel) or "torch" (the reference).
+
+    ``backend`` (default: environment variable TE_COMPAT_KERNEL_BACKEND, else "auto"): "cuda"
+    demands the kernel, "torch" the reference, "auto" takes the kernel when cuda.core and a CUDA
+    device are present. An invalid value raises ValueError naming the argument or the variable.
+    """
+    pref = _preference(backend)
+    if pref == "torch":
+        return BackendChoice("torch", "asked for the torch reference")
+    device, _, why_not = cuda_device()
+    if has_cuda_core() and device is not None:
+        return BackendChoice("cuda", f"cuda.core and {device} present")
+    missing = why_not if device is None else "cuda.core is not installed (pip install te-compat[cuda])"
+    if pref == "cuda":
+        raise MissingFeatureError(f"kernel backend 'cuda' was asked for, but {missing}")
+    return BackendChoice("torch", f"fallback: {missing}")
+
+
+def report() -> dict[str, object]:
+    """mok's rows of ``te-compat report`` (entry point ``te_compat.report``); never raises."""
+    try:
+        choice = kernel_backend()
+    except Exception as exc:  # an invalid variable or a demanded, missing kernel: report it
+        return {"kernel backend": "unavailable", "kernel backend reason": str(exc)}
+    return {"kernel backend": choice.name, "kernel backend reason": choice.reason}

@@ -1,0 +1,128 @@
+"""How TE stores each direction of a block-scaled weight, per format, in mok's terms.
+
+A weight ``[rows, columns]`` has a rowwise direction (scales along ``columns``) and a columnwise
+one (scales along ``rows``). For each, TE keeps a payload and a padded scale buffer; mok converts
+the scale matrix to the 128x4 tcgen05 layout. Facts (TE 2.20.2 source, ``get_scale_shape`` of
+``MXFP8Quantizer`` and ``NVFP4Quantizer``; /work/shared/spec for MXFP8):
+
+- MXFP8 (32 values per E8M0 scale): payloads ``[rows, columns]`` in both directions; rowwise
+  scales ``[roundup(rows,128), roundup(columns/32,4)]``; columnwise scales NOT transposed,
+  ``[roundup(rows/32,4), roundup(columns,128)]``: mok reads their transpose.
+- NVFP4 (16 values per E4M3 scale, payload packed two values a byte): rowwise payload
+  ``[rows, columns/2]``, scales ``[roundup(rows,128), roundup(columns/16,4)]``; columnwise payload
+  and scales stored TRANSPOSED: ``[columns, rows/2]``, ``[roundup(columns,128), roundup(rows/16,4)]``.
+
+The columnwise layout is always that of the ``[columns, rows/block]`` matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mok.errors import ExpertWeightError, LayoutError
+from mok.layout import roundup
+from te_compat import StorageName
+
+
+@dataclass(frozen=True)
+class Direction:
+    """One direction of a format: its te_compat storage names and TE's geometry."""
+
+    name: str  # "rowwise" or "columnwise"
+    data: StorageName
+    scales: StorageName
+    amax: StorageName | None  # NVFP4 keeps a per-tensor amax per direction
+    transposed_storage: bool  # TE stores payload and scales transposed ([columns, ...])
+    transposed_scales: bool  # the logical scale matrix is the transpose of TE's buffer
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    name: str  # "bf16", "mxfp8", "nvfp4"
+    block: int  # values per scale (0: not block-scaled)
+    payload_dtype: torch.dtype
+    packing: int  # values per payload byte
+    rowwise: Direction
+    columnwise: Direction
+
+    def directions(self) -> tuple[Direction, Direction]:
+        return self.rowwise, self.columnwise
+
+    def payload_shape(self, d: Direction, rows: int, columns: int) -> tuple[int, int]:
+        r, c = (columns, rows) if d.transposed_storage else (rows, columns)
+        return r, c // self.packing
+
+    def te_scale_shape(self, d: Direction, rows: int, columns: int) -> tuple[int, int]:
+        """TE's padded scale allocation for one ``[rows, columns]`` weight."""
+        if d.transposed_storage or not d.transposed_scales:
+            r, c = (columns, rows) if d.transposed_storage else (rows, columns)
+            return roundup(r, 128), roundup(-(-c // self.block), 4)
+        return roundup(-(-rows // self.block), 4), roundup(columns, 128)
+
+    def logical_scales(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> torch.Tensor:
+        """The logical scale matrices ``[E, R, C]`` (uint8, no copy) of ``buffer``: one TE-padded
+        ``[Rpad, Cpad]`` matrix, or ``[E, Rpad, Cpad]``. One strided view, no per-step views."""
+        r, c = (columns, rows) if (d.transposed_storage or d.transposed_scales) else (rows, columns)
+        c //= self.block
+        if d.transposed_scales:
+            r, c = c, r
+        if buffer.dim() not in (2, 3) or buffer.shape[-2] < r or buffer.shape[-1] < c:
+            raise LayoutError(
+                f"{name}: expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(buffer.shape)}"
+            )
+        if buffer.element_size() != 1:
+            raise LayoutError(f"{name}: expected 1-byte scales; found dtype {buffer.dtype}")
+        buf = buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8)
+        e, es = (1, 0) if buf.dim() == 2 else (buf.shape[0], buf.stride(0))
+        rs, cs = buf.stride(-2), buf.stride(-1)
+        if d.transposed_scales:
+            return buf.as_strided((e, c, r), (es, cs, rs), buf.storage_offset())
+        return buf.as_strided((e, r, c), (es, rs, cs), buf.storage_offset())
+
+    def check_dims(self, rows: int, columns: int, what: str) -> None:
+        if rows % self.block or columns % self.block:
+            raise ExpertWeightError(
+                f"{what}: {self.name.upper()} needs rows and columns that are positive multiples of {self.block}; "
+                f"found rows={rows}, columns={columns}"
+            )
+
+
+_ROW = Direction("rowwise", StorageName.ROWWISE_DATA, StorageName.ROWWISE_SCALE_INV, None, False, False)
+_MX_COL = Direction("columnwise", StorageName.COLUMNWISE_DATA, StorageName.COLUMNWISE_SCALE_INV, None, False, True)
+MXFP8 = WeightFormat("mxfp8", 32, torch.float8_e4m3fn, 1, _ROW, _MX_COL)
+NVFP4 = WeightFormat(
+    "nvfp4",
+    16,
+    torch.uint8,
+    2,
+    Direction(
+        "rowwise", StorageName.ROWWISE_DATA, StorageName.ROWWISE_SCALE_INV, StorageName.AMAX_ROWWISE, False, False
+    ),
+    Direction(
+        "columnwise",
+        StorageName.COLUMNWISE_DATA,
+        StorageName.COLUMNWISE_SCALE_INV,
+        StorageName.AMAX_COLUMNWISE,
+        True,
+        False,
+    ),
+)
+FORMATS = {"mxfp8": MXFP8, "nvfp4": NVFP4}
+FORMAT_NAMES = ("bf16", "mxfp8", "nvfp4")
+
+
+def format_named(format: object, use_mxfp8: object) -> str:
+    """The format asked for: ``format`` if given, else from the seed's ``use_mxfp8`` flag."""
+    if use_mxfp8 is not None and not isinstance(use_mxfp8, bool):
+        raise TypeError(f"use_mxfp8: expected a bool; found {use_mxfp8!r} ({type(use_mxfp8).__name__})")
+    if format is None:
+        if use_mxfp8 is None:
+            raise TypeError("expected use_mxfp8=True/False or format= ('bf16', 'mxfp8', 'nvfp4'); found neither")
+        return "mxfp8" if use_mxfp8 else "bf16"
+    if not isinstance(format, str) or format not in FORMAT_NAMES:
+        raise ValueError(f"format: expected one of {', '.join(map(repr, FORMAT_NAMES))}; found {format!r}")
+    if use_mxfp8 is not None and use_mxfp8 != (format == "mxfp8"):
+        raise ValueError(f"use_mxfp8={use_mxfp8} contradicts format={format!r}; pass one of them")
+    return format

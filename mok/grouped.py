@@ -1,0 +1,166 @@
+"""Views over one grouped expert Parameter ``(E, rows, columns)``: TE's flat buffers, all experts."""
+
+from __future__ import annotations
+
+import torch
+
+from mok.errors import ExpertWeightError, RefreshError
+from mok.formats import FORMATS, Direction, WeightFormat
+from mok.formats import format_named as _format
+from mok.layout import grouped_scales
+from mok.plan import ScaleSource
+from mok.swizzle import ScaleWork
+from mok.views import GroupedExpertWeights, Side, check_cached, check_sizes, plan_sides, storage_view
+from te_compat import GroupedStorage, StorageName, TensorKind, grouped_storage, storage_field, tensor_kind
+from te_compat import snapshots as te_snapshots
+
+
+def _check_grouped(gs: GroupedStorage, num_experts: int, rows: int, columns: int) -> None:
+    if gs.num_tensors != num_experts:
+        raise ExpertWeightError(f"grouped weight: expected {num_experts} experts; found {gs.num_tensors}")
+    for e, shape in enumerate(gs.tensor_shapes):
+        if tuple(shape) != (rows, columns):
+            raise ExpertWeightError(
+                f"grouped weight: expected every expert of shape ({rows}, {columns}); expert {e} has {tuple(shape)}"
+            )
+
+
+def _member_scales(fmt: WeightFormat, member: object, d: Direction) -> torch.Tensor | None:
+    snapshot = te_snapshots.mxfp8_storage if fmt.name == "mxfp8" else te_snapshots.nvfp4_storage
+    return getattr(snapshot(member), d.scales.value)  # type: ignore[no-any-return]
+
+
+def _check_packing(gs: GroupedStorage, fmt: WeightFormat, d: Direction, flat: torch.Tensor, per_expert: int) -> None:
+    """Each member's scales must be a view at offset e*per_expert of the grouped buffer."""
+    offsets = gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets
+    for e, off in enumerate((offsets or ())[: gs.num_tensors]):
+        if off != e * per_expert:
+            raise ExpertWeightError(
+                f"grouped weight: {d.name} scale offsets are not expert-major: expert {e} starts "
+                f"at byte {off}, expected {e * per_expert}"
+            )
+    if not gs.members:
+        return
+    if len(gs.members) != gs.num_tensors:
+        raise ExpertWeightError(
+            f"grouped weight: expected {gs.num_tensors} per-expert members; found {len(gs.members)}"
+        )
+    base = flat.data_ptr()
+    for e, member in enumerate(gs.members):
+        scales = _member_scales(fmt, member, d)
+        if scales is None:
+            raise ExpertWeightError(f"grouped weight: expert {e} has no {d.name} scales")
+        where = scales.data_ptr() - base
+        if where != e * per_expert:
+            found = f"byte {where} of it" if 0 <= where < flat.numel() else "outside it"
+            raise ExpertWeightError(
+                f"grouped weight: expert {e}'s {d.name} scales are not packed expert-major in the "
+                f"grouped buffer: expected byte {e * per_expert}, found {found}"
+            )
+
+
+def _grouped_amax(weight: object, d: Direction) -> tuple[torch.Tensor, ...] | None:
+    if d.amax is None:
+        return None
+    try:
+        amax = storage_field(weight, d.amax)
+    except ValueError:  # the grouped row of this release names no amax
+        return None
+    return (amax,) if isinstance(amax, torch.Tensor) else None
+
+
+def _grouped_sides(weight: object, gs: GroupedStorage, fmt: WeightFormat, dims: tuple[int, int, int]) -> list[Side]:
+    experts, rows, columns = dims
+    sides = []
+    for d in fmt.directions():
+        data = getattr(gs, d.data.value)
+        if data is None:
+            continue
+        name = f"grouped {d.name}"
+        payload = storage_view(
+            data, (experts, *fmt.payload_shape(d, rows, columns)), dtype=fmt.payload_dtype, name=f"{name} data"
+        )
+        pr, pc = fmt.te_scale_shape(d, rows, columns)
+        flat = gs.need(d.scales)
+        padded = grouped_scales(flat, experts, pr, pc, f"{name} scales")
+        _check_packing(gs, fmt, d, flat, pr * pc)
+        logical = fmt.logical_scales(d, padded, rows, columns, f"{name} scales")
+        source = ScaleSource(f"{name} scales", padded, logical, gs.scales_swizzled)
+        sides.append(Side(d, (payload,), (source,), _grouped_amax(weight, d)))
+    if not sides or sides[0].direction.name != "rowwise":
+        gs.need(StorageName.ROWWISE_DATA)  # raises, naming the attribute and release
+    return sides
+
+
+def plan_grouped(
+    weight: object, fmt: WeightFormat, dims: tuple[int, int, int], cached: GroupedExpertWeights | None
+) -> tuple[GroupedExpertWeights, list[ScaleWork]]:
+    gs = grouped_storage(weight)
+    _check_grouped(gs, *dims)
+    fmt.check_dims(dims[1], dims[2], "grouped weight")
+    if not gs.quantized:
+        raise ExpertWeightError("grouped weight holds no quantized data (no quantizer); pass format='bf16'")
+    if gs.members and tensor_kind(gs.members[0]) is not TensorKind(fmt.name):
+        raise ExpertWeightError(
+            f"grouped weight: expected {fmt.name.upper()} experts; found {type(gs.members[0]).__name__} members"
+        )
+    sides = _grouped_sides(weight, gs, fmt, dims)
+    slots, work = plan_sides(sides, cached, "grouped ")
+    if cached is not None:
+        return cached, work
+    col = sides[1] if len(sides) > 1 else None
+    view = GroupedExpertWeights(
+        *dims,
+        use_mxfp8=fmt.name == "mxfp8",
+        row_data=sides[0].data[0],
+        row_scales=slots[0].tensors[0],
+        col_data=col.data[0] if col else None,
+        col_scales=slots[1].tensors[0] if col else None,
+        row_scales_zero_copy=slots[0].zero_copy,
+        col_scales_zero_copy=col is not None and slots[1].zero_copy,
+        format=fmt.name,
+        row_amax=sides[0].amax[0] if sides[0].amax else None,
+        col_amax=col.amax[0] if col and col.amax else None,
+    )
+    return view, work
+
+
+def _grouped_bf16(weight: object, dims: tuple[int, int, int], cached: object) -> GroupedExpertWeights:
+    if cached is not None:
+        raise RefreshError("BF16 expert views are plain views of the parameter: nothing to refresh")
+    gs = grouped_storage(weight)
+    _check_grouped(gs, *dims)
+    if gs.quantized:
+        raise ExpertWeightError("grouped weight is quantized (it has a quantizer); pass use_mxfp8=True or format=")
+    data = gs.need(StorageName.ROWWISE_DATA)
+    view = storage_view(data, dims, dtype=data.dtype, name="grouped rowwise data")
+    return GroupedExpertWeights(*dims, use_mxfp8=False, row_data=view, format="bf16")
+
+
+def grouped_weight_view(
+    weight: object,
+    *,
+    num_experts: int,
+    rows: int,
+    columns: int,
+    use_mxfp8: bool | None = None,
+    format: str | None = None,
+    cached: GroupedExpertWeights | None = None,
+    backend: str | None = None,
+) -> GroupedExpertWeights:
+    """Views over one grouped Parameter ``(E, rows, columns)`` (TE 2.13 ``data`` and 2.14+
+    ``rowwise_data`` naming, via te_compat). ``format``: "bf16", "mxfp8" or "nvfp4" (default
+    from the seed's ``use_mxfp8``). With ``cached`` (a previous result), refresh its scale
+    buffers in place and return it. One kernel launch on the cuda backend."""
+    fmt = _format(format, use_mxfp8)
+    dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
+    if fmt == "bf16":
+        return _grouped_bf16(weight, dims, cached)  # type: ignore[arg-type]
+    key = ("grouped", fmt, dims, backend)
+    if cached is not None:
+        check_cached(cached, GroupedExpertWeights, fmt, dims)  # type: ignore[arg-type]
+        if cached.refresh_plan.rerun((weight,), key):
+            return cached
+    view, work = plan_grouped(weight, FORMATS[fmt], dims, cached)  # type: ignore[arg-type]
+    view.refresh_plan.prepare((weight,), key, work, backend)
+    return view

@@ -1,0 +1,97 @@
+"""One kernel launch for every cached view of a MoE layer, planned once and owned by the layer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mok.errors import ExpertWeightError, LayoutError, RefreshError
+from mok.formats import FORMATS
+from mok.grouped import plan_grouped
+from mok.per_expert import plan_split
+from mok.plan import RefreshPlan
+from mok.swizzle import ScaleWork
+from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, check_cached, param_list
+
+LayerEntry = tuple[object, ExpertWeights]
+
+
+def _plan_entry(i: int, entry: LayerEntry) -> tuple[list[object], list[ScaleWork]]:
+    """The weights and the planned work of one ``(weights, cached view)`` entry of a layer."""
+    weight, cached = entry
+    try:
+        if isinstance(cached, GroupedExpertWeights) and cached.format != "bf16":
+            dims = (cached.num_experts, cached.rows, cached.columns)
+            return [weight], plan_grouped(weight, FORMATS[cached.format], dims, cached)[1]
+        if isinstance(cached, SplitExpertWeights) and cached.format != "bf16":
+            params = param_list(weight)
+            check_cached(cached, SplitExpertWeights, cached.format, (len(params), cached.rows, cached.columns))
+            return params, plan_split(params, FORMATS[cached.format], cached.rows, cached.columns, cached)[1]
+        raise RefreshError(
+            f"expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; found {cached!r:.80}"
+        )
+    except (RefreshError, ExpertWeightError, LayoutError) as exc:
+        raise type(exc)(f"refresh_layer entry {i}: {exc}") from exc
+
+
+class LayerRefresh:
+    """Every cached view of one layer (fc1 and fc2, grouped and per expert, MXFP8 and NVFP4),
+    refreshed in ONE kernel launch per call. The layer owns this plan; while TE reassigned no
+    storage of its weights, a call reruns the prepared launch after a bulk identity check."""
+
+    def __init__(self, entries: Sequence[LayerEntry], *, backend: str | None = None) -> None:
+        if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
+            raise TypeError(
+                f"entries: expected a sequence of (weights, cached view) pairs; found {type(entries).__name__}"
+            )
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise TypeError(f"refresh_layer entry {i}: expected a (weights, cached view) pair; found {entry!r:.80}")
+        self.entries = tuple(entries)
+        self.backend = backend
+        self.plan = RefreshPlan()
+        self.key = tuple(id(view) for _, view in self.entries)
+
+    def weights(self) -> list[object]:
+        out: list[object] = []
+        for weight, cached in self.entries:
+            out.extend(weight if isinstance(cached, SplitExpertWeights) else [weight])  # type: ignore[arg-type]
+        return out
+
+    def __call__(self) -> None:
+        """Check every entry (nothing is written unless all pass), then launch once."""
+        if self.plan.rerun(self.weights(), (self.key, self.backend)):
+            return
+        weights: list[object] = []
+        work: list[ScaleWork] = []
+        for i, entry in enumerate(self.entries):
+            w, items = _plan_entry(i, entry)
+            weights.extend(w)
+            work.extend(items)
+        self.plan.prepare(weights, (self.key, self.backend), work, self.backend)
+
+
+_LAYERS: dict[tuple[Any, ...], LayerRefresh] = {}
+_LAYER_CACHE_SIZE = 256
+
+
+def refresh_layer(entries: Sequence[LayerEntry], *, backend: str | None = None) -> None:
+    """Refresh every cached view of a layer in ONE kernel launch (see :class:`LayerRefresh`).
+
+    ``entries`` pairs each weight with its cached view: ``(grouped_parameter, GroupedExpertWeights)``
+    or ``(list_of_expert_parameters, SplitExpertWeights)``, any mix. The layer's prepared plan is
+    kept per set of views (a bounded cache); keep a :class:`LayerRefresh` to own it yourself.
+    """
+    layer = LayerRefresh(entries, backend=backend)
+    if not layer.entries:
+        raise ValueError("refresh_layer: expected at least one (weights, cached view) pair; found none")
+    cache_key = (layer.key, backend)
+    known = _LAYERS.get(cache_key)
+    if known is not None and all(a[1] is b[1] for a, b in zip(known.entries, layer.entries, strict=True)):
+        known.entries = layer.entries  # the same views; the weights lists may be new objects
+        known()
+        return
+    layer()
+    _LAYERS[cache_key] = layer
+    while len(_LAYERS) > _LAYER_CACHE_SIZE:
+        _LAYERS.pop(next(iter(_LAYERS)))
