@@ -82,7 +82,22 @@ def test_a_future_rename_is_caught() -> None:
     cls["assigns"] = [a.replace("_rowwise_scale_inv", "_rowwise_scales") for a in cls["assigns"]]
     problems = check_record({**record, "release": "2.21.0"})
     assert any("'_rowwise_scale_inv'" in p and "never assign" in p for p in problems)
-    assert any("assigns '_rowwise_scales', unknown" in p for p in problems)
+    # the problem names the class that assigns the new name, its module, and the row
+    assert any(
+        "class MXFP8TensorStorage of module transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage "
+        "assigns '_rowwise_scales', unknown to the mxfp8 row 2.12" in p
+        for p in problems
+    )
+
+
+def test_matrix_and_te_compat_share_one_check() -> None:
+    # te-compat verify and the matrix must not drift apart: one implementation, in te_compat
+    from matrix import check, extract
+    from te_compat import source_facts
+
+    assert check.lineage is source_facts.lineage
+    assert extract.extract_sources is source_facts.extract_sources
+    assert not any(name.startswith("_class_facts") or name == "_assigned_attrs" for name in vars(extract))
 
 
 def test_extractor_reads_a_wheel(tmp_path: Path) -> None:
