@@ -14,7 +14,7 @@ from matrix.releases import release_versions
 from te_compat import StorageNotFoundError, TensorKind, UnsupportedTensorError, storage_attr, storage_field
 from te_compat.table import ROWS, StorageRow
 from tests import te_objects as T
-from tests.standins import StandInDispatched, make_standin
+from tests.standins import StandInDispatched, assigned_names, make_standin, standin_class
 
 Installer = Callable[..., None]
 
@@ -52,6 +52,12 @@ def _make(kind: TensorKind, release: str) -> tuple[object, dict[str, object]]:
             "scale_inv": g.scale_inv,
             "columnwise_data": g.columnwise_data,
         }
+    if kind is TensorKind.HYBRID:  # sub-storages as tensors, so storage_attr can read them
+        h = T.hybrid_tensor(release, 128, 256, sub_storage=False, param=True)
+        return h, {"rowwise_storage": h._rowwise_storage, "columnwise_storage": h._columnwise_storage}
+    if kind is TensorKind.IDENTITY:
+        ident = T.hybrid_direction(release, "identity", 64, 128, rowwise=True, storage=False)
+        return ident, {"data": ident._hp_data}
     # blockwise and NVFP4: the facts.md names, filled with marker tensors
     names = {
         "rowwise_data": "_rowwise_data",
@@ -67,22 +73,84 @@ def _make(kind: TensorKind, release: str) -> tuple[object, dict[str, object]]:
     return torch.nn.Parameter(t, requires_grad=False), {k: attrs[v] for k, v in names.items()}
 
 
+# ../shared/te-releases/facts.md, "Storage attributes", written out by hand: logical name ->
+# attribute, per kind and release. Independent of te_compat's table, which must agree with it.
+_MX_FACTS = {
+    "rowwise_data": "_rowwise_data",
+    "columnwise_data": "_columnwise_data",
+    "rowwise_scale_inv": "_rowwise_scale_inv",
+    "columnwise_scale_inv": "_columnwise_scale_inv",
+    "quantizer": "_quantizer",  # the quantizer API of 2.0 (_get_quantizer)
+}
+_SWIZZLED_FACT = {"scales_swizzled": "_with_gemm_swizzled_scales"}  # 2.12+
+_GROUPED_FACTS = {
+    "columnwise_data": "columnwise_data",
+    "rowwise_scale_inv": "scale_inv",
+    "scale_inv": "scale_inv",
+    "columnwise_scale_inv": "columnwise_scale_inv",
+    "rowwise_scale_inv_offsets": "scale_inv_offsets",
+    "columnwise_scale_inv_offsets": "columnwise_scale_inv_offsets",
+    "quantized_tensors": "quantized_tensors",
+    "num_tensors": "num_tensors",
+    "quantizer": "quantizer",
+}
+
+
+def _facts(kind: TensorKind, release: str) -> tuple[dict[str, str], set[str]]:
+    """(logical name -> attribute, logical names the release has no storage for), from facts.md
+    and, for what facts.md does not list, the TE source notes in tests/te_objects.py."""
+    v = Version(release)
+    swizzled = _SWIZZLED_FACT if v >= Version("2.12") else {}
+    unswizzled = set() if swizzled else {"scales_swizzled"}
+    if kind is TensorKind.FLOAT8:
+        plain = {"data": "_data", "scale_inv": "_scale_inv", "transpose": "_transpose"}
+        return (plain, {"quantizer"}) if v < Version("2.0") else ({**plain, "quantizer": "_quantizer"}, set())
+    if kind is TensorKind.MXFP8:
+        return {**_MX_FACTS, **swizzled}, unswizzled
+    if kind is TensorKind.FLOAT8_BLOCKWISE:  # _data_format (GEMM_READY or COMPACT) 2.5-2.11 only
+        fmt = {"data_format": "_data_format"} if Version("2.5") <= v < Version("2.12") else {}
+        return {**_MX_FACTS, "is_2d_scaled": "_is_2D_scaled", **fmt}, set() if fmt else {"data_format"}
+    if kind is TensorKind.NVFP4:  # 2.16 _row_scaled_nvfp4; 2.17 4over6 (_nvfp4_e4m3_max, _nvfp4_use_4over6)
+        extra = {"amax_rowwise": "_amax_rowwise", "amax_columnwise": "_amax_columnwise", **swizzled}
+        if v >= Version("2.16"):
+            extra["row_scaled_nvfp4"] = "_row_scaled_nvfp4"
+        if v >= Version("2.17"):
+            extra |= {"nvfp4_e4m3_max": "_nvfp4_e4m3_max", "nvfp4_use_4over6": "_nvfp4_use_4over6"}
+        return {**_MX_FACTS, **extra}, unswizzled
+    if kind is TensorKind.HYBRID:  # te_objects.py: HybridQuantizedTensorStorage.__new__
+        hybrid = {"rowwise_storage": "_rowwise_storage", "columnwise_storage": "_columnwise_storage"}
+        return {**hybrid, "quantizer": "_quantizer"}, set()
+    if kind is TensorKind.IDENTITY:  # te_objects.py: IdentityTensorStorage keeps _hp_data
+        return {"data": "_hp_data", "quantizer": "_quantizer"}, set()
+    if v < Version("2.14"):  # 2.13: public data and shape
+        return {**_GROUPED_FACTS, "rowwise_data": "data", "data": "data", "tensor_shapes": "shape"}, {"scales_swizzled"}
+    renamed = {"rowwise_data": "rowwise_data", "data": "rowwise_data", "tensor_shapes": "tensor_shapes"}
+    return {**_GROUPED_FACTS, **renamed, **swizzled}, set()
+
+
 @pytest.mark.parametrize(("row", "release"), ROW_CASES, ids=[f"{r.kind}-{r.span}-TE{v}" for r, v in ROW_CASES])
 def test_row(row: StorageRow, release: str, installed_te: Installer) -> None:
     installed_te(release)
     obj, expected = _make(row.kind, release)
+    facts, absent = _facts(row.kind, release)
+    # every fact must be in the row (names the row has beyond these: the matrix check's job)
+    assert set(facts) <= set(row.storage), f"the row lacks {sorted(set(facts) - set(row.storage))}"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "moved class" or "newer than table" warning
         assert te_compat.tensor_kind(obj) is row.kind
         for logical, tensor in expected.items():
             assert storage_attr(obj, logical) is tensor, logical
-        # every logical name of the row resolves, and only the row's attribute is read
-        for logical, attr in row.storage.items():
-            assert storage_field(obj, logical) is getattr(obj, attr)
-        # names other rows of the kind know but this release lacks read as None
-        for logical in te_compat.table.logical_names(row.kind):
-            if logical not in row.storage:
-                assert storage_field(obj, logical) is None
+        # put a distinct marker in every attribute facts.md names: each logical name must read
+        # exactly the attribute facts.md gives it, on this release's own class (matrix/records)
+        assigned = assigned_names(release, f"{type(obj).__module__}.{type(obj).__qualname__}")
+        markers = {attr: object() for attr in facts.values()}
+        for attr, marker in markers.items():
+            assert attr in assigned, f"facts.md's {attr} is not assigned by TE {release}'s {type(obj).__qualname__}"
+            setattr(obj, attr, marker)
+        for logical, attr in facts.items():
+            assert storage_field(obj, logical) is markers[attr], (logical, attr)
+        for logical in absent:
+            assert storage_field(obj, logical) is None, logical
 
 
 @pytest.mark.parametrize("release", ["2.11.0", "2.12.0", "2.20.2"])
@@ -157,6 +225,18 @@ def test_newer_release_warns_once_and_probes_every_name(installed_te: Installer)
         assert storage_attr(p, "columnwise_data") is p._columnwise_data
 
 
+def test_newer_release_tries_the_newest_name_first(installed_te: Installer) -> None:
+    # A 2.14+ GroupedTensor is a torch.Tensor: it has TE's rowwise_data AND torch's .data (a new
+    # wrapper) and .shape (a torch.Size). Under a TE newer than the table, the newest row's
+    # names (rowwise_data, tensor_shapes) must win over 2.13's (data, shape).
+    installed_te("2.99.0")
+    g = T.grouped_tensor("2.20.2", 2, 128, 64, mxfp8=True, param=True)
+    with pytest.warns(RuntimeWarning, match="newer than the release table"):
+        assert storage_attr(g, "rowwise_data") is g.rowwise_data
+    assert storage_attr(g, "data") is g.rowwise_data
+    assert storage_field(g, "tensor_shapes") == [(128, 64), (128, 64)]
+
+
 def test_newer_release_grouped_probes_old_and_new_names(installed_te: Installer) -> None:
     installed_te("3.0.0")
     g = T.grouped_tensor("2.13.0", 2, 128, 64, mxfp8=True)  # only "data": found by the old name
@@ -182,11 +262,14 @@ def test_moved_class_is_read_by_name_with_a_warning(installed_te: Installer) -> 
 
 
 def test_uncovered_te_quantized_class(installed_te: Installer) -> None:
+    # a quantized tensor of a recipe no row covers: a subclass of TE's own QuantizedTensor
     installed_te("2.20.2")
-    hybrid = make_standin("2.20.2", T.class_path("2.20.2", "HybridQuantizedTensor"), shape=(4, 4))
-    assert te_compat.tensor_kind(hybrid) is TensorKind.OTHER_QUANTIZED
-    with pytest.raises(UnsupportedTensorError, match="HybridQuantizedTensor, of kind other_quantized"):
-        storage_attr(hybrid, "rowwise_data")
+    base = standin_class("2.20.2", "transformer_engine.pytorch.quantized_tensor.QuantizedTensor")
+    custom = type("CustomRecipeTensor", (base,), {"__module__": "my_recipe.tensor"})
+    obj = torch.Tensor._make_wrapper_subclass(custom, (4, 4), dtype=torch.bfloat16)
+    assert te_compat.tensor_kind(obj) is TensorKind.OTHER_QUANTIZED
+    with pytest.raises(UnsupportedTensorError, match="my_recipe.tensor.CustomRecipeTensor, of kind other_quantized"):
+        storage_attr(obj, "rowwise_data")
 
 
 def test_plain_tensor_and_non_tensor(installed_te: Installer) -> None:
@@ -254,5 +337,19 @@ def test_storage_fingerprint(installed_te: Installer) -> None:
     assert flagged != before
     p._columnwise_data = p._columnwise_data.clone()  # TE reassigns a buffer
     assert te_compat.storage_fingerprint(p) != flagged
-    g = T.grouped_tensor("2.20.2", 2, 128, 64, mxfp8=True)
-    assert te_compat.storage_fingerprint(g) == te_compat.storage_fingerprint(g)
+
+
+@pytest.mark.parametrize(("release", "payload"), [("2.13.0", "data"), ("2.20.2", "rowwise_data")])
+def test_grouped_storage_fingerprint(release: str, payload: str, installed_te: Installer) -> None:
+    # payload: the attribute facts.md names for the grouped rowwise payload in that release
+    installed_te(release)
+    g = T.grouped_tensor(release, 2, 128, 64, mxfp8=True)
+    before = te_compat.storage_fingerprint(g)
+    g.scale_inv.fill_(3)  # values change in place: same storage
+    assert te_compat.storage_fingerprint(g) == before
+    assert te_compat.storage_fingerprint(T.grouped_tensor(release, 2, 128, 64, mxfp8=True, seed=1)) != before
+    setattr(g, payload, getattr(g, payload).clone())  # TE reassigns the payload
+    moved = te_compat.storage_fingerprint(g)
+    assert moved != before
+    g.columnwise_scale_inv = g.columnwise_scale_inv.clone()  # and then the columnwise scales
+    assert te_compat.storage_fingerprint(g) != moved
