@@ -96,6 +96,8 @@ class GroupedStorage:
     members: tuple[object, ...] | None  # the per-expert quantized tensors TE made, if any
     quantized: bool  # False for a BF16/FP32 grouped tensor
     scales_swizzled: bool
+    amax_rowwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("amax")
+    amax_columnwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("columnwise_amax")
 
     def need(self, name: str) -> Any:
         return _need(self.owner, getattr(self, name), name)
@@ -182,6 +184,8 @@ def grouped_storage(param: object) -> GroupedStorage:
         members=member_tuple,
         quantized=quantized,
         scales_swizzled=swizzled,
+        amax_rowwise=storage_attr(param, "amax_rowwise"),
+        amax_columnwise=storage_attr(param, "amax_columnwise"),
     )
 
 

@@ -138,10 +138,11 @@ _HYBRID_STORAGE = {
 }
 _HYBRID_PR = "PR 2817, experimental"
 
-_GROUPED_KNOWN = frozenset(
-    {"amax", "columnwise_amax", "scale", "first_dims", "last_dims", "offsets", "tensor_offsets", "logical_shape"}
-)
+_GROUPED_KNOWN = frozenset({"scale", "first_dims", "last_dims", "offsets", "tensor_offsets", "logical_shape"})
 _GROUPED_STORAGE_COMMON = {
+    # NVFP4 groups: fp32 [num_tensors] per-expert amax (rowwise [total rows] when row-scaled, 2.16+)
+    "amax_rowwise": "amax",
+    "amax_columnwise": "columnwise_amax",
     "columnwise_data": "columnwise_data",
     "rowwise_scale_inv": "scale_inv",
     "scale_inv": "scale_inv",

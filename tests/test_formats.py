@@ -364,3 +364,18 @@ def test_a_moved_hybrid_module_fails_the_check() -> None:
     )
     problems = check_record({**record, "release": "2.21.0"})
     assert any(f"looks for class {HYBRID_STORAGE_CLS}, which this release does not define" in p for p in problems)
+
+
+# --- grouped NVFP4 amax ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("release", ["2.13.0", "2.14.0", "2.20.2"])
+def test_grouped_amax(release: str, installed_te: Installer) -> None:
+    # grouped_tensor*.py (2.13+): an NVFP4 group keeps per-expert fp32 amax in "amax" and
+    # "columnwise_amax" ([num_tensors]); other formats leave them None.
+    installed_te(release)
+    g = T.grouped_tensor(release, 2, 128, 64, mxfp8=True)
+    assert te_compat.grouped_storage(g).amax_rowwise is None
+    g.amax, g.columnwise_amax = torch.rand(2), torch.rand(2)
+    s = te_compat.grouped_storage(g)
+    assert s.amax_rowwise is g.amax and s.amax_columnwise is g.columnwise_amax
