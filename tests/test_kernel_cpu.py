@@ -56,27 +56,50 @@ def test_jobs_rowwise_transposed_and_gather() -> None:
     assert one_column.mode == launcher.MODE_ROWS  # a single column reads the same bytes either way
 
 
-def test_units_cover_the_layout() -> None:
-    # 7168 rows x 224 scale columns = 56 slabs x 56 tiles; units of TILES_PER_UNIT tiles, 3 experts
-    job = launcher.Job(0, 0, 224, 1, 7168 * 224, 7168, 224, 3, launcher.MODE_ROWS, 16)
-    assert job.units() == 3 * 56 * -(-56 // launcher.TILES_PER_UNIT)
-    assert launcher.TILES_PER_UNIT in (16, 32) and job.units() in (3 * 56 * 4, 3 * 56 * 2)
-    assert launcher.Job(0, 0, 0, 0, 0, 16384 * 3 + 1, 0, 1, launcher.MODE_COPY, 16).units() == 4
+# (rows R, scale columns C, experts E, tiles per unit) -> units, by hand from the spec: an expert
+# has roundup(R,128)/128 slabs of roundup(C,4)/4 tiles, and a unit takes up to "tiles per unit"
+# tiles of one slab. Padded rows and columns count: R=130 is 2 slabs, C=65 is 17 tiles.
+UNIT_CASES = [
+    (128, 4, 1, 16, 1),
+    (130, 5, 1, 16, 2),  # 256 x 8 padded: 2 slabs of 2 tiles
+    (100, 3, 1, 16, 1),  # fewer than 128 rows still make one slab
+    (129, 4, 3, 16, 6),
+    (200, 65, 2, 16, 8),  # 2 slabs of 17 tiles = 2 units each, 2 experts
+    (200, 65, 2, 4, 20),  # 17 tiles in units of 4: 5 per slab
+    (300, 130, 1, 16, 9),  # 3 slabs of 33 tiles = 3 units each
+    (7168, 224, 3, 16, 672),  # 56 slabs of 56 tiles = 4 units each, 3 experts
+    (1, 1, 1, 16, 1),
+]
+
+
+@pytest.mark.parametrize(("rows", "cols", "experts", "tiles", "units"), UNIT_CASES)
+def test_units_count_the_padded_layout(rows: int, cols: int, experts: int, tiles: int, units: int) -> None:
+    config = launcher.KernelConfig("default", tiles_per_unit=tiles)
+    job = launcher.Job(0, 0, cols, 1, rows * cols, rows, cols, experts, launcher.MODE_ROWS, 16)
+    assert job.units(config) == units
+
+
+@pytest.mark.parametrize(("nbytes", "units"), [(1, 1), (16384, 1), (16385, 2), (16384 * 3 + 1, 4)])
+def test_copy_units(nbytes: int, units: int) -> None:
+    assert launcher.Job(0, 0, 0, 0, 0, nbytes, 0, 1, launcher.MODE_COPY, 16).units() == units
 
 
 def test_same_shaped_experts_merge_into_one_indirect_job() -> None:
     # per-expert matrices of one shape become one job reading a pointer table; others stay apart
-    experts = [launcher.Job(1000 * e, 5000 * e, 16, 1, 0, 256, 8, 1, launcher.MODE_ROWS, 16) for e in range(1, 4)]
-    odd = launcher.Job(7, 9, 12, 1, 0, 128, 3, 1, launcher.MODE_ROWS, 4)
+    experts = [launcher.Job(1000 * e, 5000 * e, 8, 1, 0, 130, 5, 1, launcher.MODE_ROWS, 4) for e in range(1, 4)]
+    odd = launcher.Job(7, 9, 12, 1, 0, 100, 3, 1, launcher.MODE_ROWS, 4)
     copy = launcher.Job(64, 128, 0, 0, 0, 40000, 0, 1, launcher.MODE_COPY, 16)
-    rows, arrays, total = launcher._merge([*experts[:2], odd, experts[2], copy])
+    config = launcher.KernelConfig("default", tiles_per_unit=16)
+    rows, arrays, total = launcher._merge([*experts[:2], odd, experts[2], copy], config)
     assert len(rows) == 3
     merged = rows[0]
     assert merged[7] == 3 and merged[8] & launcher.FLAG_INDIRECT and merged[9] == 0
     assert arrays == [[1000, 2000, 3000, 5000, 10000, 15000]]
-    assert rows[1][9] == 3 * experts[0].units()  # the odd job's units follow the merged job's
-    assert rows[2][9] == rows[1][9] + odd.units()
-    assert total == 3 * experts[0].units() + odd.units() + copy.units()
+    # by hand: R=130, C=5 pads to 2 slabs of 2 tiles = 2 units an expert, 6 for the three;
+    # R=100, C=3 is 1 slab of 1 tile = 1 unit; 40000 bytes are 3 copy chunks of 16384
+    assert rows[1][9] == 6  # the odd job's units follow the merged job's
+    assert rows[2][9] == 7
+    assert total == 10
 
 
 def test_misaligned_output_is_refused() -> None:
@@ -113,7 +136,9 @@ def test_refresh_layer_checks_every_entry_before_writing(installed_te) -> None: 
     with pytest.raises(mok.RefreshError, match="refresh_layer entry 1: expert 1 rowwise data moved"):
         mok.refresh_layer([(g, gv), (ps, sv)], backend="torch")
     assert torch.equal(gv.row_scales, before)  # entry 0 was not written either
-    with pytest.raises(mok.RefreshError, match="entry 0: expected a GroupedExpertWeights or SplitExpertWeights"):
+    with pytest.raises(
+        mok.RefreshError, match="entry 0: expected a (quantized )?GroupedExpertWeights or SplitExpertWeights"
+    ):
         mok.refresh_layer([(g, object())])  # type: ignore[list-item]
 
 
