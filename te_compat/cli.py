@@ -132,6 +132,8 @@ def _print_verification(result: Verification, as_json: bool) -> None:
     print(f"rows used: {', '.join(result.rows)}")
     for line in result.problems:
         print(f"  - {line}")
+    if result.uncovered:
+        print(f"not covered by the table (read as other_quantized): {', '.join(result.uncovered)}")
     print(f"{result.files} files read in {result.elapsed_s * 1000:.0f} ms")
 
 

@@ -322,10 +322,10 @@ def check_classes(release: Version, classes: Classes, rows: Sequence[StorageRow]
     return result + check_bases(release, classes)
 
 
-def uncovered_quantized(classes: Classes) -> list[str]:
+def uncovered_quantized(classes: Classes, rows: Sequence[StorageRow] = table.ROWS) -> list[str]:
     """Quantized tensor classes of a release that no row covers (informational)."""
     bases = {p for p, _, _ in table.QUANTIZED_BASES}
-    covered = set(table.class_index())
+    covered = {path for row in rows for path in row.classes}
     out = []
     for path in classes:
         chain = lineage(classes, path)

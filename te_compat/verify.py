@@ -37,6 +37,7 @@ from te_compat.source_facts import (
     check_kind,
     check_row,
     file_classes,
+    uncovered_quantized,
 )
 from te_compat.table import StorageRow, TensorKind
 from te_compat.version import parse_te_version, release_of, te_status
@@ -58,6 +59,7 @@ class Verification:
     beyond_table: bool  # the release is newer than table.CHECKED_THROUGH
     newest_rows_verified: bool | None  # beyond the table: did the newest rows hold (else None)
     files: int = 0  # source files read
+    uncovered: tuple[str, ...] = ()  # quantized classes no row covers (te_compat sees other_quantized)
     elapsed_s: float = field(default=0.0, compare=False)
 
     @property
@@ -225,5 +227,6 @@ def verify_installed(
         beyond_table=beyond,
         newest_rows_verified=newest_ok if beyond else None,
         files=files,
+        uncovered=tuple(uncovered_quantized(classes, rows)),
         elapsed_s=time.perf_counter() - start,
     )

@@ -133,6 +133,15 @@ def test_beyond_the_table_the_newest_of_several_verifying_rows_wins(te_source: U
     assert beyond.ok and [r for r in beyond.rows if r.startswith("mxfp8 ")] == ["mxfp8 2.10 .. 2.12"]
 
 
+def test_quantized_classes_no_row_covers_are_listed(te_source: Unpacker) -> None:
+    assert verify_installed(te_source("2.20.2"), "2.20.2").uncovered == ()
+    without_mxfp8 = [r for r in table.ROWS if r.kind is not TensorKind.MXFP8]
+    result = verify_installed(te_source("2.20.2"), "2.20.2", rows=without_mxfp8)
+    assert result.ok and "mxfp8" not in {r.split()[0] for r in result.rows}
+    assert "transformer_engine.pytorch.tensor.mxfp8_tensor.MXFP8Tensor" in result.uncovered
+    assert f"{MXFP8_STORAGE_MODULE}.{MXFP8_STORAGE_CLASS}" in result.uncovered
+
+
 def test_the_cache_reparses_only_changed_files(
     te_source: Unpacker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
