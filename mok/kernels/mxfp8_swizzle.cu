@@ -256,6 +256,7 @@ struct Cursor {
   unsigned char* dst;
 };
 
+#ifndef MOK_EMULATE  // mok/kernels/emulate.py runs this code on the CPU with its own versions
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -264,6 +265,12 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
 }
 
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Orders this thread's earlier ordinary shared-memory accesses before later bulk copies.
+__device__ __forceinline__ void proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
@@ -289,6 +296,7 @@ __device__ __forceinline__ void bulk_load(unsigned char* dst, const unsigned cha
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
 }
+#endif
 
 // The staging of a unit. Rowwise: S[r, c] (unit-relative) sits at stage + delta + r*sr + c and is
 // staged when lo <= r*orow + c and the read ends by hi. Columnwise: at stage + c*sr + r, staged
@@ -381,7 +389,7 @@ __device__ __forceinline__ void decode_bulk(const Job* __restrict__ jobs, int nj
 // Start filling `stage` with unit U (every thread calls it; the copies are spread over threads).
 __device__ __forceinline__ void issue(const BUnit& U, unsigned char* stage, unsigned long long* bar) {
   if (U.bytes == 0) return;
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // earlier ordinary reads of this stage
+  proxy_fence();  // earlier ordinary reads of this stage
   if (threadIdx.x == 0) mbar_expect(bar, (unsigned)U.bytes);
   if (U.kind == STAGE_SLAB) {
     if (threadIdx.x == 0)
@@ -478,12 +486,17 @@ __device__ __forceinline__ void cols_out(const BUnit& U, const unsigned char* st
 }
 
 __device__ __forceinline__ void bulk_body(const Job* __restrict__ jobs, int njobs, long long total) {
+#ifdef MOK_EMULATE
+  unsigned char* stages = emulated_stages();
+  unsigned long long* bars = emulated_bars();
+#else
   extern __shared__ __align__(128) unsigned char stages[];  // 2 x STAGE_BYTES (dynamic)
   __shared__ __align__(8) unsigned long long bars[2];
+#endif
   if (threadIdx.x == 0) {
     mbar_init(&bars[0]);
     mbar_init(&bars[1]);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
   const long long per = total / gridDim.x, extra = total % gridDim.x;

@@ -1,0 +1,102 @@
+// Host shim that runs mxfp8_swizzle.cu's bulk variant on the CPU (mok/kernels/emulate.py):
+// one std::thread per CUDA thread, std::barrier for __syncthreads, and an mbarrier / bulk-copy
+// model that checks the copy engine's rules (16-byte aligned addresses and sizes, in-bounds
+// shared memory) and completes a phase only when its arrival and every byte have come in.
+// It tests the addressing, planning, staging and pipeline logic; not timing, not the hardware.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#define MOK_EMULATE 1
+#define __CUDA_ARCH__ 900
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+struct Dim3 { unsigned x; };
+thread_local Dim3 threadIdx;
+Dim3 blockIdx, gridDim;
+using std::min;
+
+template <class T> inline T __ldg(const T* p) { return *p; }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  unsigned long long v = ((unsigned long long)y << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+
+std::barrier<>* emu_sync = nullptr;
+#define __syncthreads() emu_sync->arrive_and_wait()
+
+#ifndef STAGE_BYTES
+#define STAGE_BYTES 32768
+#endif
+alignas(128) unsigned char emu_stages[2 * STAGE_BYTES];
+unsigned long long emu_bar_words[2];
+struct EmuBar { long pending = 1, tx = 0; unsigned phase = 0; };
+EmuBar emu_bars[2];
+std::mutex emu_mutex;
+std::atomic<int> emu_errors{0};
+
+inline unsigned char* emulated_stages() { return emu_stages; }
+inline unsigned long long* emulated_bars() { return emu_bar_words; }
+inline EmuBar& emu_bar(unsigned long long* bar) { return emu_bars[bar - emu_bar_words]; }
+inline void emu_fail(const char* what) {
+  std::fprintf(stderr, "emulator: %s\n", what);
+  emu_errors++;
+}
+inline void emu_settle(EmuBar& b) {
+  if (b.tx < -(1 << 20) || b.tx > (1 << 20)) emu_fail("tx-count out of range");
+  if (b.pending == 0 && b.tx == 0) {
+    b.phase ^= 1;
+    b.pending = 1;
+  }
+}
+inline void mbar_init(unsigned long long* bar) {
+  std::lock_guard<std::mutex> g(emu_mutex);
+  emu_bar(bar) = EmuBar{};
+}
+inline void mbar_init_fence() {}
+inline void proxy_fence() {}
+inline void mbar_expect(unsigned long long* bar, unsigned bytes) {
+  std::lock_guard<std::mutex> g(emu_mutex);
+  EmuBar& b = emu_bar(bar);
+  if (b.pending != 1) emu_fail("arrive on a barrier with no pending arrival");
+  b.tx += bytes;
+  b.pending -= 1;
+  emu_settle(b);
+}
+inline void mbar_wait(unsigned long long* bar, unsigned parity) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> g(emu_mutex);
+      if (emu_bar(bar).phase != parity) return;
+    }
+    std::this_thread::yield();
+  }
+}
+inline void bulk_load(unsigned char* dst, const unsigned char* src, unsigned bytes, unsigned long long* bar) {
+  if (bytes == 0 || bytes % 16) emu_fail("bulk copy size not a positive multiple of 16");
+  if ((dst - emu_stages) % 16 || reinterpret_cast<unsigned long long>(src) % 16) emu_fail("bulk copy misaligned");
+  if (dst < emu_stages || dst + bytes > emu_stages + sizeof(emu_stages)) emu_fail("bulk copy outside shared memory");
+  const long stage = (dst - emu_stages) / STAGE_BYTES;
+  if ((dst + bytes - 1 - emu_stages) / STAGE_BYTES != stage) emu_fail("bulk copy crosses a stage");
+  if (stage != bar - emu_bar_words) emu_fail("bulk copy completes on the other stage's barrier");
+  std::memcpy(dst, src, bytes);
+  std::lock_guard<std::mutex> g(emu_mutex);
+  emu_bar(bar).tx -= bytes;
+  emu_settle(emu_bar(bar));
+}
