@@ -22,6 +22,12 @@ from te_compat.verify import Verification, verify_installed
 # a dict of rows (name -> value), e.g. mok's kernel backend choice.
 REPORT_SECTIONS = "te_compat.report"
 
+DESCRIPTION = """\
+te-compat report: what this process can do (TE, torch, the GPU), plus sections that other
+  installed packages contribute.
+te-compat verify: check the installed TE's own source against the release table.
+te-compat releases: the release table.
+"""
 REPORT_EXIT_CODES = """\
 exit codes:
   0  the report was printed; with --require, every FEATURE is available
@@ -182,7 +188,7 @@ def _subparser(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="te-compat",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"report {REPORT_EXIT_CODES}\nverify {VERIFY_EXIT_CODES}",
     )

@@ -123,7 +123,8 @@ def test_cli_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -
     assert "``" not in out and ":func:" not in out  # plain text, not reST
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert "report exit codes:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "report exit codes:" in out and "verify exit codes:" in out and "``" not in out
 
 
 def demo_section() -> dict[str, object]:
