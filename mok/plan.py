@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from mok.errors import LayoutError, RefreshError
-from mok.layout import check_out, layout_shape, padded_shape
+from mok.layout import check_no_overlap, check_out, layout_shape, padded_shape
 from mok.swizzle import PreparedWork, ScaleWork
 from te_compat import storage_reader
 
@@ -93,6 +93,8 @@ def plan_scales(
         if not checked:
             check_out(out, source.logical, source.name)
         work.append(ScaleWork(source.logical, out))
+    if not checked:  # a cached view's buffers: never over TE's scales, nor over each other
+        check_no_overlap([w.dst for w in work], [w.src for w in work], what, out_label="cached buffers")
     return slots if slots is not None else ScaleSlots(outs, False), work
 
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from mok.backend import backend_for
+from mok.checks import check_sequence
 from mok.errors import LayoutError
-from mok.layout import as_batch, check_out, layout_shape, swizzle_reference
+from mok.layout import as_batch, check_no_overlap, check_out, layout_shape, swizzle_reference
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def swizzle_mxfp8_scales_many(
     """Convert separate per-expert logical scales ``[R_i, C_i]`` (one launch on CUDA, any number
     of experts). ``outs[i]`` must be the layout buffer of ``scales[i]``; without ``outs`` they
     are allocated."""
+    scales = check_sequence("scales", scales, "logical scale matrices [R, C]")
     if len(scales) == 0:
         raise LayoutError("swizzle_mxfp8_scales_many: expected at least one scale matrix; found none")
     batches = []
@@ -112,9 +114,12 @@ def swizzle_mxfp8_scales_many(
             raise LayoutError(f"scales[{i}] is on {b.device}; expected every matrix on {device}")
     if outs is None:
         outs = [torch.empty(layout_shape(b.shape[1], b.shape[2]), dtype=torch.uint8, device=device) for b in batches]
-    elif len(outs) != len(batches):
-        raise LayoutError(f"expected {len(batches)} output buffers, one per scale matrix; found {len(outs)}")
-    for i, (b, o) in enumerate(zip(batches, outs, strict=True)):
-        check_out(o, b, f"outs[{i}]")
+    else:
+        outs = check_sequence("outs", outs, "layout buffers")
+        if len(outs) != len(batches):
+            raise LayoutError(f"expected {len(batches)} output buffers, one per scale matrix; found {len(outs)}")
+        for i, (b, o) in enumerate(zip(batches, outs, strict=True)):
+            check_out(o, b, f"outs[{i}]")
+        check_no_overlap(outs, batches, "swizzle_mxfp8_scales_many", input_label="scales")
     run_work([ScaleWork(b, o) for b, o in zip(batches, outs, strict=True)], backend)
     return list(outs)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import graphlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,3 +48,40 @@ def test_nothing_initialises_cuda() -> None:
         check=True,
     )
     assert out.stdout.strip() == "False"
+
+
+def _imported(path: Path) -> set[str]:
+    """Every absolute module name ``path`` imports, anywhere in its body (functions too)."""
+    deps: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            deps |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            deps |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return deps
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` it imports."""
+    paths = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (ROOT / package).rglob("*.py")
+    }
+    return {name: (_imported(path) & set(paths)) - {name, package} for name, path in paths.items()}
+
+
+@pytest.mark.parametrize("package", ["te_compat", "mok"])
+def test_no_import_circle_inside_the_package(package: str) -> None:
+    graph = _import_graph(package)
+    assert len(graph) > 5  # the walk found the modules
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the circle
+
+
+def test_the_circle_check_can_fail() -> None:
+    with pytest.raises(graphlib.CycleError):
+        graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).prepare()
+
+
+def test_te_compat_never_imports_mok_or_matrix() -> None:
+    for path in (ROOT / "te_compat").rglob("*.py"):
+        assert not {d for d in _imported(path) if d.split(".")[0] in ("mok", "matrix")}, path

@@ -1,0 +1,304 @@
+"""mok's planner: refreshes of unchanged weights plan nothing, every change is still caught, and
+NVFP4 weights go through the same planner (stand-ins built from matrix/records)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import mok
+from mok import ExpertWeightError, RefreshError, grouped_weight_view, split_weight_view
+from mok import views as mok_views
+from tests import te_objects as T
+from tests.spec_oracle import spec_layout
+from tests.standins import make_standin
+
+Installer = Callable[..., None]
+R, C = 128, 256  # aligned
+PR, PC = 160, 96  # padded: 160 rows, 96/16 = 6 NVFP4 scale columns
+
+
+@pytest.fixture
+def planned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of every scale set the views plan (all planning goes through views.plan_scales)."""
+    calls: list[str] = []
+    real = mok_views.plan_scales
+
+    def counting(*args: Any) -> Any:
+        calls.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(mok_views, "plan_scales", counting)
+    return calls
+
+
+def _rows(buf: torch.Tensor, r: int, blocks: int) -> torch.Tensor:
+    return buf[:r, :blocks]
+
+
+# ------------------------------------------------------------------------ no planning, still safe
+
+
+def test_unchanged_split_refresh_plans_nothing_and_converts_new_values(
+    installed_te: Installer, planned: list[str]
+) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(5)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    assert planned == ["rowwise scales", "columnwise scales"]
+    for p in ps:
+        p._rowwise_scale_inv.random_(0, 255)
+    for _ in range(3):
+        assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
+    assert len(planned) == 2 and v.refresh_plan.plans == 1
+    assert torch.equal(v.row_scales[4], spec_layout(_rows(ps[4]._rowwise_scale_inv, R, C // 32)))
+
+
+def test_a_new_list_of_the_same_parameters_is_unchanged(installed_te: Installer, planned: list[str]) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    split_weight_view(tuple(ps), rows=R, columns=C, use_mxfp8=True, cached=v)
+    assert len(planned) == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["replace rowwise scales", "replace columnwise scales", "set swizzled flag", "swap a parameter"],
+)
+def test_each_storage_change_is_planned_again(change: str, installed_te: Installer, planned: list[str]) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    addresses = [t.data_ptr() for t in v.row_scales]
+    if change == "replace rowwise scales":
+        ps[2]._rowwise_scale_inv = ps[2]._rowwise_scale_inv.clone().random_(0, 255)
+    elif change == "replace columnwise scales":
+        ps[0]._columnwise_scale_inv = ps[0]._columnwise_scale_inv.clone().random_(0, 255)
+    elif change == "set swizzled flag":  # TE swizzled expert 1's rowwise scales in place
+        done = spec_layout(_rows(ps[1]._rowwise_scale_inv, R, C // 32))
+        ps[1]._rowwise_scale_inv = done.view(R, C // 32).clone()
+        ps[1]._columnwise_scale_inv = (
+            spec_layout(ps[1]._columnwise_scale_inv[: R // 32, :C].t()).view(R // 32, C).clone()
+        )
+        ps[1]._with_gemm_swizzled_scales = True
+    else:
+        ps[1] = T.mxfp8_tensor("2.20.2", R, C, seed=9, param=True, _rowwise_data=ps[1]._rowwise_data)
+        ps[1]._columnwise_data = v.col_data[1].view(torch.uint8) if v.col_data else None
+    assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
+    assert len(planned) == 4 and v.refresh_plan.plans == 2  # planned again, both directions
+    assert [t.data_ptr() for t in v.row_scales] == addresses  # in place
+    for e, p in enumerate(ps):
+        want = spec_layout(_rows(p._rowwise_scale_inv, R, C // 32))
+        if change == "set swizzled flag" and e == 1:
+            want = p._rowwise_scale_inv.view(want.shape)  # copied as TE swizzled it, not converted again
+        assert torch.equal(v.row_scales[e], want)
+
+
+@pytest.mark.parametrize("which", ["_rowwise_data", "_columnwise_data"])
+def test_a_moved_payload_is_refused(which: str, installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    setattr(ps[1], which, getattr(ps[1], which).clone())
+    direction = which.strip("_").split("_")[0]
+    with pytest.raises(RefreshError, match=f"expert 1 {direction} data moved from 0x"):
+        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+
+
+def test_grouped_with_more_than_256_experts_is_unchanged(installed_te: Installer, planned: list[str]) -> None:
+    # num_tensors 300 is a new int object at each read (CPython caches -5..256): equal, not identical
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 300, 32, 128, mxfp8=True, members=False, columnwise=False)
+    v = grouped_weight_view(g, num_experts=300, rows=32, columns=128, use_mxfp8=True)
+    g.num_tensors = int("300")
+    grouped_weight_view(g, num_experts=300, rows=32, columns=128, use_mxfp8=True, cached=v)
+    assert planned == ["grouped rowwise scales"]
+
+
+def test_the_layer_owns_its_plan(installed_te: Installer, planned: list[str]) -> None:
+    installed_te("2.20.2")
+    fc1 = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
+    g = T.grouped_tensor("2.20.2", 2, C, R, mxfp8=True)
+    v1 = split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
+    v2 = grouped_weight_view(g, num_experts=2, rows=C, columns=R, use_mxfp8=True)
+    layer = mok.LayerRefresh([(fc1, v1), (g, v2)])
+    del planned[:]
+    layer()
+    layer()
+    assert len(planned) == 4 and layer.plan.plans == 1  # two directions of each view, once
+    assert v1.refresh_plan.plans == 1 and v2.refresh_plan.plans == 1  # the views' own plans untouched
+    g.scale_inv.random_(0, 255)
+    layer()
+    want = spec_layout(g.scale_inv.view(2, C, 4)[:, :C, : R // 32])
+    assert torch.equal(v2.row_scales, want)
+
+
+# ------------------------------------------------------------------------------------- NVFP4
+
+
+def _nvfp4_params(release: str, rows: int, cols: int, n: int, **kw: Any) -> list[Any]:
+    return [T.nvfp4_tensor(release, rows, cols, seed=e, param=True, **kw) for e in range(n)]
+
+
+@pytest.mark.parametrize("release", ["2.8.0", "2.12.0", "2.20.2"])
+@pytest.mark.parametrize(("rows", "cols"), [(R, C), (PR, PC)])
+def test_split_nvfp4_view(release: str, rows: int, cols: int, installed_te: Installer) -> None:
+    installed_te(release)
+    ps = _nvfp4_params(release, rows, cols, 3)
+    v = split_weight_view(ps, rows=rows, columns=cols, format="nvfp4")
+    assert v.format == "nvfp4" and not v.use_mxfp8
+    for e, p in enumerate(ps):
+        assert v.row_data[e].data_ptr() == p._rowwise_data.data_ptr() and v.row_data[e].shape == (rows, cols // 2)
+        assert v.col_data is not None and v.col_data[e].shape == (cols, rows // 2)  # TE's transposed payload
+        assert v.col_data[e].data_ptr() == p._columnwise_data.data_ptr()
+        assert torch.equal(v.row_scales[e], spec_layout(p._rowwise_scale_inv[:rows, : cols // 16]))
+        assert v.col_scales is not None
+        assert torch.equal(v.col_scales[e], spec_layout(p._columnwise_scale_inv[:cols, : rows // 16]))
+        assert v.row_amax is not None and v.row_amax[e] is p._amax_rowwise
+    assert v.row_amax_ptrs is not None and v.row_amax_ptrs.tolist() == [p._amax_rowwise.data_ptr() for p in ps]
+
+
+def test_split_nvfp4_refresh_and_swizzled(installed_te: Installer, planned: list[str]) -> None:
+    installed_te("2.20.2")
+    ps = _nvfp4_params("2.20.2", R, C, 2, columnwise=False)
+    v = split_weight_view(ps, rows=R, columns=C, format="nvfp4")
+    ps[0]._rowwise_scale_inv.random_(0, 255)
+    split_weight_view(ps, rows=R, columns=C, format="nvfp4", cached=v)
+    assert planned == ["rowwise scales"]
+    assert torch.equal(v.row_scales[0], spec_layout(ps[0]._rowwise_scale_inv[:R, : C // 16]))
+    done = [spec_layout(p._rowwise_scale_inv[:R, : C // 16]) for p in ps]
+    swz = [T.nvfp4_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False, swizzled=True) for e in range(2)]
+    for p, d in zip(swz, done, strict=True):
+        p._rowwise_scale_inv = d.view(R, C // 16 // 4 * 4).clone()
+    zv = split_weight_view(swz, rows=R, columns=C, format="nvfp4")
+    assert zv.row_scales_zero_copy and zv.row_scales[1].data_ptr() == swz[1]._rowwise_scale_inv.data_ptr()
+
+
+def test_nvfp4_needs_multiples_of_16(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = _nvfp4_params("2.20.2", 40, 64, 1)
+    with pytest.raises(ExpertWeightError, match="NVFP4 needs rows and columns that are positive multiples of 16"):
+        split_weight_view(ps, rows=40, columns=64, format="nvfp4")
+
+
+def test_format_and_use_mxfp8_must_agree(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = _nvfp4_params("2.20.2", R, C, 1)
+    with pytest.raises(ValueError, match="use_mxfp8=True contradicts format='nvfp4'"):
+        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, format="nvfp4")
+    with pytest.raises(ValueError, match="format: expected one of 'bf16', 'mxfp8', 'nvfp4'; found 'fp4'"):
+        split_weight_view(ps, rows=R, columns=C, format="fp4")
+    with pytest.raises(ExpertWeightError, match="expert 0: expected an MXFP8 parameter; found .*kind nvfp4"):
+        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+
+
+def _grouped_nvfp4(release: str, experts: int, rows: int, cols: int) -> Any:
+    """A GroupedTensor of NVFP4 experts as TE 2.20.2's make_grouped_tensor allocates it: flat
+    packed payloads, per-expert padded scales back to back, per-expert amax."""
+    g = torch.Generator().manual_seed(7)
+    row_pad = (T.roundup(rows, 128), T.roundup(cols // 16, 4))
+    col_pad = (T.roundup(cols, 128), T.roundup(rows // 16, 4))
+    rows_s = [T.garbage_padded(rows, cols // 16, *row_pad, g) for _ in range(experts)]
+    cols_s = [T.garbage_padded(cols, rows // 16, *col_pad, g) for _ in range(experts)]
+    n = experts * rows * cols // 2
+    attrs = {
+        "num_tensors": experts,
+        "tensor_shapes": [(rows, cols)] * experts,
+        "rowwise_data": torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
+        "columnwise_data": torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g),
+        "scale_inv": torch.cat([s.flatten() for s in rows_s]),
+        "columnwise_scale_inv": torch.cat([s.flatten() for s in cols_s]),
+        "scale_inv_offsets": [e * math.prod(row_pad) for e in range(experts + 1)],
+        "columnwise_scale_inv_offsets": [e * math.prod(col_pad) for e in range(experts + 1)],
+        "amax": torch.rand(experts, generator=g),
+        "columnwise_amax": torch.rand(experts, generator=g),
+        "quantizer": object(),
+    }
+    path = T.class_path(release, "GroupedTensor")
+    return make_standin(release, path, attrs, shape=(experts, rows, cols)), rows_s, cols_s
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(R, C), (PR, PC)])
+def test_grouped_nvfp4_view(rows: int, cols: int, installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g, rows_s, cols_s = _grouped_nvfp4("2.20.2", 3, rows, cols)
+    v = grouped_weight_view(g, num_experts=3, rows=rows, columns=cols, format="nvfp4")
+    assert v.row_data.data_ptr() == g.rowwise_data.data_ptr() and v.row_data.shape == (3, rows, cols // 2)
+    assert v.col_data is not None and v.col_data.shape == (3, cols, rows // 2)
+    assert torch.equal(v.row_scales, spec_layout(torch.stack([s[:rows, : cols // 16] for s in rows_s])))
+    assert torch.equal(v.col_scales, spec_layout(torch.stack([s[:cols, : rows // 16] for s in cols_s])))
+
+
+def test_layer_mixes_mxfp8_and_nvfp4_in_one_plan(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    mx = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
+    fp4 = _nvfp4_params("2.20.2", R, C, 2)
+    v1 = split_weight_view(mx, rows=R, columns=C, use_mxfp8=True)
+    v2 = split_weight_view(fp4, rows=R, columns=C, format="nvfp4")
+    for p in fp4:
+        p._columnwise_scale_inv.random_(0, 255)
+    mok.refresh_layer([(mx, v1), (fp4, v2)])
+    assert v2.col_scales is not None
+    assert torch.equal(v2.col_scales[1], spec_layout(fp4[1]._columnwise_scale_inv[:C, : R // 16]))
+
+
+# ------------------------------------------------------------------------------------ backend
+
+
+def test_backend_argument_and_variable_are_checked_on_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    scales = torch.randint(0, 255, (128, 4), dtype=torch.uint8)
+    for bad in ("garbage", 5):
+        with pytest.raises(
+            ValueError, match=f"backend: expected one of 'auto', 'cuda', 'torch' or None; found {bad!r}"
+        ):
+            mok.swizzle_mxfp8_scales(scales, backend=bad)  # type: ignore[arg-type]
+    monkeypatch.setenv("TE_COMPAT_KERNEL_BACKEND", "garbage")
+    with pytest.raises(ValueError, match="environment variable TE_COMPAT_KERNEL_BACKEND: expected one of auto"):
+        mok.swizzle_mxfp8_scales(scales)
+    assert mok.backend.report()["kernel backend"] == "unavailable"
+    assert "TE_COMPAT_KERNEL_BACKEND" in str(mok.backend.report()["kernel backend reason"])
+    monkeypatch.setenv("TE_COMPAT_KERNEL_BACKEND", "torch")
+    assert mok.kernel_backend().name == "torch"
+    assert torch.equal(mok.swizzle_mxfp8_scales(scales), spec_layout(scales))
+
+
+# ------------------------------------------------------------------------------ caller buffers
+
+
+def test_many_writes_into_the_given_outs_and_refuses_overlaps() -> None:
+    a, b = (torch.randint(0, 255, (128, 4), dtype=torch.uint8) for _ in range(2))
+    outs = [torch.empty(1, 1, 32, 16, dtype=torch.uint8) for _ in range(2)]
+    got = mok.swizzle_mxfp8_scales_many([a, b], outs=outs)
+    assert got[0] is outs[0] and got[1] is outs[1]
+    assert torch.equal(outs[0], spec_layout(a)) and torch.equal(outs[1], spec_layout(b))
+    with pytest.raises(mok.LayoutError, match=r"outs\[0\] overlaps outs\[1\]"):
+        mok.swizzle_mxfp8_scales_many([a, b], outs=[outs[0], outs[0]])
+    shared = torch.empty(2, 1, 32, 16, dtype=torch.uint8)  # disjoint halves of one buffer are fine
+    mok.swizzle_mxfp8_scales_many([a, b], outs=[shared[:1], shared[1:]])
+    c = torch.randint(0, 255, (512,), dtype=torch.uint8)
+    before = c.clone()
+    with pytest.raises(mok.LayoutError, match=r"outs\[0\] overlaps scales\[1\]"):
+        mok.swizzle_mxfp8_scales_many([a, c.view(128, 4)], outs=[c.view(1, 1, 32, 16), outs[1]])
+    assert torch.equal(c, before)  # the input was not written
+    with pytest.raises(TypeError, match=r"scales: expected a sequence"):
+        mok.swizzle_mxfp8_scales_many(None)  # type: ignore[arg-type]
+
+
+def test_cached_buffers_over_te_scales_are_refused(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    # a cached view whose layout buffer is expert 1's own TE scale buffer: writing would corrupt TE
+    for owner, match in ((1, "expert 1 rowwise scales shares storage with the input"), (0, r"overlaps inputs\[0\]")):
+        te_buffer = ps[owner]._rowwise_scale_inv
+        scales = (v.row_scales[0], te_buffer.view(1, 2, 32, 16))
+        bad = mok.SplitExpertWeights(2, R, C, True, v.row_data, v.row_data_ptrs, scales)
+        before = te_buffer.clone()
+        with pytest.raises(mok.LayoutError, match=match):
+            split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=bad)
+        assert torch.equal(te_buffer, before)
