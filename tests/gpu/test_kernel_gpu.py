@@ -1,28 +1,61 @@
-"""The CUDA kernel against the torch reference, byte for byte, on a real GPU.
+"""The CUDA kernel against the torch reference, byte for byte, on a real GPU, for EVERY kernel
+variant (launcher.VARIANTS: the default kernel and the sm_90 bulk-copy one).
 
-Inputs carry 0xFF in TE's padding; outputs are poisoned with 0xAB before each call so an unwritten
-byte shows. Skipped without a CUDA device (tests/gpu/conftest.py).
+Inputs are random bytes with 0xFF in TE's padding; outputs are poisoned with 0xAB before each
+call and compared whole (zero padding included), so an unwritten or stray byte shows. Skipped
+without a CUDA device (tests/gpu/conftest.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mok
 from mok.kernels import launcher
+from mok.layout import swizzle_reference
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
+POISON = 0xAB
 
 
 @pytest.fixture(autouse=True)
 def _needs_cuda_core() -> None:
     pytest.importorskip("cuda.core", reason="the cuda backend needs cuda.core (pip install te-compat[cuda])")
+
+
+@pytest.fixture(params=launcher.VARIANTS)
+def variant(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test that takes this fixture runs once per kernel variant."""
+    launcher.configure(variant=request.param)
+    yield request.param
+    launcher.configure()
+
+
+Work = list[tuple[torch.Tensor, torch.Tensor, bool]]  # (source, output, is an already-swizzled copy)
+
+
+def _convert(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    batch = batch if batch.dim() == 3 else batch.unsqueeze(0)
+    shape = mok.layout_shape(batch.shape[1], batch.shape[2], batch.shape[0])
+    return batch, torch.full(shape, POISON, dtype=torch.uint8, device=batch.device), False
+
+
+def _run_and_check(work: Work) -> None:
+    """ONE launch of every item (public launcher API), then each output against the reference."""
+    jobs = [launcher.copy_job(s, d) if copy else launcher.convert_job(s, d) for s, d, copy in work]
+    launcher.Launch(jobs, work[0][0].device)()
+    torch.cuda.synchronize()
+    for i, (src, dst, copy) in enumerate(work):
+        want = src.clone() if copy else swizzle_reference(src, torch.empty_like(dst))
+        assert torch.equal(dst, want), f"work item {i}: {tuple(src.shape)} strides {src.stride()}"
 
 
 def _count_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -68,7 +101,7 @@ ROWWISE_CASES = [  # (E, M, K): rowwise logical [M, K/32] sliced out of TE's pad
 
 
 @pytest.mark.parametrize(("experts", "m", "k"), ROWWISE_CASES)
-def test_rowwise_matches_reference(experts: int, m: int, k: int) -> None:
+def test_rowwise_matches_reference(experts: int, m: int, k: int, variant: str) -> None:
     g = torch.Generator().manual_seed(m * 7 + k)
     buf = _padded_buffer(experts, m, k // 32, T.roundup(m, 128), T.roundup(k // 32, 4), g)
     out, ref = _both(buf[:, :m, : k // 32])
@@ -76,7 +109,7 @@ def test_rowwise_matches_reference(experts: int, m: int, k: int) -> None:
 
 
 @pytest.mark.parametrize(("experts", "m", "k"), ROWWISE_CASES)
-def test_columnwise_transpose_read_directly(experts: int, m: int, k: int) -> None:
+def test_columnwise_transpose_read_directly(experts: int, m: int, k: int, variant: str) -> None:
     g = torch.Generator().manual_seed(m + k)
     buf = _padded_buffer(experts, m // 32, k, T.roundup(m // 32, 4), T.roundup(k, 128), g)
     logical = buf[:, : m // 32, :k].transpose(1, 2)  # [E, K, M/32], no copy
@@ -86,13 +119,13 @@ def test_columnwise_transpose_read_directly(experts: int, m: int, k: int) -> Non
     assert torch.equal(out, ref)
 
 
-def test_small_against_the_spec() -> None:
+def test_small_against_the_spec(variant: str) -> None:
     s = torch.randint(0, 256, (200, 6), dtype=torch.uint8)
     out, _ = _both(s.to(CUDA))
     assert torch.equal(out.cpu(), spec_layout(s))
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     experts=st.integers(1, 6),
     rows=st.integers(1, 700),
@@ -100,7 +133,7 @@ def test_small_against_the_spec() -> None:
     layout=st.sampled_from(["rows", "cols", "gather", "offset"]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_fuzz(experts: int, rows: int, cols: int, layout: str, seed: int) -> None:
+def test_fuzz(experts: int, rows: int, cols: int, layout: str, seed: int, variant: str) -> None:
     g = torch.Generator().manual_seed(seed)
     if layout == "cols":
         base = torch.randint(0, 256, (experts, cols + 3, rows + 5), dtype=torch.uint8, generator=g).to(CUDA)
@@ -117,7 +150,7 @@ def test_fuzz(experts: int, rows: int, cols: int, layout: str, seed: int) -> Non
     assert torch.equal(out, ref)
 
 
-def test_many_in_one_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_many_in_one_launch(monkeypatch: pytest.MonkeyPatch, variant: str) -> None:
     g = torch.Generator().manual_seed(1)
     mats = [
         torch.randint(0, 256, (int(r), int(c)), dtype=torch.uint8, generator=g).to(CUDA)
@@ -132,7 +165,7 @@ def test_many_in_one_launch(monkeypatch: pytest.MonkeyPatch) -> None:
         assert torch.equal(o, mok.swizzle_mxfp8_scales(m, backend="torch"))
 
 
-def test_copy_jobs_match() -> None:
+def test_copy_jobs_match(variant: str) -> None:
     src = torch.randint(0, 256, (3 * 16384 + 5,), dtype=torch.uint8, device=CUDA)
     dst = torch.zeros_like(src)
     launcher.launch_jobs([launcher.copy_job(src, dst)], src.device)
@@ -142,7 +175,7 @@ def test_copy_jobs_match() -> None:
     assert torch.equal(dst2, src2)
 
 
-def test_graph_capture_and_replay() -> None:
+def test_graph_capture_and_replay(variant: str) -> None:
     g = torch.Generator().manual_seed(3)
     src = _padded_buffer(16, 2048, 224, 2048, 224, g)
     out = torch.empty(mok.layout_shape(2048, 224, 16), dtype=torch.uint8, device=CUDA)
@@ -157,6 +190,108 @@ def test_graph_capture_and_replay() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, mok.swizzle_mxfp8_scales(src, backend="torch"))
+
+
+def _randint(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(CUDA)
+
+
+def _te_rowwise(experts: int, m: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """Logical rowwise scales [E, M, K/32] cut out of TE's padded buffer (0xFF padding)."""
+    c = k // 32
+    return _padded_buffer(experts, m, c, T.roundup(m, 128), T.roundup(c, 4), g)[:, :m, :c]
+
+
+def _te_columnwise(experts: int, m: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """Logical columnwise scales [E, K, M/32]: TE's [M/32, K] buffer read as its transpose."""
+    r = m // 32
+    return _padded_buffer(experts, r, k, T.roundup(r, 4), T.roundup(k, 128), g)[:, :r, :k].transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "stride", "offset", "vec"),
+    [(300, 224, 224, 0, 16), (300, 225, 228, 0, 4), (200, 13, 13, 0, 1), (260, 12, 12, 4, 4), (130, 64, 80, 1, 1)],
+)
+def test_rowwise_load_widths(rows: int, cols: int, stride: int, offset: int, vec: int, variant: str) -> None:
+    # MODE_ROWS with 16-, 4- and 1-byte rows (the job records the width the kernel may use)
+    g = torch.Generator().manual_seed(rows + cols + offset)
+    base = _randint((2 * rows * stride + offset + 64,), g)
+    batch = base[offset : offset + 2 * rows * stride].view(2, rows, stride)[:, :, :cols]
+    item = _convert(batch)
+    job = launcher.convert_job(item[0], item[1])
+    assert (job.mode, job.vec) == (launcher.MODE_ROWS, vec)
+    _run_and_check([item])
+
+
+@pytest.mark.parametrize(("experts", "m", "k"), [(4, 2080, 7200), (3, 4096 + 32, 7168 + 32), (2, 160, 96)])
+def test_padded_shapes_rowwise_and_columnwise(experts: int, m: int, k: int, variant: str) -> None:
+    g = torch.Generator().manual_seed(m + k)
+    _run_and_check([_convert(_te_rowwise(experts, m, k, g)), _convert(_te_columnwise(experts, m, k, g))])
+
+
+@pytest.mark.parametrize(("experts", "m", "k"), [(300, 128, 256), (37, 2080, 7200), (256, 256, 2048), (2, 2048, 7168)])
+def test_per_expert_pointer_tables(experts: int, m: int, k: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # separate same-shaped tensors (TE's one parameter per expert): one pointer-table job per usage
+    g = torch.Generator().manual_seed(experts * 31 + m)
+    rows = [_convert(_te_rowwise(1, m, k, g)) for _ in range(experts)]
+    cols = [_convert(_te_columnwise(1, m, k, g)) for _ in range(experts)]
+    launches = _count_launches(monkeypatch)
+    _run_and_check(rows + cols)
+    assert launches == [2]
+
+
+def test_whole_layer_with_mixed_jobs_in_one_launch(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a MoE layer: grouped fc1 (rows + columns), per-expert fc2 (rows + columns), scales TE already
+    # swizzled (copies, aligned and not), and odd matrices (gather, misaligned, 1-column)
+    g = torch.Generator().manual_seed(11)
+    experts = 8
+    work = [_convert(_te_rowwise(experts, 1024, 7168, g)), _convert(_te_columnwise(experts, 1024, 7168, g))]
+    work += [_convert(_te_rowwise(1, 7168, 2080, g)) for _ in range(experts)]
+    work += [_convert(_te_columnwise(1, 7168, 2080, g)) for _ in range(experts)]
+    swizzled = _randint((3 * 16384 + 512,), g)
+    work.append((swizzled, torch.full_like(swizzled, POISON), True))
+    work.append((swizzled[3:-5], torch.full((swizzled.numel() - 8,), POISON, dtype=torch.uint8, device=CUDA), True))
+    work.append(_convert(_randint((2, 90, 60), g)[:, ::3, ::2]))  # gather
+    work.append(_convert(_randint((3 * 200 * 13 + 1,), g)[1:].view(3, 200, 13)[:, :, :12]))  # misaligned rows
+    work.append(_convert(_randint((1, 300, 1), g)))
+    work.append(_convert(_randint((2, 130, 1040), g)[:, :, :1000]))  # rows wider than one shared stage
+    launches = _count_launches(monkeypatch)
+    _run_and_check(work)
+    assert len(launches) == 1
+
+
+def test_graph_capture_and_replay_of_a_prepared_launch(variant: str) -> None:
+    g = torch.Generator().manual_seed(5)
+    work = [_convert(_te_rowwise(4, 2080, 7200, g)), _convert(_te_columnwise(4, 2080, 7200, g))]
+    work += [_convert(_te_rowwise(1, 256, 2048, g)) for _ in range(20)]
+    jobs = [launcher.convert_job(s, d) for s, d, _ in work]
+    prepared = launcher.Launch(jobs, torch.device(CUDA))
+    prepared()  # outside capture first, as users must
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prepared()
+    for _ in range(3):
+        for src, dst, _ in work:
+            src.random_(0, 256)
+            dst.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        for src, dst, _ in work:
+            assert torch.equal(dst, swizzle_reference(src, torch.empty_like(dst)))
+
+
+def test_variant_is_selected_and_prepared_launches_keep_theirs(variant: str) -> None:
+    prepared = launcher.Launch([_convert_job_small()], torch.device(CUDA))
+    want = variant if torch.cuda.get_device_capability() >= launcher.BULK_MIN_ARCH else "default"
+    assert prepared.config.variant == want
+    launcher.configure(variant="default" if variant == "bulk" else "bulk")
+    assert prepared.config.variant == want  # configure() changes launches prepared after it only
+
+
+def _convert_job_small() -> launcher.Job:
+    src, dst, _ = _convert(torch.randint(0, 256, (1, 128, 4), dtype=torch.uint8, device=CUDA))
+    return launcher.convert_job(src, dst)
 
 
 def test_capture_without_warm_up_is_refused() -> None:
