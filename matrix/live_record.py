@@ -1,9 +1,12 @@
-"""Record one live run (tests/live and tests/gpu against a real TE on a GPU) in matrix/live/.
+"""Record one live run (tests/gpu and tests/live against a real TE on a GPU) in matrix/live/.
 
-    python -m matrix.live_record JUNIT.xml [--out DIR]
+    python -m matrix.live_record JUNIT.xml [--evidence FILE] [--out DIR] [--note TEXT]... [--build TEXT]
 
-Writes ``<DIR>/<TE release>.json``: release, date, GPU, torch, CUDA, pass/fail/skip counts, and
-every skip and failure with its reason. Run in the environment that ran the tests.
+Writes ``<DIR>/<TE release>.json`` (``<release>.no-seed.json`` for a run with
+TE_COMPAT_LIVE_NO_SEED=1): release, machine, date, the TE build, environment notes, pass/fail/skip
+counts, which tests ran, every skip and failure with its reason, and for each comparison with TE
+the bytes it ran on (from the side file tests/live/conftest.py writes, by default beside the junit
+XML as ``JUNIT.evidence.json``). Run it in the environment that ran the tests.
 """
 
 from __future__ import annotations
@@ -11,16 +14,37 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import platform
 import xml.etree.ElementTree as ET
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 LIVE_DIR = Path(__file__).resolve().parent / "live"
+RECORD_FORMAT = 2  # 1: counts and reasons only (records before 2026-12-03)
+STUB_LIBRARY = "cublaslt_grouped_stub"  # shared/gpu/cublaslt-grouped-stub.c, built by matrix/gpu_live.sh
+STUB_NOTE = "cuBLASLt grouped stub preloaded: TE grouped GEMM unavailable"
+NO_SEED_ENV = "TE_COMPAT_LIVE_NO_SEED"  # tests/live/evidence.py: leave TE's buffers as allocated
+TE_DISTRIBUTIONS = (
+    "transformer_engine",
+    "transformer_engine_cu12",
+    "transformer_engine_cu13",
+    "transformer_engine_torch",
+)
+
+
+def junit_name(nodeid: str) -> str:
+    """pytest's node id as junit names the test: ``tests/live/test_x.py::t[a]`` -> ``tests.live.test_x::t[a]``."""
+    path, _, name = nodeid.partition("::")
+    return f"{path.removesuffix('.py').replace('/', '.')}::{name}"
 
 
 def summarize(junit: Path) -> dict[str, Any]:
+    """Counts, and every test by outcome, from pytest's junit XML."""
     root = ET.parse(junit).getroot()
     counts = {"passed": 0, "failed": 0, "skipped": 0}
+    ran: list[str] = []
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
     for case in root.iter("testcase"):
@@ -30,40 +54,131 @@ def summarize(junit: Path) -> dict[str, Any]:
         if problem is not None:
             counts["failed"] += 1
             failed[name] = (problem.get("message") or "").split("\n")[0][:300]
+            ran.append(name)
         elif skip is not None:
             counts["skipped"] += 1
             skipped[name] = (skip.get("message") or "")[:300]
         else:
             counts["passed"] += 1
-    return {**counts, "skipped_tests": skipped, "failed_tests": failed}
+            ran.append(name)
+    return {**counts, "ran": sorted(ran), "skipped_tests": skipped, "failed_tests": failed}
 
 
-def environment() -> dict[str, Any]:
+def describe_bytes(test: dict[str, Any]) -> str:
+    """One line for one test's comparisons: how many, on which bytes, the fewest distinct values."""
+    comparisons = test.get("comparisons", [])
+    if not comparisons:
+        return "no byte comparison recorded" + (f" ({'; '.join(test['notes'])})" if test.get("notes") else "")
+    sources = sorted({c["bytes"] for c in comparisons})
+    fewest = min(c["distinct"] for c in comparisons)
+    text = f"{len(comparisons)} comparisons on {' and '.join(sources)} bytes, fewest distinct values {fewest}"
+    return text + (f" ({'; '.join(test['notes'])})" if test.get("notes") else "")
+
+
+def bytes_by_test(evidence: dict[str, Any] | None) -> dict[str, str]:
+    if not evidence:
+        return {}
+    return {junit_name(nodeid): describe_bytes(test) for nodeid, test in evidence.get("tests", {}).items()}
+
+
+def te_build(extra: str | None) -> dict[str, Any]:
+    """The installed TE distributions (name -> version) and what the run was told about the build."""
+    found = {}
+    for name in TE_DISTRIBUTIONS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {"distributions": found, **({"how": extra} if extra else {})}
+
+
+def environment_notes(notes: list[str], environ: dict[str, str]) -> list[str]:
+    found = list(notes)
+    if STUB_LIBRARY in environ.get("LD_PRELOAD", "") and STUB_NOTE not in found:
+        found.append(STUB_NOTE)
+    single = environ.get("NVTE_GROUPED_LINEAR_SINGLE_PARAM")
+    if single:
+        found.append(f"NVTE_GROUPED_LINEAR_SINGLE_PARAM={single}")
+    return found
+
+
+def environment(machine: str | None) -> dict[str, Any]:
+    """What ran where: TE release (as te_compat reads it), GPU, torch and CUDA, the machine."""
     import torch
 
+    import mok
     import te_compat
 
     caps = te_compat.capabilities()
+    gpu = caps.cuda_device
     return {
         "release": caps.te_version,
         "te_source": caps.te_source,
         "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-        "gpu": caps.cuda_device,
+        "gpu": gpu,
+        "machine": machine or f"{gpu or 'no GPU'}, {os.cpu_count()} CPU cores, {platform.machine()}",
         "compute_capability": caps.compute_capability,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "kernel_backend": caps.kernel_backend,
+        "kernel_backend": mok.kernel_backend().name,
     }
+
+
+def seeding_text(evidence: dict[str, Any] | None) -> str:
+    if evidence is None:
+        return "unknown (no evidence file: the live tests did not run or wrote none)"
+    if evidence.get("seeding"):
+        least = evidence.get("min_distinct")
+        return f"TE's buffers filled with random bytes before each comparison (>= {least} distinct values required)"
+    return "TE's buffers left as allocated (TE_COMPAT_LIVE_NO_SEED=1)"
+
+
+def build_record(
+    env: dict[str, Any],
+    junit: Path,
+    evidence: dict[str, Any] | None,
+    notes: list[str],
+    build: dict[str, Any],
+) -> dict[str, Any]:
+    """The record of one run. ``evidence`` is the tests' side file (None when it is missing)."""
+    return {
+        "record_format": RECORD_FORMAT,
+        **env,
+        "te_build": build,
+        "notes": notes,
+        "seeding": seeding_text(evidence),
+        **summarize(junit),
+        "bytes": bytes_by_test(evidence),
+    }
+
+
+def no_seed_run(evidence: dict[str, Any] | None, environ: dict[str, str]) -> bool:
+    """A run that left TE's buffers as allocated: its record must never replace a real one."""
+    asked = environ.get(NO_SEED_ENV, "").strip().lower() in ("1", "true", "yes")
+    return asked or (evidence is not None and not evidence.get("seeding"))
+
+
+def record_path(out: Path, record: dict[str, Any], no_seed: bool) -> Path:
+    return out / f"{record['release']}{'.no-seed' if no_seed else ''}.json"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m matrix.live_record", description=__doc__.split("\n")[0])
     parser.add_argument("junit", type=Path)
+    parser.add_argument("--evidence", type=Path, help="the live tests' side file (default: JUNIT.evidence.json)")
     parser.add_argument("--out", type=Path, default=LIVE_DIR)
+    parser.add_argument("--note", action="append", default=[], help="an environment note (repeatable)")
+    parser.add_argument("--build", help="how TE was built, e.g. 'torch extension from sdist, NVTE_CUDA_ARCHS=90'")
+    parser.add_argument("--machine", help="the machine, in words (default: GPU, CPU cores, architecture)")
     args = parser.parse_args(argv)
-    record = {**environment(), **summarize(args.junit)}
+    evidence_file = args.evidence or args.junit.with_suffix(".evidence.json")
+    evidence = json.loads(evidence_file.read_text()) if evidence_file.exists() else None
+    notes = environment_notes(args.note, dict(os.environ))
+    record = build_record(environment(args.machine), args.junit, evidence, notes, te_build(args.build))
+    if record["release"] is None:
+        parser.error("no Transformer Engine release is installed here (te_compat found none): nothing to record")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{record['release']}.json"
+    path = record_path(args.out, record, no_seed_run(evidence, dict(os.environ)))
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}: {record['passed']} passed, {record['failed']} failed, {record['skipped']} skipped")
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from packaging.version import Version
 
@@ -32,7 +33,18 @@ def _live(version: str) -> str:
     text = f"{rec['gpu']} {rec['date']}: {rec['passed']} passed, {rec['failed']} failed, {rec['skipped']} skipped"
     if any("needs a usable Transformer Engine" in why for why in rec["skipped_tests"].values()):
         text += " (TE did not import there; kernel tests only)"
+    if rec.get("record_format", 1) >= 2:
+        text += _on_which_bytes(rec)
     return text
+
+
+def _on_which_bytes(rec: dict[str, Any]) -> str:
+    """Records from format 2 say what TE was compared on and what the environment lacked."""
+    compared = [line for line in rec.get("bytes", {}).values() if not line.startswith("no byte comparison")]
+    seeded = "random bytes seeded into TE's buffers" if "random" in rec.get("seeding", "") else rec.get("seeding", "")
+    text = f"; {len(compared)} tests compared with TE on {seeded}" if compared else "; no byte comparison with TE"
+    notes = [n for n in rec.get("notes", []) if not n.startswith("NVTE_")]
+    return text + "".join(f"; {n}" for n in notes)
 
 
 def support_table() -> str:
