@@ -9,6 +9,7 @@ into a silent wrong result or a raw error from deep inside torch. ``bool`` is ne
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Sequence
 from typing import TypeVar, overload
 
@@ -17,8 +18,18 @@ _REPR_LIMIT = 60
 
 
 def describe(value: object) -> str:
-    """``value`` for an error message: its (short) repr and its type."""
-    text = repr(value)
+    """``value`` for an error message: its (short) repr and its type.
+
+    A tensor is described by class, shape and dtype only: the repr of a TE tensor would
+    dequantize it (and a repr may itself fail).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"a {type(value).__name__} of shape {tuple(value.shape)}, dtype {value.dtype}"
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not hide the real error
+        text = f"<unprintable: {type(exc).__name__}>"
     if len(text) > _REPR_LIMIT:
         text = text[: _REPR_LIMIT - 3] + "..."
     return f"{text} ({type(value).__name__})"

@@ -1,0 +1,656 @@
+"""Bad input to the public mok and te_compat API (issue 10).
+
+Every call either returns a correct result or raises a te_compat/mok error (``TECompatError``),
+``TypeError`` or ``ValueError`` that says something; no other exception, no silent wrong result,
+and no input modified (checked byte for byte). Correct results come from the spec
+(tests/spec_oracle.py: the layout formula, written out independently of mok), and whether an
+input is valid is decided here, from the documented contract, not by asking mok.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from packaging.version import InvalidVersion, Version
+
+import mok
+import te_compat
+from mok.checks import check_bool, check_index, check_int, check_pairs, check_sequence
+from mok.layout import check_no_overlap
+from te_compat import TECompatError
+from tests import te_objects as T
+from tests.spec_oracle import roundup, spec_layout, spec_offset
+
+Installer = Callable[..., None]
+ALLOWED = (TECompatError, TypeError, ValueError)
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+E8M0 = torch.float8_e8m0fnu
+
+
+def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+    """(True, result) or (False, the error); an error of any other type fails the test as it is."""
+    try:
+        return True, fn(*args, **kwargs)
+    except ALLOWED as exc:
+        assert str(exc), f"{type(exc).__name__} without a message"
+        return False, exc
+
+
+def snapshot(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t``'s whole storage (not only the view), to compare after a call."""
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone()
+
+
+def assert_unchanged(tensors: Sequence[torch.Tensor], before: Sequence[torch.Tensor]) -> None:
+    for i, (t, b) in enumerate(zip(tensors, before, strict=True)):
+        assert torch.equal(snapshot(t), b), f"input {i} was modified"
+
+
+def is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalars: valid ints (plain and numpy) and everything a caller might pass by mistake.
+BAD_SCALARS = st.one_of(
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([64.0, np.float64(128.0), "64", "128", b"4", None, [64], (64,), 1j]),
+    st.text(max_size=3),
+    st.builds(torch.tensor, st.integers(1, 300)),  # a 0-d tensor is not an int
+    st.integers(-(2**70), 0),
+)
+DIMS = st.one_of(st.integers(1, 700), st.integers(1, 700).map(np.int64), st.integers(2**62, 2**70), BAD_SCALARS)
+INDICES = st.one_of(st.integers(-3, 800), st.integers(0, 300).map(np.int32), BAD_SCALARS)
+
+
+@PROPERTY
+@given(r=INDICES, c=INDICES, rows=DIMS, cols=DIMS)
+def test_layout_offset(r: object, c: object, rows: object, cols: object) -> None:
+    ok, out = attempt(mok.layout_offset, r, c, rows, cols)
+    valid = all(map(is_int, (r, c, rows, cols))) and 0 <= r < rows and 0 <= c < cols  # type: ignore[operator]
+    assert ok == valid, f"layout_offset({r!r}, {c!r}, {rows!r}, {cols!r}): {out!r}"
+    if ok:
+        assert out == spec_offset(int(r), int(c), roundup(int(cols), 4))  # type: ignore[call-overload]
+
+
+@PROPERTY
+@given(rows=DIMS, cols=DIMS, experts=DIMS)
+def test_layout_shape_and_padded_shape(rows: object, cols: object, experts: object) -> None:
+    valid_dims = is_int(rows) and is_int(cols) and rows >= 1 and cols >= 1  # type: ignore[operator]
+    ok, padded = attempt(mok.padded_shape, rows, cols)
+    assert ok == valid_dims, f"padded_shape({rows!r}, {cols!r}): {padded!r}"
+    ok, shape = attempt(mok.layout_shape, rows, cols, experts)
+    assert ok == (valid_dims and is_int(experts) and experts >= 1), f"layout_shape: {shape!r}"  # type: ignore[operator]
+    if ok:
+        r, c, e = int(rows), int(cols), int(experts)  # type: ignore[call-overload]
+        assert padded == (roundup(r, 128), roundup(c, 4))
+        assert shape == (e * roundup(r, 128) // 128, roundup(c, 4) // 4, 32, 16)
+
+
+@st.composite
+def scale_buffers(draw: st.DrawFn) -> object:
+    """A TE-like padded scale buffer, or something that is not one."""
+    kind = draw(st.sampled_from(["uint8", "uint8", "e8m0", "float32", "1-D", "transposed", "list", "none"]))
+    r, c = draw(st.integers(1, 260)), draw(st.integers(1, 300))
+    buf = torch.randint(0, 256, (r, c), dtype=torch.uint8, generator=torch.Generator().manual_seed(r * 1000 + c))
+    if kind == "e8m0":
+        return buf.view(E8M0)
+    if kind == "float32":
+        return buf.float()
+    if kind == "1-D":
+        return buf.flatten()
+    if kind == "transposed":
+        return buf.t()
+    if kind == "list":
+        return buf.tolist()
+    return None if kind == "none" else buf
+
+
+def _scale_buffer_ok(buf: object, need_rows: int, need_cols: int) -> bool:
+    return (
+        isinstance(buf, torch.Tensor)
+        and buf.dtype in (torch.uint8, E8M0)
+        and buf.dim() == 2
+        and buf.shape[0] >= need_rows
+        and buf.shape[1] >= need_cols
+    )
+
+
+MX_DIMS = st.one_of(st.integers(1, 12).map(lambda n: 32 * n), st.integers(1, 400), DIMS)
+
+
+@PROPERTY
+@given(buf=scale_buffers(), rows=MX_DIMS, cols=MX_DIMS)
+def test_rowwise_scales(buf: object, rows: object, cols: object) -> None:
+    before = [snapshot(buf)] if isinstance(buf, torch.Tensor) else []
+    ok, view = attempt(mok.rowwise_scales, buf, rows, cols)
+    dims_ok = is_int(rows) and is_int(cols) and rows >= 1 and cols >= 1 and cols % 32 == 0  # type: ignore[operator]
+    assert ok == (dims_ok and _scale_buffer_ok(buf, int(rows), int(cols) // 32)), f"{view!r}"  # type: ignore[call-overload]
+    if ok:
+        assert isinstance(buf, torch.Tensor)
+        r, k = int(rows), int(cols) // 32  # type: ignore[call-overload]
+        assert view.dtype == torch.uint8 and view.shape == (r, k) and view.data_ptr() == buf.data_ptr()
+        assert torch.equal(view, buf.view(torch.uint8)[:r, :k])
+    if before:
+        assert_unchanged([buf], before)  # type: ignore[list-item]
+
+
+@PROPERTY
+@given(buf=scale_buffers(), rows=MX_DIMS, cols=MX_DIMS)
+def test_columnwise_scales(buf: object, rows: object, cols: object) -> None:
+    before = [snapshot(buf)] if isinstance(buf, torch.Tensor) else []
+    ok, view = attempt(mok.columnwise_scales, buf, rows, cols)
+    dims_ok = is_int(rows) and is_int(cols) and rows >= 1 and cols >= 1 and rows % 32 == 0  # type: ignore[operator]
+    assert ok == (dims_ok and _scale_buffer_ok(buf, int(rows) // 32, int(cols))), f"{view!r}"  # type: ignore[call-overload]
+    if ok:
+        assert isinstance(buf, torch.Tensor)
+        m, k = int(rows) // 32, int(cols)  # type: ignore[call-overload]
+        assert view.shape == (k, m) and torch.equal(view, buf.view(torch.uint8)[:m, :k].t())
+    if before:
+        assert_unchanged([buf], before)  # type: ignore[list-item]
+
+
+# ---------------------------------------------------------------------------------------------
+# Swizzle: logical scales of any strides, or not; outputs that fit, or not; backends.
+@st.composite
+def logical_scales(draw: st.DrawFn) -> tuple[object, bool]:
+    """(scales, valid): logical [R, C] / [E, R, C] uint8 or E8M0 of any strides, or bad input."""
+    kind = draw(
+        st.sampled_from(
+            [
+                "2-D",
+                "3-D",
+                "transposed",
+                "padded slice",
+                "e8m0",
+                "float32",
+                "int8",
+                "1-D",
+                "4-D",
+                "empty",
+                "list",
+                "none",
+            ]
+        )
+    )
+    e, r, c = draw(st.integers(1, 3)), draw(st.integers(1, 200)), draw(st.integers(1, 12))
+    g = torch.Generator().manual_seed(e * 100000 + r * 100 + c)
+    base = torch.randint(0, 256, (e, r, c), dtype=torch.uint8, generator=g)
+    made: dict[str, tuple[object, bool]] = {
+        "2-D": (base[0], True),
+        "3-D": (base, True),
+        "transposed": (base.transpose(1, 2).contiguous().transpose(1, 2), True),
+        "padded slice": (torch.full((e, r + 5, c + 3), 0xFF, dtype=torch.uint8)[:, :r, :c].copy_(base), True),
+        "e8m0": (base.view(E8M0), True),
+        "float32": (base.float(), False),
+        "int8": (base.view(torch.int8), False),
+        "1-D": (base.flatten(), False),
+        "4-D": (base.unsqueeze(0), False),
+        "empty": (base[:, :0], False),
+        "list": (base.tolist(), False),
+        "none": (None, False),
+    }
+    return made[kind]
+
+
+OUT_FITS = st.sampled_from(["none", "fresh", "shape", "dtype", "strided"])
+BACKENDS = st.sampled_from([None, "torch", "auto", "garbage", "", 5, True, "cuda"])
+VALID_ON_CPU = (None, "torch", "auto")
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
+
+
+@PROPERTY
+@given(
+    case=logical_scales(), out_kind=st.sampled_from(["none", "fresh", "shape", "dtype", "strided"]), backend=BACKENDS
+)
+def test_swizzle_mxfp8_scales(case: tuple[object, bool], out_kind: str, backend: object) -> None:
+    scales, scales_ok = case
+    want = spec_layout(_u8(scales)) if scales_ok else None  # type: ignore[arg-type]
+    out: torch.Tensor | None = None
+    if out_kind != "none":
+        shape = tuple(want.shape) if want is not None else (1, 1, 32, 16)
+        out = torch.full(shape, 0xEE, dtype=torch.uint8)
+        if out_kind == "shape":
+            out = torch.full((shape[0] + 1, *shape[1:]), 0xEE, dtype=torch.uint8)
+        elif out_kind == "dtype":
+            out = out.view(torch.int8)
+        elif out_kind == "strided":
+            out = torch.full((shape[0], shape[1], 16, 32), 0xEE, dtype=torch.uint8).transpose(2, 3)
+    inputs = [t for t in (scales, out) if isinstance(t, torch.Tensor)]
+    before = [snapshot(t) for t in inputs]
+    ok, result = attempt(mok.swizzle_mxfp8_scales, scales, out=out, backend=backend)
+    valid = scales_ok and out_kind in ("none", "fresh") and backend in VALID_ON_CPU
+    assert ok == valid, f"scales ok: {scales_ok}, out: {out_kind}, backend {backend!r}: {result!r}"
+    if ok:
+        assert torch.equal(result, want) and (out is None or result is out)
+        assert_unchanged(inputs[:1], before[:1])
+    else:
+        assert_unchanged(inputs, before)  # a refused call writes nothing, not even into out
+        if scales_ok and out_kind in ("none", "fresh") and backend not in (*VALID_ON_CPU, "cuda"):
+            assert isinstance(result, ValueError) and "backend" in str(result)
+
+
+@pytest.mark.parametrize("value", ["garbage", "cuda-please", "0"])
+def test_invalid_backend_variable_is_named(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TE_COMPAT_KERNEL_BACKEND", value)
+    with pytest.raises(ValueError, match="TE_COMPAT_KERNEL_BACKEND"):
+        mok.swizzle_mxfp8_scales(torch.zeros(128, 4, dtype=torch.uint8))
+
+
+# ---------------------------------------------------------------------------------------------
+# swizzle_mxfp8_scales_many: the outputs may not overlap each other or any input.
+def _matrices(shapes: Sequence[tuple[int, int]], seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, s, dtype=torch.uint8, generator=g) for s in shapes]
+
+
+def _layout_bytes(r: int, c: int) -> int:
+    return roundup(r, 128) * roundup(c, 4)
+
+
+def _outs_in_one_buffer(shapes: Sequence[tuple[int, int]], gap: int) -> list[torch.Tensor]:
+    """Layout buffers for ``shapes`` cut from one allocation, each ``gap`` bytes after the last
+    one ends (a negative gap overlaps them); 16-byte aligned offsets."""
+    sizes = [_layout_bytes(r, c) for r, c in shapes]
+    big = torch.full((sum(sizes) + 64 * len(sizes),), 0xEE, dtype=torch.uint8)
+    outs, at = [], 0
+    for (r, c), n in zip(shapes, sizes, strict=True):
+        outs.append(big[at : at + n].view(mok.layout_shape(r, c)))
+        at = max(0, at + n + gap)
+    return outs
+
+
+def _alias_input(scales: list[torch.Tensor], shapes: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+    """outs[0] written over input 1: input 1 is rebuilt as the start of a buffer big enough to
+    also be read as outs[0] (the issue's ``outs=[c_as_layout, x]``)."""
+    n = max(_layout_bytes(*shapes[0]), scales[1].numel())
+    big = torch.zeros(n, dtype=torch.uint8)
+    big[: scales[1].numel()] = scales[1].flatten()
+    scales[1] = big[: scales[1].numel()].view(scales[1].shape)
+    return [big[: _layout_bytes(*shapes[0])].view(mok.layout_shape(*shapes[0])), torch.empty(0)]
+
+
+OUT_KINDS = ["none", "fresh", "disjoint in one buffer", "wrong count", "one wrong shape"]
+# OVERLAP cases: must raise LayoutError naming both indices. They pass silently (a wrong result,
+# or an overwritten input) until mok.layout.check_no_overlap is wired into
+# swizzle_mxfp8_scales_many (issue 10 item 1, the lead's mok/swizzle.py).
+OVERLAP_KINDS = ["same buffer twice", "overlapping in one buffer", "an input as an output"]
+
+
+def _make_outs(kind: str, scales: list[torch.Tensor], shapes: list[tuple[int, int]]) -> list[torch.Tensor] | None:
+    outs = _make_first_outs(kind, scales, shapes)
+    if outs is not None and kind in OVERLAP_KINDS:  # fresh buffers for any further matrix
+        outs += [torch.empty(mok.layout_shape(r, c), dtype=torch.uint8) for r, c in shapes[len(outs) :]]
+    return outs
+
+
+def _make_first_outs(kind: str, scales: list[torch.Tensor], shapes: list[tuple[int, int]]) -> list[torch.Tensor] | None:
+    if kind == "none":
+        return None
+    if kind == "fresh":
+        return [torch.full(mok.layout_shape(r, c), 0xEE, dtype=torch.uint8) for r, c in shapes]
+    if kind == "disjoint in one buffer":
+        return _outs_in_one_buffer(shapes, gap=16)
+    if kind == "wrong count":
+        return [torch.empty(mok.layout_shape(r, c), dtype=torch.uint8) for r, c in shapes[:-1]]
+    if kind == "one wrong shape":
+        outs = [torch.empty(mok.layout_shape(r, c), dtype=torch.uint8) for r, c in shapes]
+        outs[-1] = torch.empty(outs[-1].shape[0] + 1, *outs[-1].shape[1:], dtype=torch.uint8)
+        return outs
+    if kind == "same buffer twice":  # the issue's outs=[buf, buf]
+        buf = torch.full(mok.layout_shape(*shapes[0]), 0xEE, dtype=torch.uint8)
+        return [buf, buf.view(mok.layout_shape(*shapes[1]))]
+    if kind == "overlapping in one buffer":
+        return _outs_in_one_buffer(shapes, gap=-16)
+    outs = _alias_input(scales, shapes)
+    outs[1] = torch.empty(mok.layout_shape(*shapes[1]), dtype=torch.uint8)
+    return outs
+
+
+# Two matrices of one layout size (so one buffer can be read as either layout), then any.
+MANY_SHAPES = st.one_of(
+    st.tuples(st.integers(1, 128), st.integers(1, 4)).map(lambda s: [s, (128, 4)]),
+    st.lists(st.tuples(st.integers(1, 260), st.integers(1, 9)), min_size=2, max_size=3),
+)
+
+
+def _run_many(kind: str, shapes: list[tuple[int, int]], seed: int) -> tuple[bool, Any, list[torch.Tensor]]:
+    scales = _matrices(shapes, seed)
+    if kind in ("same buffer twice", "an input as an output") and _layout_bytes(*shapes[0]) != _layout_bytes(
+        *shapes[1]
+    ):
+        shapes[1] = shapes[0]
+        scales[1] = _matrices([shapes[0]], seed + 1)[0]
+    outs = _make_outs(kind, scales, shapes)
+    want = [spec_layout(s.clone()) for s in scales]
+    before = [snapshot(s) for s in scales]
+    ok, result = attempt(mok.swizzle_mxfp8_scales_many, scales, outs=outs)
+    if ok:
+        assert len(result) == len(scales)
+        for i, (got, w) in enumerate(zip(result, want, strict=True)):
+            assert torch.equal(got, w), f"outs[{i}] does not hold the layout of scales[{i}]"
+            assert outs is None or got is outs[i]
+        assert_unchanged(scales, before)
+    return ok, result, scales
+
+
+@PROPERTY
+@given(kind=st.sampled_from(OUT_KINDS + OVERLAP_KINDS), shapes=MANY_SHAPES, seed=st.integers(0, 1000))
+def test_swizzle_many(kind: str, shapes: list[tuple[int, int]], seed: int) -> None:
+    ok, result, _ = _run_many(kind, shapes, seed)
+    assert ok == (kind in ("none", "fresh", "disjoint in one buffer")), f"{kind}: {result!r}"
+    if kind in OVERLAP_KINDS:  # OVERLAP: fails until check_no_overlap is wired in (see above)
+        assert isinstance(result, mok.LayoutError) and "overlap" in str(result)
+
+
+# OVERLAP: each of these fails until check_no_overlap is wired into swizzle_mxfp8_scales_many.
+@pytest.mark.parametrize(
+    ("kind", "names"),
+    [
+        ("same buffer twice", ("outs[0]", "outs[1]")),
+        ("overlapping in one buffer", ("outs[0]", "outs[1]")),
+        ("an input as an output", ("outs[0]", "[1]")),
+    ],
+)
+def test_swizzle_many_refuses_overlapping_outputs(kind: str, names: tuple[str, str]) -> None:
+    ok, result, _ = _run_many(kind, [(128, 4), (128, 4)], seed=7)
+    assert not ok, f"{kind}: returned without error"
+    assert isinstance(result, mok.LayoutError)
+    assert all(name in str(result) for name in names), str(result)
+
+
+def test_swizzle_many_scales_not_a_sequence() -> None:
+    for bad in (None, 5, "scales"):
+        ok, result = attempt(mok.swizzle_mxfp8_scales_many, bad)
+        assert not ok
+    ok, result = attempt(mok.swizzle_mxfp8_scales_many, [torch.zeros(128, 4, dtype=torch.uint8), None])
+    assert not ok and "[1]" in str(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# Views: bad scalar arguments and parameter lists, on stand-ins of TE 2.20.2.
+RELEASE = "2.20.2"
+ROWS, COLUMNS = 64, 128
+
+
+def _params() -> list[Any]:
+    return [T.mxfp8_tensor(RELEASE, ROWS, COLUMNS, seed=e, param=True) for e in range(2)]
+
+
+def _te_buffers(objs: Sequence[Any]) -> list[torch.Tensor]:
+    names = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
+    return [getattr(o, n) for o in objs for n in names if getattr(o, n, None) is not None]
+
+
+BAD_VIEW_ARGS = [
+    ("rows", "64"),
+    ("rows", 64.0),
+    ("rows", True),
+    ("rows", -64),
+    ("rows", 0),
+    ("rows", None),
+    ("rows", [64]),
+    ("columns", "128"),
+    ("columns", 128.0),
+    ("columns", False),
+    ("columns", -128),
+    ("columns", np.float32(128)),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_VIEW_ARGS)
+def test_split_weight_view_bad_scalar(name: str, value: object, installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    params = _params()
+    buffers = _te_buffers(params)
+    before = [snapshot(b) for b in buffers]
+    kwargs: dict[str, Any] = {"rows": ROWS, "columns": COLUMNS, "use_mxfp8": True, name: value}
+    with pytest.raises(ALLOWED, match=name) as err:
+        mok.split_weight_view(params, **kwargs)
+    assert repr(value)[:20] in str(err.value) or str(value) in str(err.value), str(err.value)
+    assert_unchanged(buffers, before)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [*BAD_VIEW_ARGS, ("num_experts", "2"), ("num_experts", 2.0), ("num_experts", True)]
+)
+def test_grouped_weight_view_bad_scalar(name: str, value: object, installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
+    buffers = [g.rowwise_data, g.scale_inv, g.columnwise_data, g.columnwise_scale_inv]
+    before = [snapshot(b) for b in buffers]
+    kwargs: dict[str, Any] = {"num_experts": 2, "rows": ROWS, "columns": COLUMNS, "use_mxfp8": True, name: value}
+    with pytest.raises(ALLOWED, match=name):
+        mok.grouped_weight_view(g, **kwargs)
+    assert_unchanged(buffers, before)
+
+
+def test_views_accept_the_good_arguments(installed_te: Installer) -> None:
+    # the baseline the bad cases differ from: these calls work, and give the spec's layout
+    installed_te(RELEASE)
+    params = _params()
+    v = mok.split_weight_view(params, rows=np.int64(ROWS), columns=COLUMNS, use_mxfp8=True)
+    for e, p in enumerate(params):
+        assert torch.equal(v.row_scales[e], spec_layout(p._rowwise_scale_inv[:ROWS, : COLUMNS // 32]))
+    g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
+    assert mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True).num_experts == 2
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda ps: None, "params"),
+        (lambda ps: 5, "params"),
+        (lambda ps: "weights", "params"),
+        (lambda ps: ps[0], "params"),  # one tensor, not a list of them
+        (lambda ps: [ps[0], None], r"(params\[1\]|expert 1)"),
+        (lambda ps: [ps[0], "weight1"], r"(params\[1\]|expert 1)"),
+        (lambda ps: [], "params|expert"),
+    ],
+    ids=["None", "int", "str", "a tensor", "[p, None]", "[p, str]", "empty"],
+)
+def test_split_weight_view_bad_params(make: Callable[[list[Any]], object], match: str, installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    params = _params()
+    buffers = _te_buffers(params)
+    before = [snapshot(b) for b in buffers]
+    with pytest.raises(ALLOWED, match=match):
+        mok.split_weight_view(make(params), rows=ROWS, columns=COLUMNS, use_mxfp8=True)  # type: ignore[arg-type]
+    assert_unchanged(buffers, before)
+
+
+@PROPERTY
+@given(rows=DIMS, columns=DIMS)
+def test_split_weight_view_dims_property(rows: object, columns: object, installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    params = _params()
+    buffers = _te_buffers(params)
+    before = [snapshot(b) for b in buffers]
+    ok, view = attempt(mok.split_weight_view, params, rows=rows, columns=columns, use_mxfp8=True)
+    assert ok == (is_int(rows) and is_int(columns) and rows == ROWS and columns == COLUMNS), f"{view!r}"
+    if ok:
+        assert torch.equal(view.row_scales[1], spec_layout(params[1]._rowwise_scale_inv[:ROWS, : COLUMNS // 32]))
+    assert_unchanged(buffers, before)
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [None, 42, "ab", b"ab", [1, 2], [None], "pairs"],
+    ids=["None", "int", "str", "bytes", "list of ints", "[None]", "a string"],
+)
+def test_refresh_layer_rejects_non_pairs(entries: object) -> None:
+    with pytest.raises(TypeError):
+        mok.refresh_layer(entries)  # type: ignore[arg-type]
+
+
+def test_refresh_layer_rejects_wrong_sized_entries(installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
+    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    before = [snapshot(v.row_scales)]  # type: ignore[arg-type]
+    for bad in ([(g,)], [(g, v, 3)], [g, v]):
+        with pytest.raises(TypeError, match=r"entry 0|\[0\]"):
+            mok.refresh_layer(bad)  # type: ignore[arg-type]
+    with pytest.raises(ALLOWED):
+        mok.refresh_layer([(g, object())])  # type: ignore[list-item]
+    with pytest.raises(ALLOWED):
+        mok.refresh_layer([])
+    assert_unchanged([v.row_scales], before)  # type: ignore[list-item]
+
+
+# ---------------------------------------------------------------------------------------------
+# te_compat
+VERSIONS = st.one_of(
+    st.from_regex(r"\A[0-9]{1,2}(\.[0-9]{1,2}){0,3}(\.dev[0-9]|rc[0-9]|\.post[0-9])?\Z"),
+    st.text(max_size=8),
+    st.sampled_from(["banana", "", " ", "2.14.x", "v2.14", "2..14", "2.14-1"]),
+    st.floats(allow_nan=False),
+    st.integers(),
+    st.booleans(),
+    st.none(),
+    st.binary(max_size=4),
+)
+
+
+def _release(v: str) -> tuple[int, ...]:
+    release = Version(v).release
+    return release + (0,) * (4 - len(release))
+
+
+def _parses(v: object) -> bool:
+    if not isinstance(v, str):
+        return False
+    try:
+        Version(v)
+    except InvalidVersion:
+        return False
+    return True
+
+
+@PROPERTY
+@given(asked=VERSIONS, installed=st.sampled_from(["2.14.1", "2.9.0", "2.10.0.dev0+abc", None]))
+def test_te_min_version(asked: object, installed: str | None, installed_te: Installer) -> None:
+    # A bad version string is refused even when no TE is installed (a typo must not read as "no").
+    installed_te(installed)
+    ok, answer = attempt(te_compat.te_min_version, asked)
+    assert ok == _parses(asked), f"te_min_version({asked!r}) with TE {installed}: {answer!r}"
+    if ok:
+        expected = installed is not None and _release(installed) >= _release(asked)  # type: ignore[arg-type]
+        assert answer is expected
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [None, "weight", 42, [1, 2], object(), types.SimpleNamespace(_rowwise_data=torch.zeros(2))],
+    ids=["None", "str", "int", "list", "object", "namespace with TE's attribute"],
+)
+def test_storage_attr_of_a_non_tensor(obj: object, installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    with pytest.raises(te_compat.UnsupportedTensorError, match="expected a torch.Tensor"):
+        te_compat.storage_attr(obj, "rowwise_data")
+    with pytest.raises(te_compat.UnsupportedTensorError):
+        te_compat.tensor_kind(obj)
+
+
+@pytest.mark.parametrize("name", [None, 5, "", "rowwise_dta", b"rowwise_data"])
+def test_storage_attr_bad_name(name: object, installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    p = T.mxfp8_tensor(RELEASE, ROWS, COLUMNS)
+    before = [snapshot(b) for b in _te_buffers([p])]
+    ok, result = attempt(te_compat.storage_attr, p, name)
+    assert not ok, f"storage_attr(p, {name!r}) returned {result!r}"
+    assert_unchanged(_te_buffers([p]), before)
+
+
+# ---------------------------------------------------------------------------------------------
+# mok.checks and mok.layout.check_no_overlap: the validators the entry points use.
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (True, TypeError, r"rows: expected an int >= 1; found True \(bool\)"),
+        (64.0, TypeError, r"rows: expected an int >= 1; found 64.0 \(float\)"),
+        ("64", TypeError, r"rows: expected an int >= 1; found '64' \(str\)"),
+        (None, TypeError, r"rows: expected an int >= 1; found None \(NoneType\)"),
+        (0, ValueError, r"rows: expected an int >= 1; found 0"),
+        (-32, ValueError, r"rows: expected an int >= 1; found -32"),
+    ],
+)
+def test_check_int(value: object, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        check_int("rows", value, minimum=1)
+
+
+def test_check_int_accepts_ints() -> None:
+    assert check_int("rows", 64, minimum=1) == 64
+    assert type(check_int("rows", np.int32(64), minimum=1)) is int
+    assert check_int("e", 3, minimum=0, maximum=3) == 3
+    with pytest.raises(ValueError, match=r"e: expected an int in \[0, 3\]; found 4"):
+        check_int("e", 4, maximum=3)
+
+
+def test_messages_never_print_a_te_tensor(installed_te: Installer) -> None:
+    # repr() of a TE tensor dequantizes it; the stand-in raises if anything touches its values
+    installed_te(RELEASE)
+    p = T.mxfp8_tensor(RELEASE, ROWS, COLUMNS, param=True)
+    with pytest.raises(TypeError, match=r"rows: expected an int >= 1; found a MXFP8Tensor of shape \(64, 128\)"):
+        check_int("rows", p, minimum=1)
+    with pytest.raises(TypeError, match=r"entries\[0\]: expected a pair"):
+        check_pairs("entries", [p], "weights, view")
+
+
+def test_check_bool_and_index() -> None:
+    assert check_bool("fp8_param", False) is False
+    for bad in ("False", 0, None, np.float64(1)):
+        with pytest.raises(TypeError, match="fp8_param: expected a bool"):
+            check_bool("fp8_param", bad)
+    assert check_index("expert", 3, 4) == 3
+    with pytest.raises(ValueError, match=r"r: expected an index in \[0, 128\); found 500"):
+        check_index("r", 500, 128)
+    with pytest.raises(ValueError, match="found -1"):
+        check_index("r", -1, 128)
+    with pytest.raises(TypeError, match=r"found True \(bool\)"):
+        check_index("r", True, 128)
+
+
+def test_check_sequence_and_pairs() -> None:
+    assert check_sequence("params", [1, 2], "ints", item_type=int) == (1, 2)
+    for bad in (None, "ab", b"ab", 5, torch.zeros(3), {1, 2}):
+        with pytest.raises(TypeError, match="params: expected a sequence"):
+            check_sequence("params", bad, "expert parameters")
+    with pytest.raises(TypeError, match=r"params\[1\]: expected expert parameters; found None"):
+        check_sequence("params", [torch.zeros(1), None], "expert parameters", item_type=torch.Tensor)
+    assert check_pairs("entries", [(1, 2), [3, 4]], "weights, view") == ((1, 2), (3, 4))
+    with pytest.raises(TypeError, match=r"entries\[1\]: expected a pair"):
+        check_pairs("entries", [(1, 2), (3,)], "weights, view")
+
+
+def test_no_overlap_is_exact() -> None:
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    check_no_overlap([buf[:512], buf[512:1024]], [buf[1024:2048]], "t")  # disjoint views of one buffer
+    check_no_overlap([buf[0:512:2]], [buf[1:512:2]], "t")  # interleaved, no shared byte
+    check_no_overlap([torch.zeros(2, 2)], [torch.zeros(2, 2)], "t")  # separate allocations
+    check_no_overlap([], [buf, buf[:10]], "t")  # inputs may share bytes with each other
+    check_no_overlap([buf[:0], buf[:0]], [buf], "t")  # empty views hold no byte
+    with pytest.raises(mok.LayoutError, match=r"t: outs\[0\] overlaps outs\[1\]"):
+        check_no_overlap([buf[:512], buf[511:1023]], [], "t")  # one shared byte
+    with pytest.raises(mok.LayoutError, match=r"t: outs\[1\] overlaps inputs\[0\]"):
+        check_no_overlap([buf[:512], buf[2048:2560]], [buf[2000:2100].view(10, 10).t()], "t")
+    with pytest.raises(mok.LayoutError, match=r"t: outs\[0\] overlaps inputs\[1\]"):
+        check_no_overlap([buf[0:512:2]], [buf[1000:1001], buf[6:7]], "t")  # byte 6 is in the strided out
+    words = torch.zeros(16, dtype=torch.int32)
+    check_no_overlap([words.view(torch.uint8)[:4]], [words[1:]], "t")  # bytes 0-3 against 4-63
+    with pytest.raises(mok.LayoutError, match=r"outs\[0\] overlaps inputs\[0\]"):
+        check_no_overlap([words.view(torch.uint8)[5:6]], [words[1:]], "t")  # a byte inside word 1
+    with pytest.raises(mok.LayoutError, match=r"scales\[2\] overlaps|overlaps scales\[2\]"):
+        check_no_overlap([buf[:16]], [buf[100:200], buf[300:400], buf[8:9]], "t", input_label="scales")
