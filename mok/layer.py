@@ -28,7 +28,8 @@ def _plan_entry(i: int, entry: LayerEntry) -> tuple[list[object], list[ScaleWork
             check_cached(cached, SplitExpertWeights, cached.format, (len(params), cached.rows, cached.columns))
             return params, plan_split(params, FORMATS[cached.format], cached.rows, cached.columns, cached)[1]
         raise RefreshError(
-            f"expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; found {cached!r:.80}"
+            "expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; "
+            f"found {type(cached).__name__}"
         )
     except (RefreshError, ExpertWeightError, LayoutError) as exc:
         raise type(exc)(f"refresh_layer entry {i}: {exc}") from exc
@@ -46,7 +47,8 @@ class LayerRefresh:
             )
         for i, entry in enumerate(entries):
             if not isinstance(entry, tuple) or len(entry) != 2:
-                raise TypeError(f"refresh_layer entry {i}: expected a (weights, cached view) pair; found {entry!r:.80}")
+                found = type(entry).__name__
+                raise TypeError(f"refresh_layer entry {i}: expected a (weights, cached view) pair; found {found}")
         self.entries = tuple(entries)
         self.backend = backend
         self.plan = RefreshPlan()

@@ -14,16 +14,25 @@ from te_compat.errors import (
     TEVersionError,
     UnsupportedTensorError,
 )
+from te_compat.gemm_layout import GemmLayoutEntry, GemmLayoutReport, GemmLayoutStatus, request_gemm_layout_scales
+from te_compat.names import logical_storage_name
 from te_compat.probe import StorageReader, storage_attr, storage_field, storage_fingerprint, storage_reader, tensor_kind
 from te_compat.snapshots import (
+    BlockwiseStorage,
     Float8Storage,
     GroupedStorage,
+    HybridStorage,
     MXFP8Storage,
+    NVFP4Storage,
+    blockwise_storage,
     float8_storage,
     grouped_storage,
+    hybrid_storage,
     mxfp8_storage,
+    nvfp4_storage,
 )
 from te_compat.table import StorageName, TensorKind
+from te_compat.verify import Verification, find_te_source, verify_installed
 from te_compat.version import (
     TEStatus,
     parse_te_version,
@@ -36,11 +45,17 @@ from te_compat.version import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockwiseStorage",
     "Capabilities",
     "Float8Storage",
+    "GemmLayoutEntry",
+    "GemmLayoutReport",
+    "GemmLayoutStatus",
     "GroupedStorage",
+    "HybridStorage",
     "MXFP8Storage",
     "MissingFeatureError",
+    "NVFP4Storage",
     "StorageName",
     "StorageNotFoundError",
     "StorageReader",
@@ -50,15 +65,22 @@ __all__ = [
     "TEVersionError",
     "TensorKind",
     "UnsupportedTensorError",
+    "Verification",
+    "blockwise_storage",
     "capabilities",
     "cuda_device",
+    "find_te_source",
     "float8_storage",
     "grouped_storage",
     "has_cuda_core",
+    "hybrid_storage",
+    "logical_storage_name",
     "mxfp8_storage",
+    "nvfp4_storage",
     "on_refresh",
     "parse_te_version",
     "refresh",
+    "request_gemm_layout_scales",
     "require_te",
     "storage_attr",
     "storage_field",
@@ -68,4 +90,5 @@ __all__ = [
     "te_status",
     "te_version",
     "tensor_kind",
+    "verify_installed",
 ]

@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from te_compat import table
 from te_compat.caches import on_refresh
-from te_compat.errors import MissingFeatureError
+from te_compat.errors import MissingFeatureError, TECompatError
 from te_compat.table import TensorKind
 from te_compat.version import release_of, te_import_status, te_status
 
@@ -62,6 +62,8 @@ class Capabilities:
     te_usable: bool
     te_reason: str
     te_in_table: bool  # the release is one the table was checked against
+    te_verified: bool | None  # te-compat verify: its own source agrees with the table (None: not run)
+    te_verification: str  # the verdict, or why it was not run
     table_checked_through: str
     torch_version: str | None
     cuda_device: str | None
@@ -118,6 +120,8 @@ FEATURES: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
     "float8_blockwise": _kind(TensorKind.FLOAT8_BLOCKWISE),
     "nvfp4": _kind(TensorKind.NVFP4),
     "grouped": _kind(TensorKind.GROUPED),
+    "hybrid": _kind(TensorKind.HYBRID),
+    "verified": lambda c: (bool(c.te_verified), c.te_verification),
     "swizzled_scale_flag": lambda c: (c.swizzled_scale_flag, f"needs TE >= 2.12; found {c.te_version or 'no TE'}"),
     "mxfp8_hardware": lambda c: (
         c.mxfp8_hardware,
@@ -138,8 +142,25 @@ FEATURES: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
 }
 
 
-def capabilities(*, import_te: bool = True) -> Capabilities:
-    """Probe the process once (imports TE when ``import_te``; never raises for a broken TE)."""
+def _verification(present: bool, verify: bool) -> tuple[bool | None, str]:
+    if not verify:
+        return None, "not run (verify=False)"
+    if not present:
+        return None, "no Transformer Engine to verify"
+    from te_compat.verify import verify_installed
+
+    try:
+        result = verify_installed()
+    except TECompatError as exc:
+        return None, f"not verified: {exc}"
+    return result.ok, result.verdict
+
+
+def capabilities(*, import_te: bool = True, verify: bool = True) -> Capabilities:
+    """Probe the process once (imports TE when ``import_te``; never raises for a broken TE).
+
+    ``verify`` checks the installed TE's own source against the release table (te_compat.verify;
+    about 150 ms the first time, without importing TE)."""
     status = te_import_status() if import_te else te_status()
     release = release_of(status.version) if status.version is not None else None
     kinds = table.kinds_in(release) if release is not None else ()
@@ -154,6 +175,7 @@ def capabilities(*, import_te: bool = True) -> Capabilities:
         torch_version = None
     device, cc, _ = cuda_device()
     usable = bool(status.usable) if import_te else status.present
+    verified, verdict = _verification(status.present, verify)
     return Capabilities(
         te_present=status.present,
         te_version=str(status.version) if status.version is not None else status.raw_version,
@@ -161,6 +183,8 @@ def capabilities(*, import_te: bool = True) -> Capabilities:
         te_usable=usable,
         te_reason=status.reason or ("not imported (import_te=False)" if not import_te else ""),
         te_in_table=release is not None and release <= Version(table.CHECKED_THROUGH),
+        te_verified=verified,
+        te_verification=verdict,
         table_checked_through=table.CHECKED_THROUGH,
         torch_version=torch_version,
         cuda_device=device,

@@ -11,13 +11,14 @@ import operator
 import sys
 import warnings
 from collections.abc import Callable
+from functools import cache
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from packaging.version import Version
 
 from te_compat import table
 from te_compat.caches import on_refresh
-from te_compat.errors import StorageNotFoundError, TENotFoundError, UnsupportedTensorError
+from te_compat.errors import StorageNotFoundError, TECompatError, TENotFoundError, UnsupportedTensorError
 from te_compat.table import StorageRow, TensorKind
 from te_compat.version import te_status
 
@@ -154,13 +155,12 @@ def resolve(cls: type, logical: str) -> Resolution:
         attr = row.storage.get(logical)
         resolution = Resolution(kind, release, row, (attr,) if attr else ())
     elif release > table.checked_through():
-        _warn_once(
-            f"newer:{release}",
-            f"te_compat: Transformer Engine {release} is newer than the release table "
-            f"(checked through {table.CHECKED_THROUGH}); probing every attribute name known for "
-            f"each storage. Run the matrix for this release: python -m matrix.refresh",
-        )
-        resolution = Resolution(kind, release, row, table.all_names(kind, logical))
+        verified = verified_rows(release).get(kind)
+        if verified is not None:
+            attr = verified.storage.get(logical)
+            resolution = Resolution(kind, release, verified, (attr,) if attr else ())
+        else:
+            resolution = Resolution(kind, release, row, table.all_names(kind, logical))
     else:
         first = table.rows_for(kind)[0].since
         raise UnsupportedTensorError(
@@ -169,6 +169,35 @@ def resolve(cls: type, logical: str) -> Resolution:
         )
     _resolution_cache[key] = resolution
     return resolution
+
+
+@cache
+def verified_rows(release: Version) -> dict[TensorKind, StorageRow]:
+    """For a TE newer than the table: the rows its own source verified (te_compat.verify), by
+    kind, with one warning giving the verdict. Empty when it did not verify: every attribute name
+    any release used is then probed, newest first."""
+    from te_compat.verify import verify_installed
+
+    try:
+        verification = verify_installed()
+        verdict, problems = verification.verdict, verification.problems
+    except TECompatError as exc:
+        verdict, problems = f"its source could not be verified ({exc})", ()
+    ok = not problems and "could not" not in verdict
+    what_next = "" if ok else "; probing every attribute name any release used (details: te-compat verify)"
+    warnings.warn(
+        f"te_compat: Transformer Engine {release} is newer than the release table (checked through "
+        f"{table.CHECKED_THROUGH}): {verdict}{what_next}",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    if not ok:
+        return {}
+    used = set(verification.rows)
+    return {row.kind: row for row in table.ROWS if f"{row.kind} {row.span}" in used}
+
+
+on_refresh(verified_rows.cache_clear)
 
 
 def _read(obj: object, resolution: Resolution) -> Any:

@@ -44,9 +44,9 @@ class TensorKind(str, Enum):
 
 
 def in_range(release: Version, since: str, until: str | None) -> bool:
-    """``since <= release < until`` on release segments (a dev build of X counts as X)."""
-    lo = Version(since).release
-    return lo <= release.release and (until is None or release.release < Version(until).release)
+    """``since <= release < until`` on release segments (a dev build of X counts as X; 2.14 is 2.14.0)."""
+    plain = Version(".".join(str(p) for p in release.release))
+    return Version(since) <= plain and (until is None or plain < Version(until))
 
 
 class StorageName(str, Enum):

@@ -130,12 +130,17 @@ def te_version() -> Version | None:
 def te_min_version(version: str) -> bool:
     """True when TE is installed and its release is at least ``version``.
 
-    Only the release segment counts: a dev build of 2.14 passes ``te_min_version("2.14")``.
+    Only the release segment counts: a dev build of 2.14 passes ``te_min_version("2.14")``, and
+    "2.14" equals "2.14.0". A ``version`` that is not a PEP 440 string raises, TE or not.
     """
+    if not isinstance(version, str):
+        raise TypeError(f"te_min_version: expected a version string such as '2.14'; found {version!r}")
+    try:
+        wanted = release_of(Version(version))
+    except InvalidVersion as exc:
+        raise ValueError(f"te_min_version: expected a PEP 440 version such as '2.14'; found {version!r}") from exc
     installed = te_version()
-    if installed is None:
-        return False
-    return installed.release >= Version(version).release
+    return installed is not None and release_of(installed) >= wanted
 
 
 def require_te(min_version: str | None = None, feature: str | None = None) -> Version:
