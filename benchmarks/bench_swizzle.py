@@ -1,18 +1,26 @@
-"""Benchmark the MXFP8 scale layout conversion on a GPU; prints a table, writes JSON.
+"""Benchmark the MXFP8 scale layout conversion on a GPU, every kernel variant in one run.
 
-    python benchmarks/bench_swizzle.py [--repeats 50] [--json results.json]
+    python benchmarks/bench_swizzle.py --out results.json [--runs 5] [--repeats 20]
+    python benchmarks/bench_swizzle.py --dry-run          # CPU, tiny shapes, torch backend: checks the script
 
-For each case (E experts of M x K weights): the median of ``--repeats`` timed calls (CUDA events,
-after warm-up) of
-  copy        a device-to-device copy of the same bytes (the ceiling; same run),
-  kernel      mok's CUDA kernel over the grouped batch [E, R, C] (one launch),
-  kernel/exp  mok's CUDA kernel over E separate per-expert tensors (one launch, pointer table),
-  torch       the torch reference over the batch,
-  torch/exp   the torch reference one expert at a time,
-  TE multi    TE's multi_tensor_swizzle_scales_for_gemm_ (rowwise cases, when TE is importable).
-Bytes count read + write of the logical scales. Rowwise cases read [M, K/32]; columnwise cases
-read TE's untransposed [M/32, K] buffer as its transpose. "layer" refreshes fc1 and fc2 of a
-MoE layer, rowwise and columnwise, in one launch (mok.refresh_layer's job list).
+Public API only: mok.swizzle_mxfp8_scales / swizzle_mxfp8_scales_many, the launcher's public job API
+(convert_job, copy_job, Launch) and launcher.configure to choose the kernel variant. Every case is set
+up once (buffers, CUDA graphs per variant), then timed ``--runs`` times with the cases interleaved;
+each timing is the median of ``--repeats`` calls (CUDA events). Per case the JSON has every run
+(``runs``), the median of the runs (``median``) and their spread (``spread``: [min, max]).
+
+Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as users call it):
+  g:copy         torch copy_ of the same logical bytes (the ceiling; same run)
+  g:kcopy        the kernel's own copy path over the source buffers it reads (the TE-padded
+                 buffer, or each expert's): a copy with the same loads, the measured limit of
+                 that access pattern
+  g:kernel@V     variant V over the grouped batch [E, R, C] (one launch)
+  g:exp@V        variant V over E separate per-expert tensors (one launch, pointer table)
+  kernel/exp@V   the same per-expert call, eager
+  TE multi       TE's multi_tensor_swizzle_scales_for_gemm_ over E MXFP8 tensors (eager)
+  TE discrete    TE 2.18+ grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights
+                 (eager; g:TE discrete its graph replay)
+The compat keys ``g:kernel/copy``, ``g:exp/copy`` and ``kernel/exp`` are the default variant's.
 """
 
 from __future__ import annotations
@@ -22,260 +30,369 @@ import datetime
 import json
 import platform
 import statistics
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 import mok
 from mok.kernels import launcher
-from mok.layout import roundup
-from mok.swizzle import ScaleWork, run_work
+from mok.layout import swizzle_reference
 
+Fn = Callable[[], object]
 ROW_CASES = [(256, 2048, 7168), (32, 4096, 7168), (8, 7168, 2048), (1, 65536, 7168), (256, 2080, 7200)]
 COL_CASES = [(256, 2048, 7168), (32, 4096, 7168), (8, 7168, 2048), (256, 2080, 7200)]
-LAYER = (256, 2048, 7168)  # E, ffn, hidden: fc1 [E, 2*ffn, hidden], fc2 [E, hidden, ffn]
+LAYER = (256, 2048, 7168)  # E, ffn, hidden: fc1 [2*ffn, hidden], fc2 [hidden, ffn]
+DRY = {256: 3, 32: 2, 8: 2, 1: 1}  # --dry-run: experts
 
 
-def timed(fn: Callable[[], object], repeats: int, before: Callable[[], object] | None = None) -> float:
-    """Median microseconds of ``fn`` over ``repeats`` calls (CUDA events, after warm-up)."""
-    for _ in range(3):
-        if before:
-            before()
+def _ru(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+@dataclass
+class Clock:
+    """Median microseconds of a call: CUDA events on a GPU, the host clock in a dry run."""
+
+    device: torch.device
+    repeats: int
+
+    def time(self, fn: Fn, before: Fn | None = None) -> float:
+        cuda = self.device.type == "cuda"
+        for _ in range(2):
+            (before or (lambda: None))()
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times = []
+        for _ in range(self.repeats):
+            if before:
+                before()
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1000.0)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+
+    def graph(self, fn: Fn) -> Fn:
+        """``fn`` captured in a CUDA graph (after one eager call); its replay. A dry run returns fn."""
         fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        if before:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
+        if self.device.type != "cuda":
+            return fn
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
 
 
-def replayed(fn: Callable[[], object], repeats: int) -> float:
-    """Median microseconds of replaying ``fn`` captured in a CUDA graph: device time without the
-    host's per-call overhead (how a training step that graphs its refresh pays for it)."""
-    fn()  # warm-up outside capture: compiles, uploads descriptor tables
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return timed(graph.replay, repeats)
-
-
-def padded_scales(experts: int, rows: int, cols: int, pr: int, pc: int) -> torch.Tensor:
-    buf = torch.full((experts, pr, pc), 0xFF, dtype=torch.uint8, device="cuda")
-    buf[:, :rows, :cols] = torch.randint(0, 255, (experts, rows, cols), dtype=torch.uint8, device="cuda")
+def _padded(e: int, r: int, c: int, pr: int, pc: int, device: torch.device) -> torch.Tensor:
+    """TE-style scale buffer [E, pr, pc]: random bytes in [r, c], 0xFF padding."""
+    buf = torch.full((e, pr, pc), 0xFF, dtype=torch.uint8, device=device)
+    buf[:, :r, :c] = torch.randint(0, 256, (e, r, c), dtype=torch.uint8, device=device)
     return buf
 
 
-def te_multi_swizzle(experts: int, m: int, k: int, repeats: int) -> float | str:
-    """TE's own multi-tensor swizzle over E real MXFP8 tensors (rowwise), or why it was skipped."""
+def logical(kind: str, e: int, m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logical scales [E, R, C], the TE buffer they are cut from)."""
+    if kind == "rowwise":
+        buf = _padded(e, m, k // 32, _ru(m, 128), _ru(k // 32, 4), device)
+        return buf[:, :m, : k // 32], buf
+    buf = _padded(e, m // 32, k, _ru(m // 32, 4), _ru(k, 128), device)
+    return buf[:, : m // 32, :k].transpose(1, 2), buf
+
+
+def _launch(jobs: list[launcher.Job], device: torch.device) -> Fn:
+    """A prepared launch of ``jobs`` (public launcher API); on the CPU, the same jobs' reference."""
+    if device.type == "cuda":
+        return launcher.Launch(jobs, device)
+    return lambda: None  # a dry run builds the jobs (the part that can fail on the CPU) only
+
+
+def _out(src: torch.Tensor) -> torch.Tensor:
+    return torch.full(
+        mok.layout_shape(src.shape[1], src.shape[2], src.shape[0]), 0xAB, dtype=torch.uint8, device=src.device
+    )
+
+
+@dataclass
+class Case:
+    name: str
+    nbytes: int
+    fns: dict[str, Fn] = field(default_factory=dict)  # column -> call to time (graph replays included)
+    checks: list[tuple[str, Fn, list[tuple[torch.Tensor, torch.Tensor]]]] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)  # column -> why it is missing
+    runs: list[dict[str, float]] = field(default_factory=list)
+    equal: dict[str, bool] = field(default_factory=dict)
+
+
+def _variant_columns(case: Case, clock: Clock, variants: list[str], grouped: Fn, separate: Fn) -> None:
+    for v in variants:
+        launcher.configure(variant=v)
+        case.fns[f"g:kernel@{v}"] = clock.graph(grouped)
+        case.fns[f"g:exp@{v}"] = clock.graph(separate)
+        # eager: each call plans and launches as a user's does, under variant v (chosen untimed)
+        choose = lambda v=v: launcher.configure(variant=v)  # noqa: E731
+        case.fns[f"kernel/exp@{v}"] = _with_reset(lambda: separate(), choose)
+        case.fns[f"kernel@{v}"] = _with_reset(lambda: grouped(), choose)
+    launcher.configure()
+
+
+def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[str], te: bool) -> Case:
+    dev = clock.device
+    batch, buf = logical(kind, e, m, k, dev)
+    per_expert = [logical(kind, 1, m, k, dev)[0][0] for _ in range(e)]  # separate allocations, like TE's
+    out, outs = _out(batch), [_out(p.unsqueeze(0)) for p in per_expert]
+    backend = "cuda" if dev.type == "cuda" else "torch"
+    case = Case(f"{kind} E={e} {m}x{k}", 2 * batch.numel())
+    src = torch.randint(0, 256, (batch.numel(),), dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
+    same = torch.empty_like(buf)
+    case.fns["g:kcopy"] = clock.graph(_launch([launcher.copy_job(buf.view(-1), same.view(-1))], dev))
+    grouped = lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend=backend)  # noqa: E731
+    separate = lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend=backend)  # noqa: E731
+    _variant_columns(case, clock, variants, grouped, separate)
+    pairs = [(batch, out)] + [(p.unsqueeze(0), o) for p, o in zip(per_expert, outs, strict=True)]
+    case.checks = [(v, lambda: (grouped(), separate()), pairs) for v in variants]
+    if te and kind == "rowwise" and dev.type == "cuda":
+        te_columns(case, e, m, k, clock)
+    return case
+
+
+def te_columns(case: Case, e: int, m: int, k: int, clock: Clock) -> None:
+    """TE's multi-tensor swizzle and TE 2.18+'s discrete-weights swizzle over E real MXFP8 tensors."""
     try:
-        import transformer_engine.pytorch as te  # noqa: F401
+        import transformer_engine.pytorch  # noqa: F401
         import transformer_engine_torch as tex
         from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
     except Exception as exc:
-        return f"n/a ({type(exc).__name__})"
+        case.notes["TE multi"] = case.notes["TE discrete"] = f"TE not importable ({type(exc).__name__})"
+        return
     import te_compat
-    from te_compat.probe import resolve
 
     quantizer = MXFP8Quantizer(fp8_dtype=tex.DType.kFloat8E4M3, rowwise=True, columnwise=False)
-    tensors = [quantizer(torch.randn(m, k, dtype=torch.bfloat16, device="cuda")) for _ in range(experts)]
-    # TE swizzles in place: it reassigns the scale attribute and sets its flag. Undo that before
-    # each call (untimed), through the names te_compat resolves for this release.
-    scale_attr = resolve(type(tensors[0]), "rowwise_scale_inv").candidates[0]
-    flag_attr = resolve(type(tensors[0]), "scales_swizzled").candidates[0]
-    originals = [te_compat.storage_attr(t, "rowwise_scale_inv") for t in tensors]
+    tensors = [quantizer(torch.randn(m, k, dtype=torch.bfloat16, device="cuda")) for _ in range(e)]
+    data = [te_compat.storage_attr(t, "rowwise_data") for t in tensors]
+    scales = [te_compat.storage_attr(t, "rowwise_scale_inv") for t in tensors]
+    # TE's multi-tensor swizzle works in place (new scale tensor, flag set): each timed call starts
+    # from the tensors' original Python state, restored untimed.
+    saved = [dict(vars(t)) for t in tensors]
 
     def reset() -> None:
-        for t, s in zip(tensors, originals, strict=True):
-            setattr(t, scale_attr, s)
-            setattr(t, flag_attr, False)
+        for t, state in zip(tensors, saved, strict=True):
+            vars(t).update(state)
 
-    try:
-        return timed(lambda: tex.multi_tensor_swizzle_scales_for_gemm_(tensors, True, False), repeats, reset)
-    except Exception as exc:
-        return f"n/a ({type(exc).__name__}: {str(exc)[:60]})"
-
-
-def case(kind: str, experts: int, m: int, k: int, repeats: int, with_te: bool) -> dict[str, object]:
-    if kind == "rowwise":
-        r, c = m, k // 32
-        buf = padded_scales(experts, r, c, roundup(r, 128), roundup(c, 4))
-        batch = buf[:, :r, :c]
-    else:  # TE's columnwise buffer [M/32, K] read as the transpose [K, M/32]
-        buf = padded_scales(experts, m // 32, k, roundup(m // 32, 4), roundup(k, 128))
-        batch = buf[:, : m // 32, :k].transpose(1, 2)
-        r, c = k, m // 32
-    out = torch.empty(mok.layout_shape(r, c, experts), dtype=torch.uint8, device="cuda")
-    per_expert = [batch[e] for e in range(experts)]
-    outs = list(out.chunk(experts, dim=0))
-    src = torch.randint(0, 255, (experts * r * c,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    nbytes = 2 * experts * r * c
-    row: dict[str, object] = {"case": f"{kind} E={experts} {m}x{k}", "bytes": nbytes}
-    grouped = lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend="cuda")  # noqa: E731
-    separate = lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend="cuda")  # noqa: E731
-    row["copy"] = timed(lambda: dst.copy_(src), repeats)
-    row["kernel"] = timed(grouped, repeats)
-    row["kernel/exp"] = timed(separate, repeats)
-    row["g:copy"] = replayed(lambda: dst.copy_(src), repeats)
-    row["g:kernel"] = replayed(grouped, repeats)
-    row["g:kernel/exp"] = replayed(separate, repeats)
-    row["torch"] = timed(lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend="torch"), max(5, repeats // 5))
-    row["torch/exp"] = timed(
-        lambda: [mok.swizzle_mxfp8_scales(b, out=o, backend="torch") for b, o in zip(per_expert, outs, strict=True)],
-        max(3, repeats // 10),
+    fn = getattr(tex, "multi_tensor_swizzle_scales_for_gemm_", None)
+    if fn is None:
+        case.notes["TE multi"] = "this TE has no multi_tensor_swizzle_scales_for_gemm_"
+    else:
+        _try(case, "TE multi", lambda: (lambda: fn(tensors, True, False), reset))
+    discrete = getattr(
+        getattr(tex, "grouped_mlp_experimental", None), "swizzle_scales_and_pack_ptrs_for_discrete_weights", None
     )
-    ref = mok.swizzle_mxfp8_scales(batch, backend="torch")
-    mok.swizzle_mxfp8_scales(batch, out=out, backend="cuda")
-    row["equal"] = bool(torch.equal(out, ref))
-    if with_te and kind == "rowwise":
-        row["TE multi"] = te_multi_swizzle(experts, m, k, max(5, repeats // 5))
-    return row
+    if discrete is None:
+        case.notes["TE discrete"] = (
+            "this TE has no grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights"
+        )
+        return
+    call = lambda: discrete(data, scales, "mxfp8_rowwise", torch.device("cuda"))  # noqa: E731
+    _try(case, "TE discrete", lambda: (call, None))
+    _try(case, "g:TE discrete", lambda: (clock.graph(call), None))
 
 
-def layer(repeats: int) -> dict[str, object]:
-    """fc1 and fc2 of one MoE layer, rowwise and columnwise scales of every expert, one launch."""
-    experts, ffn, hidden = LAYER
-    work = []
-    for m, k in ((2 * ffn, hidden), (hidden, ffn)):  # fc1 [2*ffn, hidden], fc2 [hidden, ffn]
-        rows = padded_scales(experts, m, k // 32, roundup(m, 128), roundup(k // 32, 4))[:, :m, : k // 32]
-        cols = padded_scales(experts, m // 32, k, roundup(m // 32, 4), roundup(k, 128))[:, : m // 32, :k]
-        for logical in (rows, cols.transpose(1, 2)):
-            out = torch.empty(
-                mok.layout_shape(logical.shape[1], logical.shape[2], experts), dtype=torch.uint8, device="cuda"
-            )
-            work.append(ScaleWork(logical, out))
-    total = sum(2 * w.src.numel() for w in work)
-    src = torch.randint(0, 255, (total // 2,), dtype=torch.uint8, device="cuda")
+def _try(case: Case, column: str, make: Callable[[], tuple[Fn, Fn | None]]) -> None:
+    """Add ``column`` if its call works once; otherwise record why not."""
+    try:
+        fn, before = make()
+        if before:
+            before()
+        fn()
+        case.fns[column] = fn if before is None else _with_reset(fn, before)
+    except Exception as exc:
+        case.notes[column] = f"{type(exc).__name__}: {str(exc)[:120]}"
+
+
+def _with_reset(fn: Fn, before: Fn) -> Fn:
+    fn.before = before  # type: ignore[attr-defined]
+    return fn
+
+
+def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
+    """fc1 and fc2 of one MoE layer, rowwise and columnwise, grouped and per-expert, one launch."""
+    dev = clock.device
+    e, ffn, hidden = (2, 128, 256) if dry else LAYER
+    grouped: list[tuple[torch.Tensor, torch.Tensor]] = []
+    separate: list[tuple[torch.Tensor, torch.Tensor]] = []
+    buffers = []
+    for m, k in ((2 * ffn, hidden), (hidden, ffn)):
+        for kind in ("rowwise", "columnwise"):
+            batch, buf = logical(kind, e, m, k, dev)
+            buffers.append(buf)
+            grouped.append((batch, _out(batch)))
+            for _ in range(e):
+                one = logical(kind, 1, m, k, dev)[0]
+                separate.append((one, _out(one)))
+    case = Case(f"layer E={e} fc1+fc2 row+col", sum(2 * b.numel() for b, _ in grouped))
+    src = torch.randint(0, 256, (case.nbytes // 2,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    jobs = [launcher.convert_job(w.src, w.dst) for w in work]
-    per_expert = [ScaleWork(w.src[e : e + 1], w.dst.chunk(experts, 0)[e]) for w in work for e in range(experts)]
+    case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
+    copies = [launcher.copy_job(b.view(-1), torch.empty_like(b).view(-1)) for b in buffers]
+    case.fns["g:kcopy"] = clock.graph(_launch(copies, dev))
+    for v in variants:
+        launcher.configure(variant=v)
+        run_g = _launch([launcher.convert_job(s, o) for s, o in grouped], dev)
+        run_s = _launch([launcher.convert_job(s, o) for s, o in separate], dev)
+        case.fns[f"g:kernel@{v}"] = clock.graph(run_g)
+        case.fns[f"g:exp@{v}"] = clock.graph(run_s)
+        case.checks.append((v, lambda g=run_g, s=run_s: (g(), s()), grouped + separate))
+    launcher.configure()
+    return case
+
+
+def check(case: Case, device: torch.device) -> None:
+    """Byte identity of every variant's outputs (poisoned first) with the torch reference."""
+    for variant, run, pairs in case.checks:
+        for _, out in pairs:
+            out.fill_(0xAB)
+        if device.type == "cuda":
+            launcher.configure(variant=variant)  # for the calls that plan at each call
+            run()
+            launcher.configure()
+            torch.cuda.synchronize()
+            case.equal[variant] = all(torch.equal(o, swizzle_reference(s, torch.empty_like(o))) for s, o in pairs)
+        else:  # a dry run: the reference against itself, to exercise the comparison
+            for s, o in pairs:
+                swizzle_reference(s, o)
+            case.equal[variant] = all(torch.equal(o, swizzle_reference(s, torch.empty_like(o))) for s, o in pairs)
+
+
+def one_run(cases: list[Case], clock: Clock) -> None:
+    for case in cases:
+        row = {}
+        for column, fn in case.fns.items():
+            row[column] = clock.time(fn, getattr(fn, "before", None))
+        case.runs.append(row)
+    launcher.configure()
+
+
+def summary(case: Case, variants: list[str]) -> dict[str, Any]:
+    ratios = []
+    for run in case.runs:
+        r = dict(run)
+        for v in variants:
+            for col in (f"g:kernel@{v}", f"g:exp@{v}"):
+                r[f"{col}/copy"] = run[col] / run["g:copy"]
+                r[f"{col}/kcopy"] = run[col] / run["g:kcopy"]
+        r["g:kcopy/copy"] = run["g:kcopy"] / run["g:copy"]
+        ratios.append(r)
+    keys = list(ratios[0])
+    median = {k: statistics.median(r[k] for r in ratios) for k in keys}
+    spread = {k: [min(r[k] for r in ratios), max(r[k] for r in ratios)] for k in keys}
+    d = variants[0]
     return {
-        "case": f"layer E={experts} fc1+fc2 row+col ({len(jobs)} jobs)",
-        "bytes": total,
-        "copy": timed(lambda: dst.copy_(src), repeats),
-        "kernel": timed(lambda: run_work(work, "cuda"), repeats),
-        "kernel/exp": timed(lambda: run_work(per_expert, "cuda"), repeats),
-        "g:copy": replayed(lambda: dst.copy_(src), repeats),
-        "g:kernel": replayed(lambda: run_work(work, "cuda"), repeats),
-        "g:kernel/exp": replayed(lambda: run_work(per_expert, "cuda"), repeats),
+        "case": case.name,
+        "bytes": case.nbytes,
+        "g:kernel/copy": median[f"g:kernel@{d}/copy"],
+        "g:exp/copy": median[f"g:exp@{d}/copy"],
+        "kernel/exp": median.get(f"kernel/exp@{d}"),
+        "TE multi": median.get("TE multi"),
+        "TE discrete": median.get("TE discrete"),
+        "g:TE discrete": median.get("g:TE discrete"),
+        "missing": case.notes,
+        "equal": case.equal,
+        "median": median,
+        "spread": spread,
+        "runs": ratios,
     }
 
 
-SWEEP = [(32, 128), (32, 256), (16, 128), (16, 64), (64, 256)]  # (tiles per unit, threads per block)
-SWEEP_CASES = [
-    ("rowwise", 256, 2048, 7168),
-    ("rowwise", 256, 2080, 7200),
-    ("rowwise", 1, 65536, 7168),
-    ("columnwise", 256, 2048, 7168),
-    ("columnwise", 256, 2080, 7200),
-]
-
-
-def logical_case(kind: str, experts: int, m: int, k: int) -> torch.Tensor:
-    if kind == "rowwise":
-        return padded_scales(experts, m, k // 32, roundup(m, 128), roundup(k // 32, 4))[:, :m, : k // 32]
-    buf = padded_scales(experts, m // 32, k, roundup(m // 32, 4), roundup(k, 128))
-    return buf[:, : m // 32, :k].transpose(1, 2)
-
-
-def sweep(repeats: int) -> list[dict[str, object]]:
-    """Graph-replay time of each kernel shape (launcher.configure) on the large cases."""
-    rows = []
-    for kind, experts, m, k in SWEEP_CASES:
-        batch = logical_case(kind, experts, m, k)
-        out = torch.empty(mok.layout_shape(batch.shape[1], batch.shape[2], experts), dtype=torch.uint8, device="cuda")
-        ref = mok.swizzle_mxfp8_scales(batch, backend="torch")
-        src = torch.empty(batch.numel(), dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        copy_time = replayed(lambda d=dst, s=src: d.copy_(s), repeats)
-        row: dict[str, object] = {"case": f"{kind} E={experts} {m}x{k}", "g:copy": copy_time}
-        for tiles, threads in SWEEP:
-            launcher.configure(tiles_per_unit=tiles, threads=threads)
-            t = replayed(lambda b=batch, o=out: mok.swizzle_mxfp8_scales(b, out=o, backend="cuda"), repeats)
-            row[f"{tiles}x{threads}"] = t / copy_time
-            row[f"{tiles}x{threads} ok"] = bool(torch.equal(out, ref))
-        rows.append(row)
-    launcher.configure()
-    print("kernel shape sweep: graph-replay time / graph-replay copy of the same bytes (lower is better)")
-    print(f"{'case':36s} " + " ".join(f"{f'{a}x{b}':>9s}" for a, b in SWEEP))
+def print_table(rows: list[dict[str, Any]], variants: list[str]) -> None:
+    cols = ["g:kcopy/copy"] + [f"g:{w}@{v}/copy" for v in variants for w in ("kernel", "exp")]
+    cols += [f"kernel/exp@{v}" for v in variants] + ["TE multi", "TE discrete", "g:TE discrete"]
+    print("median of the runs [min-max] ; ratios against the same-run graph copy of the same bytes; times us")
+    print(f"{'case':34s} " + " ".join(f"{c.replace('/copy', ''):>18s}" for c in cols) + "  equal")
     for r in rows:
-        cells = [f"{r[f'{a}x{b}']:8.2f}{'' if r[f'{a}x{b} ok'] else '!'}" for a, b in SWEEP]
-        print(f"{r['case']:36s} " + " ".join(f"{c:>9s}" for c in cells))
-    return rows
+        cells = []
+        for c in cols:
+            m, s = r["median"].get(c), r["spread"].get(c)
+            cells.append("-" if m is None else f"{m:.2f} [{s[0]:.2f}-{s[1]:.2f}]" if m < 20 else f"{m:.0f}")
+        ok = ",".join(f"{v}:{'yes' if r['equal'].get(v) else 'NO'}" for v in variants)
+        print(f"{r['case']:34s} " + " ".join(f"{c:>18s}" for c in cells) + f"  {ok}")
+
+
+def meta(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "runs": args.runs,
+        "repeats": args.repeats,
+        "variants": args.variants,
+        "dry_run": args.dry_run,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        found.update(
+            gpu=props.name, sms=props.multi_processor_count, capability=list(torch.cuda.get_device_capability())
+        )
+    try:
+        import cuda.core
+
+        import te_compat
+
+        found["te"] = str(te_compat.te_version())
+        found["cuda.core"] = cuda.core.__version__
+    except Exception as exc:
+        found["versions_missing"] = repr(exc)
+    return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--no-te", action="store_true", help="skip TE's own swizzle")
-    parser.add_argument("--sweep", action="store_true", help="also time every kernel shape (launcher.configure)")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--variants", default=",".join(launcher.VARIANTS))
+    parser.add_argument("--out", help="write the JSON results here")
+    parser.add_argument("--no-te", action="store_true", help="skip TE's own swizzles")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, torch backend: check the script")
     args = parser.parse_args()
-    props = torch.cuda.get_device_properties(0)
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": props.name,
-        "sms": props.multi_processor_count,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "repeats": args.repeats,
-    }
-    try:
-        import te_compat
-
-        meta["te"] = str(te_compat.te_version())
-        import cuda.core
-
-        meta["cuda.core"] = cuda.core.__version__
-    except Exception:
-        pass
-    sweep_rows = sweep(args.repeats) if args.sweep else []
-    rows = [case("rowwise", *c, args.repeats, not args.no_te) for c in ROW_CASES]
-    rows += [case("columnwise", *c, args.repeats, False) for c in COL_CASES]
-    rows.append(layer(args.repeats))
+    variants = args.variants.split(",")
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    clock = Clock(device, 3 if args.dry_run else args.repeats)
+    started = time.perf_counter()
+    cases = []
+    for kind, shapes in (("rowwise", ROW_CASES), ("columnwise", COL_CASES)):
+        for e, m, k in shapes:
+            if args.dry_run:
+                e, m, k = DRY[e], m // 16 + (m % 128), k // 16 + (k % 128)
+            cases.append(matrix_case(kind, e, m, k, clock, variants, not args.no_te))
+    cases.append(layer_case(clock, variants, args.dry_run))
+    for case in cases:
+        check(case, device)
+    set_up = time.perf_counter() - started
+    for _ in range(args.runs):
+        one_run(cases, clock)
+    rows = [summary(c, variants) for c in cases]
+    info = meta(args, device) | {"setup_s": round(set_up, 1), "total_s": round(time.perf_counter() - started, 1)}
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"meta": info, "rows": rows}, fh, indent=1)
+    print(" ".join(f"{k}={v}" for k, v in info.items()))
     for r in rows:
-        r["g:kernel/copy"] = r["g:kernel"] / r["g:copy"]
-        r["g:exp/copy"] = r["g:kernel/exp"] / r["g:copy"]
-        r["g:GB/s"] = r["bytes"] / (r["g:kernel"] * 1e-6) / 1e9
-        for name in ("torch", "torch/exp"):
-            if isinstance(r.get(name), float):
-                r[f"{name} / g:kernel"] = r[name] / r["g:kernel"]
-    print(" ".join(f"{k}={v}" for k, v in meta.items()))
-    cols = [
-        "copy",
-        "kernel",
-        "kernel/exp",
-        "torch",
-        "torch/exp",
-        "TE multi",
-        "g:copy",
-        "g:kernel",
-        "g:kernel/exp",
-        "g:kernel/copy",
-        "g:exp/copy",
-        "g:GB/s",
-    ]
-    print(f"{'case':42s} {'MB':>6s} " + " ".join(f"{c:>12s}" for c in cols) + "  equal")
-    for r in rows:
-        cells = []
-        for c in cols:
-            v = r.get(c, "")
-            cells.append(f"{v:12.2f}" if isinstance(v, float) else f"{str(v)[:12]:>12s}")
-        print(f"{r['case']:42s} {r['bytes'] / 1e6:6.1f} " + " ".join(cells) + f"  {r.get('equal', '')}")
-    print("median microseconds per call (CUDA events); g: = replay of a captured CUDA graph (device time);")
-    print("MB = bytes read + written; ratios are against the same-run copy of the same bytes")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "rows": rows, "sweep": sweep_rows}, fh, indent=1)
+        if r["missing"]:
+            print(f"{r['case']}: missing {r['missing']}")
+    print_table(rows, variants)
 
 
 if __name__ == "__main__":

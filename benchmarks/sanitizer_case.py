@@ -1,11 +1,14 @@
-"""A representative run of the kernel for compute-sanitizer (memcheck, racecheck).
+"""A representative run of the kernel for compute-sanitizer (memcheck, racecheck, synccheck), every
+kernel variant (launcher.VARIANTS) in turn.
 
-    compute-sanitizer --tool memcheck python benchmarks/sanitizer_case.py
+    compute-sanitizer --tool memcheck --report-api-errors no python benchmarks/sanitizer_case.py
     compute-sanitizer --tool racecheck python benchmarks/sanitizer_case.py
+    compute-sanitizer --tool synccheck python benchmarks/sanitizer_case.py
 
-Every job mode (rows 16/4/1-byte, columnwise transpose, gather, copy), padded shapes and a
-many-expert launch; each result is checked against the torch reference. Exits non-zero on a
-mismatch.
+Public API only: mok.swizzle_mxfp8_scales(_many), the launcher's job API (convert_job, copy_job,
+Launch) and launcher.configure. Every job mode (rows 16/4/1-byte, padded slabs, rows wider than a
+shared stage, columnwise transpose, gather, copy), per-expert pointer tables and one mixed launch;
+each result is checked against the torch reference. Exits non-zero on a mismatch.
 """
 
 from __future__ import annotations
@@ -14,33 +17,61 @@ import torch
 
 import mok
 from mok.kernels import launcher
+from mok.layout import swizzle_reference
+
+
+def _cases(g: torch.Generator, dev: str) -> list[torch.Tensor]:
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(dev)
+
+    return [
+        rand(3, 160, 7),  # 1-byte rows
+        rand(2, 200, 12),  # 4-byte rows
+        rand(2, 300, 224),  # 16-byte rows
+        rand(2, 300, 228)[:, :, :225],  # padded rows (TE's 2080x7200 kind)
+        rand(2, 130, 1040)[:, :, :1000],  # rows wider than one shared stage
+        rand(3 * 200 * 13 + 1)[1:].view(3, 200, 13)[:, :, :12],  # misaligned start
+        rand(2, 40, 520)[:, :33, :500].transpose(1, 2),  # columnwise, ragged
+        rand(2, 68, 7296)[:, :65, :7200].transpose(1, 2),  # columnwise, TE-padded
+        rand(1, 90, 60)[:, ::3, ::2],  # gather
+    ]
+
+
+def _one_variant(variant: str, dev: str) -> None:
+    launcher.configure(variant=variant)
+    g = torch.Generator().manual_seed(0)
+    cases = _cases(g, dev)
+    for scales in cases:
+        if not torch.equal(
+            mok.swizzle_mxfp8_scales(scales, backend="cuda"), mok.swizzle_mxfp8_scales(scales, backend="torch")
+        ):
+            raise SystemExit(f"{variant}: mismatch for shape {tuple(scales.shape)} strides {scales.stride()}")
+    mats = [torch.randint(0, 256, (37 * i + 1, i % 9 + 1), dtype=torch.uint8, generator=g).to(dev) for i in range(40)]
+    mats += [torch.randint(0, 256, (300, 228), dtype=torch.uint8, generator=g).to(dev)[:, :225] for _ in range(20)]
+    for m, o in zip(mats, mok.swizzle_mxfp8_scales_many(mats, backend="cuda"), strict=True):
+        if not torch.equal(o, mok.swizzle_mxfp8_scales(m, backend="torch")):
+            raise SystemExit(f"{variant}: mismatch in swizzle_mxfp8_scales_many")
+    src = torch.randint(0, 256, (40000,), dtype=torch.uint8, generator=g).to(dev)
+    work = [
+        (c, torch.full(mok.layout_shape(c.shape[1], c.shape[2], c.shape[0]), 0xAB, dtype=torch.uint8, device=dev))
+        for c in cases
+    ]
+    copies = [(src, torch.zeros_like(src)), (src[3:], torch.zeros(src.numel() - 3, dtype=torch.uint8, device=dev))]
+    jobs = [launcher.convert_job(s, o) for s, o in work] + [launcher.copy_job(s, d) for s, d in copies]
+    launcher.Launch(jobs, torch.device(dev))()  # one mixed launch
+    torch.cuda.synchronize()
+    for s, o in work:
+        if not torch.equal(o, swizzle_reference(s, torch.empty_like(o))):
+            raise SystemExit(f"{variant}: mismatch in the mixed launch for shape {tuple(s.shape)}")
+    if not all(torch.equal(s, d) for s, d in copies):
+        raise SystemExit(f"{variant}: mismatch in a copy job")
+    launcher.configure()
 
 
 def main() -> None:
-    g = torch.Generator().manual_seed(0)
-    dev = "cuda"
-    cases = [
-        torch.randint(0, 256, (3, 160, 7), dtype=torch.uint8, generator=g).to(dev),  # 1-byte rows
-        torch.randint(0, 256, (2, 200, 12), dtype=torch.uint8, generator=g).to(dev),  # 4-byte rows
-        torch.randint(0, 256, (2, 300, 224), dtype=torch.uint8, generator=g).to(dev),  # 16-byte rows
-        torch.randint(0, 256, (2, 40, 520), dtype=torch.uint8, generator=g).to(dev)[:, :33, :500].transpose(1, 2),
-        torch.randint(0, 256, (1, 90, 60), dtype=torch.uint8, generator=g).to(dev)[:, ::3, ::2],  # gather
-    ]
-    for scales in cases:
-        fast = mok.swizzle_mxfp8_scales(scales, backend="cuda")
-        if not torch.equal(fast, mok.swizzle_mxfp8_scales(scales, backend="torch")):
-            raise SystemExit(f"mismatch for shape {tuple(scales.shape)} strides {scales.stride()}")
-    mats = [torch.randint(0, 256, (37 * i + 1, i % 9 + 1), dtype=torch.uint8, generator=g).to(dev) for i in range(40)]
-    for m, o in zip(mats, mok.swizzle_mxfp8_scales_many(mats, backend="cuda"), strict=True):
-        if not torch.equal(o, mok.swizzle_mxfp8_scales(m, backend="torch")):
-            raise SystemExit("mismatch in swizzle_mxfp8_scales_many")
-    src = torch.randint(0, 256, (40000,), dtype=torch.uint8, generator=g).to(dev)
-    dst = torch.empty_like(src)
-    launcher.launch_jobs([launcher.copy_job(src, dst)], src.device)
-    torch.cuda.synchronize()
-    if not torch.equal(src, dst):
-        raise SystemExit("mismatch in copy job")
-    print("sanitizer case: all results equal the torch reference")
+    for variant in launcher.VARIANTS:
+        _one_variant(variant, "cuda")
+        print(f"sanitizer case, variant {variant}: all results equal the torch reference")
 
 
 if __name__ == "__main__":
