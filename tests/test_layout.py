@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -176,3 +179,48 @@ def test_formula_agrees_with_oracle_offsets() -> None:
         for r in range(0, rows, 7):
             for c in range(cols):
                 assert layout_offset(r, c, rows, cols) == spec_offset(r, c, cp)
+
+
+# Issue 10: out-of-range and mistyped scalars raise, naming the parameter and the value.
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: layout_offset(500, 0, 128, 4), ValueError, r"r: expected an index in \[0, 128\); found 500"),
+        (lambda: layout_offset(0, 4, 128, 4), ValueError, r"c: expected an index in \[0, 4\); found 4"),
+        (lambda: layout_offset(-1, 0, 128, 4), ValueError, r"r: .*found -1"),
+        (lambda: layout_offset(0, 0, 0, 4), ValueError, r"rows: expected an int >= 1; found 0"),
+        (lambda: layout_offset(1.0, 0, 128, 4), TypeError, r"r: .*found 1.0 \(float\)"),
+        (lambda: mok.layout_shape(128, 4, experts=-2), ValueError, r"experts: expected an int >= 1; found -2"),
+        (lambda: mok.layout_shape(128, 4, experts=0), ValueError, r"experts: .*found 0"),
+        (lambda: mok.layout_shape(128, 4, experts=2.0), TypeError, r"experts: .*found 2.0 \(float\)"),
+        (lambda: mok.layout_shape(True, 4), TypeError, r"rows: .*found True \(bool\)"),
+        (lambda: mok.padded_shape("128", 4), TypeError, r"rows: .*found '128' \(str\)"),
+        (lambda: mok.padded_shape(128, None), TypeError, r"cols: .*found None"),
+        (lambda: mok.padded_shape(-128, 4), ValueError, r"rows: .*found -128"),
+        (lambda: rowwise_scales(torch.zeros(128, 4, dtype=torch.uint8), -32, 128), ValueError, r"rows: .*found -32"),
+        (lambda: rowwise_scales(torch.zeros(128, 4, dtype=torch.uint8), 128, 128.0), TypeError, r"cols: .*\(float\)"),
+        (lambda: rowwise_scales([[0] * 4] * 128, 128, 128), TypeError, r"expected a torch.Tensor scale buffer"),
+        (lambda: columnwise_scales(torch.zeros(4, 128, dtype=torch.uint8), 128, -128), ValueError, r"cols: .*-128"),
+        (lambda: columnwise_scales(torch.zeros(4, 128, dtype=torch.uint8), False, 128), TypeError, r"rows: .*bool"),
+        (lambda: mok.layout.roundup(5, 0), ValueError, r"multiple: expected an int >= 1; found 0"),
+        (lambda: mok.layout.te_rowwise_padding(64, "128"), TypeError, r"cols: .*'128'"),
+        (lambda: mok.layout.te_columnwise_padding(-64, 128), ValueError, r"rows: .*-64"),
+        (
+            lambda: mok.layout.grouped_scales(torch.zeros(1024, dtype=torch.uint8), -2, 128, 4, "g"),
+            ValueError,
+            r"experts: .*-2",
+        ),
+    ],
+)
+def test_bad_scalars_are_named(call: Callable[[], object], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_good_scalars_still_work() -> None:
+    # spec values: R=200, C=6 pads to 256 x 8; numpy ints count as ints
+    assert mok.padded_shape(200, 6) == (256, 8)
+    assert mok.layout_shape(np.int64(200), 6, experts=np.int32(3)) == (6, 2, 32, 16)
+    assert layout_offset(np.int64(199), 5, 200, 6) == 1657
+    assert mok.layout.te_rowwise_padding(96, 160) == (128, 8)
+    assert mok.layout.te_columnwise_padding(96, 160) == (4, 256)
