@@ -42,9 +42,9 @@ def build(threads: int) -> ctypes.CDLL:
     return lib
 
 
-def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], threads: int, grid: int) -> None:
+def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], threads: int, grid: int, variant: str = "bulk") -> None:
     """Run ``work`` ([src, dst, is_copy] on the CPU) in one emulated launch of ``grid`` blocks."""
-    config = launcher.make_config("bulk", threads=threads)
+    config = launcher.make_config(variant, threads=threads)
     jobs = [launcher.copy_job(s, d) if copy else launcher.convert_job(s, d) for s, d, copy in work]
     rows, arrays, total = launcher._merge(jobs, config)
     size = len(rows) * len(rows[0]) + sum(len(a) for a in arrays)
@@ -126,11 +126,15 @@ CASES: list[Case] = [
 
 
 def check(
-    name: str, make: Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]], threads: int, grid: int
+    name: str,
+    make: Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]],
+    threads: int,
+    grid: int,
+    variant: str = "bulk",
 ) -> None:
     g = torch.Generator().manual_seed(len(name) * 7919 + threads + grid)
     work = make(g)
-    run(work, threads, grid)
+    run(work, threads, grid, variant)
     for i, (src, dst, copy) in enumerate(work):
         want = src.clone() if copy else swizzle_reference(src, torch.empty_like(dst))
         if not torch.equal(dst, want):
@@ -144,12 +148,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, nargs="*", default=[256, 128])
     parser.add_argument("--grids", type=int, nargs="*", default=[1, 3, 7])
+    parser.add_argument("--variants", nargs="*", default=[v for v in launcher.VARIANTS if v.startswith("bulk")])
     args = parser.parse_args()
-    for threads in args.threads:
-        for grid in args.grids:
-            for name, make in CASES:
-                check(name, make, threads, grid)
-                print(f"ok  threads={threads} grid={grid}  {name}", flush=True)
+    for variant in args.variants:
+        for threads in args.threads:
+            for grid in args.grids:
+                for name, make in CASES:
+                    check(name, make, threads, grid, variant)
+                    print(f"ok  {variant} threads={threads} grid={grid}  {name}", flush=True)
     print("bulk variant emulation: every result equals the torch reference")
 
 

@@ -27,7 +27,11 @@ THREADS = 128
 TILES_PER_UNIT = 16  # 64 scale columns per unit: fastest of the H200 sweep (benchmarks/results)
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" overrides the two above (benchmarks, tests)
 VARIANT_ENV = "MOK_KERNEL_VARIANT"  # "default" or "bulk" (see VARIANTS)
-VARIANTS = ("default", "bulk")  # bulk: Hopper bulk copies, persistent blocks (sm_90+; else default)
+# bulk: Hopper bulk copies into double-buffered shared stages, persistent blocks (sm_90+; else default).
+# bulk-fine: the same kernel with smaller units for aligned rows and columns (better balance
+# across blocks when a launch has few slabs; more, smaller copies).
+VARIANTS = ("default", "bulk", "bulk-fine")
+FINE_TILES = 16  # bulk-fine: most 4-column tiles per unit of a staged aligned job
 BULK_MIN_ARCH = (9, 0)
 STAGE_BYTES = 32768  # bulk: one shared stage (two per block); a rowwise slab of up to 255 bytes a row
 BULK_BLOCKS = 3  # bulk: blocks per SM that the kernel's register bound is compiled for
@@ -50,7 +54,7 @@ class KernelConfig:
 
     @property
     def bulk(self) -> bool:
-        return self.variant == "bulk"
+        return self.variant.startswith("bulk")
 
     @property
     def shared_bytes(self) -> int:
@@ -70,11 +74,11 @@ def make_config(
     """A checked :class:`KernelConfig`; None picks the variant's default."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}; expected one of {', '.join(VARIANTS)}")
-    if variant == "bulk":
+    if variant.startswith("bulk"):
         threads = threads or 256
         if threads % 32 or not 64 <= threads <= 1024:
             raise ValueError(f"unsupported bulk kernel block size: threads={threads} (a multiple of 32, 64-1024)")
-        return KernelConfig("bulk", threads // 8, threads)  # tiles: the pre-sm_90 fallback's unit
+        return KernelConfig(variant, threads // 8, threads)  # tiles: the pre-sm_90 fallback's unit
     tiles, threads = tiles_per_unit or 16, threads or 128
     if (128 * tiles // 4) % (threads * 4) or threads % 32:
         raise ValueError(f"unsupported kernel shape: tiles_per_unit={tiles}, threads={threads}")
@@ -174,16 +178,19 @@ def _kernel(device: torch.device) -> tuple[Any, int, KernelConfig]:
     return hit
 
 
-def _bulk_plan(job: Job) -> tuple[int, int]:
-    """(staging kind, 4-column tiles per unit) of ``job`` under the bulk kernel (mxfp8_swizzle.cu)."""
+def _bulk_plan(job: Job, fine: bool = False) -> tuple[int, int]:
+    """(staging kind, 4-column tiles per unit) of ``job`` under the bulk kernel (mxfp8_swizzle.cu);
+    ``fine``: aligned jobs in units of at most FINE_TILES tiles (the bulk-fine variant)."""
     tiles = -(-job.cols // 4)
-    if job.mode == MODE_ROWS and 127 * job.rs + job.cols + 15 <= STAGE_BYTES:
+    aligned_rows = job.mode == MODE_ROWS and job.vec == 16
+    if job.mode == MODE_ROWS and 127 * job.rs + job.cols + 15 <= STAGE_BYTES and not (fine and aligned_rows):
         return STAGE_SLAB, tiles  # a whole 128-row slab is one contiguous range
-    if job.mode == MODE_ROWS and job.vec == 16:  # one copy per row; units of whole 16-byte words
+    if aligned_rows:  # one copy per row; units of whole 16-byte words
         most = ((STAGE_BYTES // 128 // 16 - 1) | 1) * 4  # an odd number of 16-byte words a row
-        return STAGE_ROWSEG, _balanced(tiles, most, 4)
+        return STAGE_ROWSEG, _balanced(tiles, FINE_TILES if fine else most, 4)
     if job.mode == MODE_COLS and job.vec == 16:
-        return STAGE_COLSEG, _balanced(tiles, STAGE_BYTES // (4 * COL_PITCH), 1)
+        most = STAGE_BYTES // (4 * COL_PITCH)
+        return STAGE_COLSEG, _balanced(tiles, FINE_TILES if fine else most, 1)
     return STAGE_NONE, min(tiles, 32)
 
 
@@ -214,14 +221,15 @@ class Job:
         if self.mode == MODE_COPY:
             return -(-self.rows // COPY_CHUNK)
         config = config or _config
-        unit = _bulk_plan(self)[1] if config.bulk else config.tiles_per_unit
+        unit = _bulk_plan(self, config.variant == "bulk-fine")[1] if config.bulk else config.tiles_per_unit
         rp, cp = padded_shape(self.rows, self.cols)
         return self.experts * (rp // 128) * (-(-(cp // 4) // unit))
 
     def row(self, unit_begin: int, config: KernelConfig | None = None) -> tuple[int, ...]:
         flags = self.mode | self.vec << 8
-        if (config or _config).bulk and self.mode != MODE_COPY:
-            kind, unit = _bulk_plan(self)
+        config = config or _config
+        if config.bulk and self.mode != MODE_COPY:
+            kind, unit = _bulk_plan(self, config.variant == "bulk-fine")
             flags |= kind << 20 | unit << 24
         return (self.src, self.dst, self.rs, self.cs, self.es, self.rows, self.cols, self.experts, flags, unit_begin)
 
