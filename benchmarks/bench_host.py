@@ -8,7 +8,8 @@ median host microseconds (``time.perf_counter``, no synchronisation) of
   first view      planning a view from scratch (descriptor table upload included),
   refresh         ``cached=`` refresh of weights whose storage TE did not reassign,
   refresh row     the same with rowwise scales only,
-  layer           ``mok.LayerRefresh`` over fc1 and fc2 of the layer (split cases).
+  layer           ``mok.LayerRefresh`` over fc1 and fc2 of the layer (split cases),
+  TE-swizzled     a refresh of views over scales TE wrote in the GEMM layout (zero-copy).
 With a real TE on a GPU it adds, on the same rowwise tensors in the same run, eager time per
 call (a loop of calls, then one synchronisation, divided by the calls: what a training step
 pays) of mok's refresh, of TE's ``multi_tensor_swizzle_scales_for_gemm_`` and of TE 2.18+'s
@@ -149,6 +150,39 @@ def layer_case(make: Callable[..., tuple[list[Any], Any]], experts: int, rows: i
     return host_us(layer, repeats)
 
 
+def swizzled_standins(experts: int, rows: int, cols: int) -> list[Any]:
+    """Stand-ins whose rowwise scales TE wrote in the GEMM layout (the 2.12+ flag set)."""
+    params, _ = standin_weights(experts, rows, cols, False)
+    for p in params:
+        p._rowwise_scale_inv = mok.swizzle_mxfp8_scales(p._rowwise_scale_inv[:rows, : cols // 32]).view(rows, -1)
+        p._with_gemm_swizzled_scales = True
+    return params
+
+
+def swizzled_te(experts: int, rows: int, cols: int) -> list[Any] | str:
+    """Real TE weights re-quantised after te_compat.request_gemm_layout_scales (TE 2.12+)."""
+    params, _ = te_weights(experts, rows, cols, False)
+    report = te_compat.request_gemm_layout_scales(params)
+    if not report.enabled and not report.already_on:
+        return f"n/a: {report}"
+    x = torch.randn(rows, cols, dtype=torch.bfloat16, device="cuda")
+    for p in params:
+        p.quantize_(x)
+    if not te_compat.mxfp8_storage(params[0]).scales_swizzled:
+        return "n/a: TE did not set its swizzled flag after re-quantising"
+    return params
+
+
+def swizzled_refresh(params: list[Any] | str, rows: int, cols: int, repeats: int) -> float | str:
+    """Host us of a refresh of views over TE-swizzled aligned scales (zero-copy: no kernel work)."""
+    if isinstance(params, str):
+        return params
+    kw = {"rows": rows, "columns": cols, "use_mxfp8": True}
+    view = mok.split_weight_view(params, **kw)
+    assert view.row_scales_zero_copy
+    return host_us(lambda: mok.split_weight_view(params, cached=view, **kw), repeats)
+
+
 def te_rowwise_peers(params: list[Any], rows: int, cols: int, calls: int) -> dict[str, float | str]:
     """Eager us per call, same rowwise tensors, same run: mok's refresh and TE's two swizzles."""
     import transformer_engine_torch as tex
@@ -201,7 +235,14 @@ def run(source: str, repeats: int) -> list[dict[str, Any]]:
                     )
                 if columnwise:
                     row["layer refresh"] = layer_case(make, experts, rows // 2, cols, repeats)
-                elif source == "te":
+                else:
+                    swz = (
+                        swizzled_standins(experts, rows, cols)
+                        if source == "standins"
+                        else swizzled_te(experts, rows, cols)
+                    )
+                    row["split refresh, TE-swizzled"] = swizzled_refresh(swz, rows, cols, repeats)
+                if not columnwise and source == "te":
                     row.update(te_rowwise_peers(split, rows, cols, max(10, repeats // 10)))
                 results.append(row)
                 print(json.dumps(row), flush=True)

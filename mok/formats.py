@@ -23,7 +23,7 @@ import torch
 
 from mok.errors import ExpertWeightError, LayoutError
 from mok.layout import roundup
-from te_compat import StorageName
+from te_compat import StorageName, TensorKind
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Direction:
 @dataclass(frozen=True)
 class WeightFormat:
     name: str  # "bf16", "mxfp8", "nvfp4"
+    kind: TensorKind  # te_compat's kind of its tensors
     block: int  # values per scale (0: not block-scaled)
     payload_dtype: torch.dtype
     packing: int  # values per payload byte
@@ -91,9 +92,10 @@ class WeightFormat:
 
 _ROW = Direction("rowwise", StorageName.ROWWISE_DATA, StorageName.ROWWISE_SCALE_INV, None, False, False)
 _MX_COL = Direction("columnwise", StorageName.COLUMNWISE_DATA, StorageName.COLUMNWISE_SCALE_INV, None, False, True)
-MXFP8 = WeightFormat("mxfp8", 32, torch.float8_e4m3fn, 1, _ROW, _MX_COL)
+MXFP8 = WeightFormat("mxfp8", TensorKind.MXFP8, 32, torch.float8_e4m3fn, 1, _ROW, _MX_COL)
 NVFP4 = WeightFormat(
     "nvfp4",
+    TensorKind.NVFP4,
     16,
     torch.uint8,
     2,

@@ -11,7 +11,7 @@ from mok.layout import grouped_scales
 from mok.plan import ScaleSource
 from mok.swizzle import ScaleWork
 from mok.views import GroupedExpertWeights, Side, check_cached, check_sizes, plan_sides, storage_view
-from te_compat import GroupedStorage, StorageName, TensorKind, grouped_storage, storage_field, tensor_kind
+from te_compat import GroupedStorage, StorageName, grouped_storage, storage_field, tensor_kind
 from te_compat import snapshots as te_snapshots
 
 
@@ -100,7 +100,7 @@ def plan_grouped(
     fmt.check_dims(dims[1], dims[2], "grouped weight")
     if not gs.quantized:
         raise ExpertWeightError("grouped weight holds no quantized data (no quantizer); pass format='bf16'")
-    if gs.members and tensor_kind(gs.members[0]) is not TensorKind(fmt.name):
+    if gs.members and tensor_kind(gs.members[0]) is not fmt.kind:
         raise ExpertWeightError(
             f"grouped weight: expected {fmt.name.upper()} experts; found {type(gs.members[0]).__name__} members"
         )

@@ -31,7 +31,7 @@ def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: in
     if p is None or not isinstance(p, torch.Tensor):
         raise ExpertWeightError(f"expert {e}: expected an {fmt.name.upper()} parameter; found {type(p).__name__}")
     kind = tensor_kind(p)
-    if kind is not TensorKind(fmt.name):
+    if kind is not fmt.kind:
         quantizer = (
             storage_field(p, StorageName.QUANTIZER)
             if kind not in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED)
@@ -43,27 +43,29 @@ def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: in
         )
     snapshot = te_snapshots.mxfp8_storage if fmt.name == "mxfp8" else te_snapshots.nvfp4_storage
     st = snapshot(p)
-    if tuple(st.shape) != (rows, columns):
+    if st.shape != (rows, columns):
         raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(st.shape)}")
     return st
 
 
 def _split_side(storages: Sequence[Any], fmt: WeightFormat, d: Direction, rows: int, columns: int) -> Side | None:
-    present = [getattr(st, d.data.value) is not None for st in storages]
+    data_name, scales_name = str(d.data), str(d.scales)
+    payloads = [getattr(st, data_name) for st in storages]
+    present = [t is not None for t in payloads]
     if not any(present):
         return None
     if not all(present):
         raise ExpertWeightError(f"expert {present.index(False)} has no {d.name} data; the others do")
-    shape = fmt.payload_shape(d, rows, columns)
+    shape, dtype, logical = fmt.payload_shape(d, rows, columns), fmt.payload_dtype, fmt.logical_scales
     data, sources = [], []
-    for e, st in enumerate(storages):
-        data.append(
-            storage_view(getattr(st, d.data.value), shape, dtype=fmt.payload_dtype, name=f"expert {e} {d.name} data")
-        )
-        buf = st.need(d.scales.value)
+    for e, (st, payload) in enumerate(zip(storages, payloads, strict=True)):
+        data.append(storage_view(payload, shape, dtype=dtype, name=f"expert {e} {d.name} data"))
+        buf = getattr(st, scales_name)
         name = f"expert {e} {d.name} scales"
-        sources.append(ScaleSource(name, buf, fmt.logical_scales(d, buf, rows, columns, name), st.scales_swizzled))
-    amax = tuple(st.need(d.amax.value) for st in storages) if d.amax else None
+        if buf is None:
+            st.need(scales_name)  # raises, naming the attribute and release
+        sources.append(ScaleSource(name, buf, logical(d, buf, rows, columns, name), st.scales_swizzled))
+    amax = tuple(st.need(str(d.amax)) for st in storages) if d.amax else None
     return Side(d, tuple(data), tuple(sources), amax)
 
 

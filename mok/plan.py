@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import is_
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -24,8 +24,7 @@ from mok.swizzle import PreparedWork, ScaleWork
 from te_compat import storage_reader
 
 
-@dataclass(frozen=True)
-class ScaleSource:
+class ScaleSource(NamedTuple):
     """Scales of ``E`` experts to bring into the layout. ``logical`` is ``[E, R, C]`` uint8 (any
     strides, a view of ``te_buffer``); when TE already ``swizzled`` them, ``te_buffer`` holds the
     layout itself and is copied or exposed, never converted a second time."""

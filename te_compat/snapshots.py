@@ -10,7 +10,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from te_compat.errors import StorageNotFoundError, UnsupportedTensorError
-from te_compat.probe import _class_path, resolve, storage_attr, storage_field, tensor_kind
+from te_compat.probe import (
+    _class_path,
+    _is_torch_tensor,
+    resolve,
+    storage_attr,
+    storage_field,
+    storage_reader,
+    tensor_kind,
+)
 from te_compat.table import TensorKind
 
 if TYPE_CHECKING:
@@ -103,6 +111,26 @@ class GroupedStorage:
         return _need(self.owner, getattr(self, name), name)
 
 
+def _read_all(obj: object) -> dict[str, Any]:
+    """Every storage value of ``obj`` by logical name: one C-level read when the object holds them
+    itself (a TE tensor or Parameter does), else name by name with the ``.data`` fallback."""
+    reader = storage_reader(obj)
+    try:
+        return dict(zip(reader.names, reader.read(obj), strict=True))
+    except AttributeError:
+        return {name: storage_field(obj, name) for name in reader.names}
+
+
+def _tensor(obj: object, values: dict[str, Any], name: str) -> torch.Tensor | None:
+    """``values[name]``, which must be a tensor or None (what storage_attr promises)."""
+    value = values.get(name)
+    if value is None or _is_torch_tensor(type(value)):
+        return value
+    raise UnsupportedTensorError(
+        f"{name!r} of {_class_path(type(obj))} is expected to be a torch.Tensor or None; found {type(value).__name__}"
+    )
+
+
 def _swizzled_flag(obj: object) -> bool:
     flag = storage_field(obj, "scales_swizzled")
     return bool(flag) if flag is not None else False
@@ -111,18 +139,19 @@ def _swizzled_flag(obj: object) -> bool:
 def mxfp8_storage(param: object) -> MXFP8Storage:
     """Snapshot of an MXFP8 tensor or Parameter. Raises if it holds neither usage."""
     _expect_kind(param, (TensorKind.MXFP8,), "mxfp8_storage")
-    row = storage_attr(param, "rowwise_data")
-    col = storage_attr(param, "columnwise_data")
+    values = _read_all(param)
+    row = _tensor(param, values, "rowwise_data")
+    col = _tensor(param, values, "columnwise_data")
     if row is None and col is None:
         _need(param, None, "rowwise_data")
     return MXFP8Storage(
         owner=param,
         shape=_logical_shape(param, row, col),
         rowwise_data=row,
-        rowwise_scale_inv=storage_attr(param, "rowwise_scale_inv"),
+        rowwise_scale_inv=_tensor(param, values, "rowwise_scale_inv"),
         columnwise_data=col,
-        columnwise_scale_inv=storage_attr(param, "columnwise_scale_inv"),
-        scales_swizzled=_swizzled_flag(param),
+        columnwise_scale_inv=_tensor(param, values, "columnwise_scale_inv"),
+        scales_swizzled=bool(values.get("scales_swizzled")),
     )
 
 

@@ -302,3 +302,41 @@ def test_cached_buffers_over_te_scales_are_refused(installed_te: Installer) -> N
         with pytest.raises(mok.LayoutError, match=match):
             split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=bad)
         assert torch.equal(te_buffer, before)
+
+
+# ------------------------------------------------------------------- scales TE already swizzled
+
+
+def _te_swizzled(release: str, n: int) -> list[Any]:
+    """Per-expert MXFP8 weights whose rowwise scales TE wrote in the GEMM layout (2.12+ flag)."""
+    ps = [T.mxfp8_tensor(release, R, C, seed=e, param=True, columnwise=False) for e in range(n)]
+    for p in ps:
+        p._rowwise_scale_inv = spec_layout(p._rowwise_scale_inv[:R, : C // 32]).view(R, C // 32).clone()
+        p._with_gemm_swizzled_scales = True
+    return ps
+
+
+def test_refresh_of_te_swizzled_aligned_scales_moves_no_byte(
+    installed_te: Installer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed_te("2.20.2")
+    ps = _te_swizzled("2.20.2", 3)
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    assert v.row_scales_zero_copy and v.refresh_plan.work is not None and v.refresh_plan.work.work == []
+    runs: list[str] = []
+    monkeypatch.setattr(mok.swizzle, "swizzle_reference", lambda *a: runs.append("convert"))
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: runs.append("copy"))
+    for p in ps:  # TE re-quantised in place, GEMM layout again: same buffers, new bytes
+        p._rowwise_scale_inv.random_(0, 255)
+    assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
+    assert runs == [] and v.refresh_plan.plans == 1
+    assert [t.data_ptr() for t in v.row_scales] == [p._rowwise_scale_inv.data_ptr() for p in ps]
+
+
+def test_te_swizzled_grouped_aligned_is_a_pointer_check(installed_te: Installer, planned: list[str]) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, R, C, mxfp8=True, swizzled=True, members=False, columnwise=False)
+    v = grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True)
+    assert v.row_scales_zero_copy and v.row_scales.data_ptr() == g.scale_inv.data_ptr()
+    grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True, cached=v)
+    assert planned == ["grouped rowwise scales"] and v.refresh_plan.work is not None and v.refresh_plan.work.work == []
