@@ -99,7 +99,7 @@ def swizzle_mxfp8_scales_many(
     """Convert separate per-expert logical scales ``[R_i, C_i]`` (one launch on CUDA, any number
     of experts). ``outs[i]`` must be the layout buffer of ``scales[i]``; without ``outs`` they
     are allocated."""
-    scales = check_sequence("scales", scales, "logical scale matrices [R, C]")
+    scales = check_sequence("scales", scales, "logical scale matrices [R, C]", item_type=torch.Tensor)
     if len(scales) == 0:
         raise LayoutError("swizzle_mxfp8_scales_many: expected at least one scale matrix; found none")
     batches = []
@@ -115,7 +115,7 @@ def swizzle_mxfp8_scales_many(
     if outs is None:
         outs = [torch.empty(layout_shape(b.shape[1], b.shape[2]), dtype=torch.uint8, device=device) for b in batches]
     else:
-        outs = check_sequence("outs", outs, "layout buffers")
+        outs = check_sequence("outs", outs, "layout buffers", item_type=torch.Tensor)
         if len(outs) != len(batches):
             raise LayoutError(f"expected {len(batches)} output buffers, one per scale matrix; found {len(outs)}")
         for i, (b, o) in enumerate(zip(batches, outs, strict=True)):
