@@ -28,7 +28,7 @@ trap 'on_error $LINENO $?' ERR
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PARTS_ROOT=${TE_PARTS_ROOT:-/root/te}
 BUDGET=${GPU_LIVE_BUDGET_S:-560}
-OUT=${OUT:-$ROOT/.gpu-live-out}
+OUT=${OUT:-$(mktemp -d)}  # the device tool sets OUT; elsewhere a fresh folder
 mkdir -p "$OUT"
 
 die() { echo "gpu_live.sh: FAILED at step \"$STEP\": $*" >&2; exit 1; }

@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import platform
+import sys
 import xml.etree.ElementTree as ET
 from importlib import metadata
 from pathlib import Path
@@ -175,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     evidence = json.loads(evidence_file.read_text()) if evidence_file.exists() else None
     notes = environment_notes(args.note, dict(os.environ))
     record = build_record(environment(args.machine), args.junit, evidence, notes, te_build(args.build))
-    if record["release"] is None:
-        parser.error("no Transformer Engine release is installed here (te_compat found none): nothing to record")
+    if record["release"] is None:  # e.g. `nox -s live` on a machine without TE: keep matrix/live/ as it is
+        print("no Transformer Engine release is installed here (te_compat found none): no record", file=sys.stderr)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     path = record_path(args.out, record, no_seed_run(evidence, dict(os.environ)))
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
