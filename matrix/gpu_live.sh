@@ -114,7 +114,7 @@ V=$1
 main() {
     set -eEuo pipefail  # a pipeline stage: set again what the caller turned off for it
     trap 'on_error $LINENO $?' ERR
-    echo "gpu_live.sh $V: $(date -u +%FT%TZ), repository $ROOT, budget ${BUDGET}s"
+    echo "gpu_live.sh $V (results in $OUT): $(date -u +%FT%TZ), repository $ROOT, budget ${BUDGET}s"
     stage
     P=$PARTS_ROOT/$V
 
