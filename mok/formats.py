@@ -112,7 +112,9 @@ NVFP4 = WeightFormat(
     ),
 )
 FORMATS = {"mxfp8": MXFP8, "nvfp4": NVFP4}
-FORMAT_NAMES = ("bf16", "mxfp8", "nvfp4")
+FORMAT_OF_KIND = {f.kind: f for f in FORMATS.values()}
+# "hybrid": TE 2.19+ HybridQuantizedTensor, each direction in its own format (per-expert only)
+FORMAT_NAMES = ("bf16", "mxfp8", "nvfp4", "hybrid")
 
 
 def format_named(format: object, use_mxfp8: object) -> str:
@@ -125,6 +127,6 @@ def format_named(format: object, use_mxfp8: object) -> str:
         return "mxfp8" if use_mxfp8 else "bf16"
     if not isinstance(format, str) or format not in FORMAT_NAMES:
         raise ValueError(f"format: expected one of {', '.join(map(repr, FORMAT_NAMES))}; found {format!r}")
-    if use_mxfp8 is not None and use_mxfp8 != (format == "mxfp8"):
+    if use_mxfp8 is True and format != "mxfp8":
         raise ValueError(f"use_mxfp8={use_mxfp8} contradicts format={format!r}; pass one of them")
     return format

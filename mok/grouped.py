@@ -86,7 +86,7 @@ def _grouped_sides(weight: object, gs: GroupedStorage, fmt: WeightFormat, dims: 
         _check_packing(gs, fmt, d, flat, pr * pc)
         logical = fmt.logical_scales(d, padded, rows, columns, f"{name} scales")
         source = ScaleSource(f"{name} scales", padded, logical, gs.scales_swizzled)
-        sides.append(Side(d, (payload,), (source,), _grouped_amax(weight, d)))
+        sides.append(Side(d, fmt.name, (payload,), (source,), _grouped_amax(weight, d)))
     if not sides or sides[0].direction.name != "rowwise":
         gs.need(StorageName.ROWWISE_DATA)  # raises, naming the attribute and release
     return sides
@@ -153,6 +153,8 @@ def grouped_weight_view(
     from the seed's ``use_mxfp8``). With ``cached`` (a previous result), refresh its scale
     buffers in place and return it. One kernel launch on the cuda backend."""
     fmt = _format(format, use_mxfp8)
+    if fmt == "hybrid":
+        raise ValueError("format='hybrid': TE's hybrid weights are per-expert tensors; use split_weight_view")
     dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
     if fmt == "bf16":
         return _grouped_bf16(weight, dims, cached)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ from typing import Any
 from mok.errors import ExpertWeightError, LayoutError, RefreshError
 from mok.formats import FORMATS
 from mok.grouped import plan_grouped
-from mok.per_expert import plan_split
+from mok.per_expert import plan_split, watched
 from mok.plan import RefreshPlan
 from mok.swizzle import ScaleWork
 from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, check_cached, param_list
@@ -26,7 +26,9 @@ def _plan_entry(i: int, entry: LayerEntry) -> tuple[list[object], list[ScaleWork
         if isinstance(cached, SplitExpertWeights) and cached.format != "bf16":
             params = param_list(weight)
             check_cached(cached, SplitExpertWeights, cached.format, (len(params), cached.rows, cached.columns))
-            return params, plan_split(params, FORMATS[cached.format], cached.rows, cached.columns, cached)[1]
+            return list(watched(params, cached.format)), plan_split(
+                params, cached.format, cached.rows, cached.columns, cached
+            )[1]
         raise RefreshError(
             "expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; "
             f"found {type(cached).__name__}"
@@ -57,7 +59,10 @@ class LayerRefresh:
     def weights(self) -> list[object]:
         out: list[object] = []
         for weight, cached in self.entries:
-            out.extend(weight if isinstance(cached, SplitExpertWeights) else [weight])  # type: ignore[arg-type]
+            if isinstance(cached, SplitExpertWeights):
+                out.extend(watched(weight, cached.format))  # type: ignore[arg-type]
+            else:
+                out.append(weight)
         return out
 
     def __call__(self) -> None:

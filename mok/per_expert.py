@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from mok.errors import ExpertWeightError, RefreshError
-from mok.formats import FORMATS, Direction, WeightFormat
+from mok.formats import FORMAT_OF_KIND, FORMATS, Direction, WeightFormat
 from mok.formats import format_named as _format
 from mok.plan import ScaleSource
 from mok.swizzle import ScaleWork
@@ -23,8 +23,9 @@ from mok.views import (
     same_device,
     storage_view,
 )
-from te_compat import StorageName, TensorKind, storage_field, tensor_kind
-from te_compat import snapshots as te_snapshots
+from te_compat import StorageName, TensorKind, hybrid_storage, mxfp8_storage, nvfp4_storage, storage_field, tensor_kind
+
+_SNAPSHOTS: dict[str, Callable[[object], Any]] = {"mxfp8": mxfp8_storage, "nvfp4": nvfp4_storage}
 
 
 def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: int) -> Any:
@@ -41,8 +42,7 @@ def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: in
         raise ExpertWeightError(
             f"expert {e}: expected an {fmt.name.upper()} parameter; found {type(p).__name__} (kind {kind}{extra})"
         )
-    snapshot = te_snapshots.mxfp8_storage if fmt.name == "mxfp8" else te_snapshots.nvfp4_storage
-    st = snapshot(p)
+    st: Any = _SNAPSHOTS[fmt.name](p)
     if st.shape != (rows, columns):
         raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(st.shape)}")
     return st
@@ -66,17 +66,75 @@ def _split_side(storages: Sequence[Any], fmt: WeightFormat, d: Direction, rows: 
             st.need(scales_name)  # raises, naming the attribute and release
         sources.append(ScaleSource(name, buf, logical(d, buf, rows, columns, name), st.scales_swizzled))
     amax = tuple(st.need(str(d.amax)) for st in storages) if d.amax else None
-    return Side(d, tuple(data), tuple(sources), amax)
+    return Side(d, fmt.name, tuple(data), tuple(sources), amax)
 
 
-def plan_split(
-    params: Sequence[object], fmt: WeightFormat, rows: int, columns: int, cached: SplitExpertWeights | None
-) -> tuple[SplitExpertWeights, list[ScaleWork]]:
+def _format_sides(params: Sequence[object], fmt: WeightFormat, rows: int, columns: int) -> list[Side]:
     fmt.check_dims(rows, columns, "split weights")
     storages = [_expert_storage(e, p, fmt, rows, columns) for e, p in enumerate(params)]
     sides = [s for d in fmt.directions() if (s := _split_side(storages, fmt, d, rows, columns)) is not None]
     if not sides or sides[0].direction.name != "rowwise":
         storages[0].need(StorageName.ROWWISE_DATA.value)
+    return sides
+
+
+def _hybrid_sides(params: Sequence[object], rows: int, columns: int) -> list[Side]:
+    """TE 2.19+ hybrid weights: each direction read off its own sub-storage, in its own format."""
+    hybrids = []
+    for e, p in enumerate(params):
+        if tensor_kind(p) is not TensorKind.HYBRID:
+            raise ExpertWeightError(f"expert {e}: expected a hybrid parameter; found {type(p).__name__}")
+        hybrids.append(hybrid_storage(p))
+    sides = []
+    for d_name in ("rowwise", "columnwise"):
+        subs = [getattr(h, d_name) for h in hybrids]
+        if all(s is None for s in subs):
+            continue
+        kinds = [getattr(h, f"{d_name}_kind") for h in hybrids]
+        fmt = FORMAT_OF_KIND.get(kinds[0])
+        if fmt is None or any(k is not kinds[0] for k in kinds):
+            e = next((i for i, k in enumerate(kinds) if k is not kinds[0]), 0)
+            h = hybrids[e]
+            raise ExpertWeightError(
+                f"expert {e}: hybrid weight with rowwise {h.rowwise_kind} and columnwise {h.columnwise_kind} "
+                f"storage; mok views MXFP8 or NVFP4 in each direction, the same for every expert"
+            )
+        fmt.check_dims(rows, columns, "hybrid weights")
+        storages = [_sub_storage(e, s, fmt, rows, columns, d_name) for e, s in enumerate(subs)]
+        direction = fmt.rowwise if d_name == "rowwise" else fmt.columnwise
+        side = _split_side(storages, fmt, direction, rows, columns)
+        if side is None:
+            raise ExpertWeightError(f"hybrid weights: the {d_name} sub-storages hold no {d_name} data")
+        sides.append(side)
+    if not sides:
+        hybrids[0].need("rowwise")
+    return sides
+
+
+def _sub_storage(e: int, sub: object, fmt: WeightFormat, rows: int, columns: int, d_name: str) -> Any:
+    if sub is None:
+        raise ExpertWeightError(f"expert {e} has no {d_name} sub-storage; the others do")
+    st: Any = _SNAPSHOTS[fmt.name](sub)
+    if st.shape != (rows, columns):
+        raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(st.shape)}")
+    return st
+
+
+def watched(params: Sequence[object], fmt: str) -> Sequence[object]:
+    """What a refresh guard watches: the parameters and, for hybrids, their sub-storages too
+    (TE may reassign a buffer inside a sub-storage without touching the hybrid)."""
+    if fmt != "hybrid":
+        return params
+    subs = [v for p in params for v in (storage_field(p, "rowwise_storage"), storage_field(p, "columnwise_storage"))]
+    return [*params, *(s for s in subs if s is not None)]
+
+
+def plan_split(
+    params: Sequence[object], fmt: str, rows: int, columns: int, cached: SplitExpertWeights | None
+) -> tuple[SplitExpertWeights, list[ScaleWork]]:
+    sides = (
+        _hybrid_sides(params, rows, columns) if fmt == "hybrid" else _format_sides(params, FORMATS[fmt], rows, columns)
+    )
     device = same_device(sides[0].data)
     slots, work = plan_sides(sides, cached, "")
     if cached is not None:
@@ -86,6 +144,7 @@ def plan_split(
         p = "row" if side.direction.name == "rowwise" else "col"
         fields.update(
             {
+                f"{p}_format": side.format,
                 f"{p}_data": side.data,
                 f"{p}_data_ptrs": ptr_table(side.data, device),
                 f"{p}_scales": slot.tensors,
@@ -95,7 +154,7 @@ def plan_split(
         )
         if side.amax is not None:
             fields.update({f"{p}_amax": side.amax, f"{p}_amax_ptrs": ptr_table(side.amax, device)})
-    return SplitExpertWeights(len(params), rows, columns, fmt.name == "mxfp8", format=fmt.name, **fields), work
+    return SplitExpertWeights(len(params), rows, columns, fmt == "mxfp8", format=fmt, **fields), work
 
 
 def _split_bf16(params: Sequence[object], rows: int, columns: int, cached: object) -> SplitExpertWeights:
@@ -129,7 +188,8 @@ def split_weight_view(
 ) -> SplitExpertWeights:
     """Views over one Parameter per expert, each ``(rows, columns)``, with pointer tables.
 
-    ``format``: "bf16", "mxfp8" or "nvfp4" (default from the seed's ``use_mxfp8``). With
+    ``format``: "bf16", "mxfp8", "nvfp4", or "hybrid" for TE 2.19+ hybrid weights, each direction
+    in its own format (``row_format``/``col_format``); default from the seed's ``use_mxfp8``. With
     ``cached`` (a previous result), refresh its scale buffers in place (same addresses) after
     checking that no payload moved, and return it: when TE reassigned no storage since, the
     prepared launch simply runs again. All experts convert in one kernel launch (cuda backend).
@@ -142,8 +202,8 @@ def split_weight_view(
     key = ("split", fmt, rows, columns, backend)
     if cached is not None:
         check_cached(cached, SplitExpertWeights, fmt, (len(params), rows, columns))
-        if cached.refresh_plan.rerun(params, key):
+        if cached.refresh_plan.rerun(watched(params, fmt), key):
             return cached
-    view, work = plan_split(params, FORMATS[fmt], rows, columns, cached)
-    view.refresh_plan.prepare(params, key, work, backend)
+    view, work = plan_split(params, fmt, rows, columns, cached)
+    view.refresh_plan.prepare(watched(params, fmt), key, work, backend)
     return view

@@ -80,6 +80,8 @@ class SplitExpertWeights:
     row_amax_ptrs: torch.Tensor | None = None
     col_amax: tuple[torch.Tensor, ...] | None = None
     col_amax_ptrs: torch.Tensor | None = None
+    row_format: str | None = None  # each direction's own format (they differ only for "hybrid")
+    col_format: str | None = None
     refresh_plan: RefreshPlan = field(default_factory=RefreshPlan, repr=False)
 
 
@@ -91,6 +93,7 @@ class Side:
     """One direction of a view as read off TE: payload views, scale sources, amax tensors."""
 
     direction: Direction
+    format: str  # the format this direction is stored in
     data: tuple[torch.Tensor, ...]
     sources: tuple[ScaleSource, ...]
     amax: tuple[torch.Tensor, ...] | None

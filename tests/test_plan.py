@@ -191,7 +191,7 @@ def test_format_and_use_mxfp8_must_agree(installed_te: Installer) -> None:
     ps = _nvfp4_params("2.20.2", R, C, 1)
     with pytest.raises(ValueError, match="use_mxfp8=True contradicts format='nvfp4'"):
         split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, format="nvfp4")
-    with pytest.raises(ValueError, match="format: expected one of 'bf16', 'mxfp8', 'nvfp4'; found 'fp4'"):
+    with pytest.raises(ValueError, match="format: expected one of 'bf16', 'mxfp8', 'nvfp4', 'hybrid'; found 'fp4'"):
         split_weight_view(ps, rows=R, columns=C, format="fp4")
     with pytest.raises(ExpertWeightError, match="expert 0: expected an MXFP8 parameter; found .*kind nvfp4"):
         split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
@@ -340,3 +340,39 @@ def test_te_swizzled_grouped_aligned_is_a_pointer_check(installed_te: Installer,
     assert v.row_scales_zero_copy and v.row_scales.data_ptr() == g.scale_inv.data_ptr()
     grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True, cached=v)
     assert planned == ["grouped rowwise scales"] and v.refresh_plan.work is not None and v.refresh_plan.work.work == []
+
+
+# ------------------------------------------------------------------------------------ hybrid
+
+
+@pytest.mark.parametrize(("row", "col"), [("mxfp8", "nvfp4"), ("nvfp4", "mxfp8"), ("mxfp8", None)])
+def test_hybrid_experts_are_viewed_direction_by_direction(
+    row: str, col: str | None, installed_te: Installer, planned: list[str]
+) -> None:
+    installed_te("2.20.2")
+    ps = [T.hybrid_tensor("2.20.2", R, C, rowwise=row, columnwise=col, seed=3 * e, param=True) for e in range(2)]
+    v = split_weight_view(ps, rows=R, columns=C, format="hybrid")
+    assert (v.format, v.row_format, v.col_format) == ("hybrid", row, col)
+    rs = ps[1]._rowwise_storage
+    block = 32 if row == "mxfp8" else 16
+    assert torch.equal(v.row_scales[1], spec_layout(rs._rowwise_scale_inv[:R, : C // block]))
+    if col is not None:
+        cs = ps[1]._columnwise_storage
+        logical = (
+            cs._columnwise_scale_inv[: R // 32, :C].t() if col == "mxfp8" else cs._columnwise_scale_inv[:C, : R // 16]
+        )
+        assert v.col_scales is not None and torch.equal(v.col_scales[1], spec_layout(logical))
+    n = len(planned)
+    split_weight_view(ps, rows=R, columns=C, format="hybrid", cached=v)
+    assert len(planned) == n  # unchanged: nothing planned
+    rs._rowwise_scale_inv = rs._rowwise_scale_inv.clone().random_(0, 255)  # a buffer inside a sub-storage
+    split_weight_view(ps, rows=R, columns=C, format="hybrid", cached=v)
+    assert len(planned) > n
+    assert torch.equal(v.row_scales[1], spec_layout(rs._rowwise_scale_inv[:R, : C // block]))
+
+
+def test_hybrid_with_another_format_names_both(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.hybrid_tensor("2.20.2", R, C, rowwise="mxfp8", columnwise="identity", param=True)]
+    with pytest.raises(ExpertWeightError, match="rowwise mxfp8 and columnwise identity"):
+        split_weight_view(ps, rows=R, columns=C, format="hybrid")
