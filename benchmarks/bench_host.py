@@ -101,6 +101,7 @@ def standin_weights(experts: int, rows: int, cols: int, columnwise: bool) -> tup
 
 def te_weights(experts: int, rows: int, cols: int, columnwise: bool) -> tuple[list[Any], Any]:
     """Real TE MXFP8 Parameters (one per expert) and, on TE 2.14+, one grouped Parameter."""
+    import transformer_engine.pytorch  # noqa: F401  (transformer_engine_torch loads only after it)
     import transformer_engine_torch as tex
     from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
 

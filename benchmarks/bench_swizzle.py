@@ -30,6 +30,7 @@ import datetime
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,7 +93,8 @@ class Clock:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        return graph.replay
+        # the replay keeps fn (and every buffer it holds) alive: a graph holds addresses only
+        return lambda g=graph, keep=fn: g.replay()
 
 
 def _padded(e: int, r: int, c: int, pr: int, pc: int, device: torch.device) -> torch.Tensor:
@@ -158,7 +160,8 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
     dst = torch.empty_like(src)
     case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
     same = torch.empty_like(buf)
-    case.fns["g:kcopy"] = clock.graph(_launch([launcher.copy_job(buf.view(-1), same.view(-1))], dev))
+    kcopy = _launch([launcher.copy_job(buf.view(-1), same.view(-1))], dev)
+    case.fns["g:kcopy"] = clock.graph(lambda run=kcopy, keep=same: run())  # jobs hold addresses only
     grouped = lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend=backend)  # noqa: E731
     separate = lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend=backend)  # noqa: E731
     _variant_columns(case, clock, variants, grouped, separate)
@@ -246,8 +249,9 @@ def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     src = torch.randint(0, 256, (case.nbytes // 2,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
-    copies = [launcher.copy_job(b.view(-1), torch.empty_like(b).view(-1)) for b in buffers]
-    case.fns["g:kcopy"] = clock.graph(_launch(copies, dev))
+    targets = [torch.empty_like(b).view(-1) for b in buffers]
+    kcopy = _launch([launcher.copy_job(b.view(-1), t) for b, t in zip(buffers, targets, strict=True)], dev)
+    case.fns["g:kcopy"] = clock.graph(lambda run=kcopy, keep=(targets, buffers): run())  # addresses only
     for v in variants:
         launcher.configure(variant=v)
         run_g = _launch([launcher.convert_job(s, o) for s, o in grouped], dev)
@@ -280,6 +284,7 @@ def one_run(cases: list[Case], clock: Clock) -> None:
     for case in cases:
         row = {}
         for column, fn in case.fns.items():
+            print(f"timing {case.name} {column}", file=sys.stderr, flush=True)
             row[column] = clock.time(fn, getattr(fn, "before", None))
         case.runs.append(row)
     launcher.configure()

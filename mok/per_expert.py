@@ -129,6 +129,19 @@ def watched(params: Sequence[object], fmt: str) -> Sequence[object]:
     return [*params, *(s for s in subs if s is not None)]
 
 
+def guarded_names(view: SplitExpertWeights) -> tuple[str, ...] | None:
+    """The storage a refresh of ``view`` depends on: its directions' payloads, scales and amax,
+    and TE's swizzled flag (None for hybrids: their guard reads everything)."""
+    if view.format == "hybrid":
+        return None
+    fmt = FORMATS[view.format]
+    names = [str(StorageName.SCALES_SWIZZLED)]
+    for d, data in ((fmt.rowwise, view.row_data), (fmt.columnwise, view.col_data)):
+        if data is not None:
+            names += [str(d.data), str(d.scales)] + ([str(d.amax)] if d.amax else [])
+    return tuple(names)
+
+
 def plan_split(
     params: Sequence[object], fmt: str, rows: int, columns: int, cached: SplitExpertWeights | None
 ) -> tuple[SplitExpertWeights, list[ScaleWork]]:
@@ -205,5 +218,5 @@ def split_weight_view(
         if cached.refresh_plan.rerun(watched(params, fmt), key):
             return cached
     view, work = plan_split(params, fmt, rows, columns, cached)
-    view.refresh_plan.prepare(watched(params, fmt), key, work, backend)
+    view.refresh_plan.prepare(watched(params, fmt), key, work, backend, guarded_names(view))
     return view

@@ -113,10 +113,14 @@ class StorageGuard:
     storage objects and flags (read in bulk through te_compat.storage_reader, compared by
     identity). TE re-quantising in place keeps both; reassigning any buffer or flag does not."""
 
-    def __init__(self, weights: Sequence[object]) -> None:
+    def __init__(self, weights: Sequence[object], names: tuple[str, ...] | None = None) -> None:
+        """``names``: the logical storage names the refresh depends on (default: all of them)."""
         self.weights = tuple(weights)
         classes = {type(w) for w in self.weights}
-        self._read = self._bulk_reader(storage_reader(self.weights[0]).read) if len(classes) == 1 else self._mixed
+        if len(classes) == 1:
+            self._read = self._bulk_reader(storage_reader(self.weights[0], names).read)
+        else:
+            self._read = self._mixed
         self.state = tuple(self._read(self.weights))
 
     @staticmethod
@@ -155,11 +159,26 @@ class RefreshPlan:
         return True
 
     def prepare(
-        self, weights: Sequence[object], key: tuple[Any, ...], work: Sequence[ScaleWork], backend: str | None
+        self,
+        weights: Sequence[object],
+        key: tuple[Any, ...],
+        work: Sequence[ScaleWork],
+        backend: str | None,
+        names: tuple[str, ...] | None = None,
     ) -> None:
-        """Bind and run freshly planned ``work``; remember it for reruns under a new guard.
-        ``key`` holds everything else a rerun must match (shapes, format, backend)."""
+        """Bind and run freshly planned ``work``; remember it for reruns under a new guard of
+        ``names`` (see StorageGuard). ``key`` holds what else a rerun must match (shapes, format,
+        backend)."""
         prepared = PreparedWork(work, backend)
         prepared.run()
-        self.guard, self.work, self.key = StorageGuard(weights), prepared, key
+        self.guard, self.work, self.key = StorageGuard(weights, names), prepared, key
         self.plans += 1
+
+    def run_unchecked(self) -> None:
+        """Run the prepared launch again WITHOUT checking TE's storage (a few microseconds of
+        host time). Only for callers who know TE reassigned no buffer and set no flag since the
+        view was built or last refreshed (TE re-quantising in place); otherwise the result is
+        silently stale. The checked refresh (``cached=``) is the default for that reason."""
+        if self.work is None:
+            raise RefreshError("run_unchecked: nothing prepared yet; build the view (or refresh it) first")
+        self.work.run()

@@ -53,7 +53,7 @@ class StorageReader(NamedTuple):
 _kind_cache: dict[type, TensorKind] = {}
 _resolution_cache: dict[tuple[type, str], Resolution] = {}
 _warned: set[str] = set()
-_reader_cache: dict[type, StorageReader] = {}
+_reader_cache: dict[tuple[type, tuple[str, ...] | None], StorageReader] = {}
 
 
 @on_refresh
@@ -236,25 +236,26 @@ def storage_field(obj: object, name: str) -> Any:
     )
 
 
-def storage_reader(obj: object) -> StorageReader:
+def storage_reader(obj: object, names: tuple[str, ...] | None = None) -> StorageReader:
     """The :class:`StorageReader` of ``obj``'s class under the installed TE (cached per class).
 
-    Logical names the release has no storage for are left out. For a TE newer than the table,
-    each name reads the first candidate attribute that ``obj`` has.
+    ``names``: the logical names to read (default: every one the kind has). Names the release
+    has no storage for are left out. For a TE newer than the table, each name reads the first
+    candidate attribute that ``obj`` has.
     """
     cls = type(obj)
-    found = _reader_cache.get(cls)
+    found = _reader_cache.get((cls, names))
     if found is not None:
         return found
-    names: list[str] = []
+    kept: list[str] = []
     attrs: list[str] = []
-    for name in table.logical_names(tensor_kind_of_class(cls)):
+    for name in names if names is not None else table.logical_names(tensor_kind_of_class(cls)):
         candidates = resolve(cls, name).candidates
         present = [a for a in candidates if hasattr(obj, a)] or list(candidates[:1])
         if present:
-            names.append(name)
+            kept.append(str(name))
             attrs.append(present[0])
-    reader = _reader_cache[cls] = StorageReader(tuple(names), _tuple_getter(attrs))
+    reader = _reader_cache[(cls, names)] = StorageReader(tuple(kept), _tuple_getter(attrs))
     return reader
 
 

@@ -376,3 +376,15 @@ def test_hybrid_with_another_format_names_both(installed_te: Installer) -> None:
     ps = [T.hybrid_tensor("2.20.2", R, C, rowwise="mxfp8", columnwise="identity", param=True)]
     with pytest.raises(ExpertWeightError, match="rowwise mxfp8 and columnwise identity"):
         split_weight_view(ps, rows=R, columns=C, format="hybrid")
+
+
+def test_run_unchecked_reruns_without_reading_te(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    ps[0]._rowwise_scale_inv.random_(0, 255)
+    monkeypatch.setattr(mok.plan.StorageGuard, "unchanged", lambda *a: pytest.fail("the unchecked run read TE"))
+    v.refresh_plan.run_unchecked()
+    assert torch.equal(v.row_scales[0], spec_layout(ps[0]._rowwise_scale_inv[:R, : C // 32]))
+    with pytest.raises(RefreshError, match="nothing prepared yet"):
+        mok.RefreshPlan().run_unchecked()
