@@ -75,7 +75,8 @@ def logical_mxfp8(s: te_compat.MXFP8Storage, m: int, k: int) -> tuple[torch.Tens
 def assert_same_layout(te_out: torch.Tensor, ours: torch.Tensor, rows: int, cols: int, what: str) -> None:
     """Byte identity of two layout buffers of a logical [rows, cols] matrix; on a mismatch, say
     whether the logical positions (the spec's offsets) agree and only the padding differs."""
-    a, b = te_out.reshape(-1), ours.reshape(-1)
+    # bytes, whatever 1-byte dtype TE keeps its scales in (2.13's NVFP4 scales are float8_e4m3fn)
+    a, b = te_out.reshape(-1).view(torch.uint8), ours.reshape(-1).view(torch.uint8)
     assert a.numel() == b.numel(), f"{what}: TE's layout has {a.numel()} bytes, ours {b.numel()}"
     if torch.equal(a, b):
         return
