@@ -194,6 +194,7 @@ def te_rowwise_peers(params: list[Any], rows: int, cols: int, calls: int) -> dic
             lambda: mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True, cached=view), calls
         )
     }
+    out["kernel/exp unchecked"] = eager_us(view.refresh_plan.run_unchecked, calls)
     data = [te_compat.storage_attr(p, "rowwise_data") for p in params]
     scales = [te_compat.storage_attr(p, "rowwise_scale_inv") for p in params]
     discrete = getattr(

@@ -69,15 +69,15 @@ class WeightFormat:
         c //= self.block
         if d.transposed_scales:
             r, c = c, r
-        if buffer.dim() not in (2, 3) or buffer.shape[-2] < r or buffer.shape[-1] < c:
-            raise LayoutError(
-                f"{name}: expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(buffer.shape)}"
-            )
+        shape = buffer.shape
+        if len(shape) not in (2, 3) or shape[-2] < r or shape[-1] < c:
+            raise LayoutError(f"{name}: expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(shape)}")
         if buffer.element_size() != 1:
             raise LayoutError(f"{name}: expected 1-byte scales; found dtype {buffer.dtype}")
         buf = buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8)
-        e, es = (1, 0) if buf.dim() == 2 else (buf.shape[0], buf.stride(0))
-        rs, cs = buf.stride(-2), buf.stride(-1)
+        strides = buf.stride()
+        e, es = (1, 0) if len(shape) == 2 else (shape[0], strides[0])
+        rs, cs = strides[-2], strides[-1]
         if d.transposed_scales:
             return buf.as_strided((e, c, r), (es, cs, rs), buf.storage_offset())
         return buf.as_strided((e, r, c), (es, rs, cs), buf.storage_offset())

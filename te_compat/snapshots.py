@@ -48,6 +48,8 @@ def _expect_kind(obj: object, expected: tuple[TensorKind, ...], what: str) -> Te
 
 def _logical_shape(obj: object, *fallbacks: torch.Tensor | None) -> tuple[int, ...]:
     shape = getattr(obj, "shape", None)
+    if isinstance(shape, tuple):  # torch.Size is a tuple of ints
+        return tuple(shape)
     if shape is not None and not callable(shape):
         return tuple(int(d) for d in shape)
     for t in fallbacks:
