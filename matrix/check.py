@@ -24,6 +24,7 @@ from packaging.version import Version
 from matrix.extract import load_record
 from matrix.releases import matrix_release, release_versions
 from te_compat import table
+from te_compat.gemm_layout import check_quantizer_rows
 from te_compat.source_facts import check_classes, lineage
 from te_compat.source_facts import uncovered_quantized as _uncovered
 from te_compat.table import StorageRow
@@ -45,7 +46,8 @@ def check_release(version: str, record: dict[str, Any] | None = None) -> list[st
     """Check one matrix release (its own record, or its source release's record)."""
     if record is None:
         record = load_record(matrix_release(version).source_from)
-    return check_record({**record, "release": version})
+    # the storage rows, then the quantizer rows behind te_compat.request_gemm_layout_scales
+    return check_record({**record, "release": version}) + check_quantizer_rows(version, record["classes"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,16 @@ from te_compat import table
 ROOT = Path(__file__).resolve().parent.parent
 LIVE_DIR = Path(__file__).resolve().parent / "live"
 START, END = "<!-- support-table:start -->", "<!-- support-table:end -->"
-SHORT = {"float8": "F8", "mxfp8": "MX", "float8_blockwise": "BW", "nvfp4": "FP4", "grouped": "G"}
+SHORT = {
+    "float8": "F8",
+    "mxfp8": "MX",
+    "float8_blockwise": "BW",
+    "nvfp4": "FP4",
+    "grouped": "G",
+    "hybrid": "HY",
+    "identity": "ID",
+}
+UNLISTED = ("plain", "other_quantized")  # not storage kinds of a release
 
 
 def _live(version: str) -> str:
@@ -57,11 +66,12 @@ def support_table() -> str:
         status = "agrees" if not problems else f"{len(problems)} disagreement(s)"
         if rel.source_from != rel.version:
             status += f" (source of {rel.source_from})"
-        kinds = " ".join(SHORT[k.value] for k in table.kinds_in(Version(rel.version)) if k.value in SHORT)
+        kinds = " ".join(SHORT[k.value] for k in table.kinds_in(Version(rel.version)) if k.value not in UNLISTED)
         lines.append(f"| {rel.version} | {status} | {kinds} | {_live(rel.version)} |")
     lines.append("")
     lines.append(
-        "Kinds: F8 Float8, MX MXFP8, BW Float8 blockwise, FP4 NVFP4, G grouped. Source check: "
+        "Kinds: F8 Float8, MX MXFP8, BW Float8 blockwise, FP4 NVFP4, G grouped, HY hybrid (experimental in "
+        "TE), ID identity (high-precision data, a hybrid direction). Source check: "
         "`nox -s release`; live run: `nox -s live` on a GPU (records in `matrix/live/`)."
     )
     return "\n".join(lines)

@@ -51,6 +51,14 @@ class WeightFormat:
     def directions(self) -> tuple[Direction, Direction]:
         return self.rowwise, self.columnwise
 
+    @property
+    def storage_names(self) -> tuple[str, ...]:
+        """The te_compat logical names a view of this format reads."""
+        names = [str(StorageName.SCALES_SWIZZLED)]
+        for d in self.directions():
+            names += [str(d.data), str(d.scales)] + ([str(d.amax)] if d.amax else [])
+        return tuple(names)
+
     def payload_shape(self, d: Direction, rows: int, columns: int) -> tuple[int, int]:
         r, c = (columns, rows) if d.transposed_storage else (rows, columns)
         return r, c // self.packing

@@ -23,7 +23,16 @@ from mok.views import (
     same_device,
     storage_view,
 )
-from te_compat import StorageName, TensorKind, hybrid_storage, mxfp8_storage, nvfp4_storage, storage_field, tensor_kind
+from te_compat import (
+    StorageName,
+    TensorKind,
+    hybrid_storage,
+    mxfp8_storage,
+    nvfp4_storage,
+    storage_field,
+    storage_values,
+    tensor_kind,
+)
 
 _SNAPSHOTS: dict[str, Callable[[object], Any]] = {"mxfp8": mxfp8_storage, "nvfp4": nvfp4_storage}
 
@@ -42,15 +51,24 @@ def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: in
         raise ExpertWeightError(
             f"expert {e}: expected an {fmt.name.upper()} parameter; found {type(p).__name__} (kind {kind}{extra})"
         )
-    st: Any = _SNAPSHOTS[fmt.name](p)
-    if st.shape != (rows, columns):
-        raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(st.shape)}")
-    return st
+    values = storage_values(p, fmt.storage_names)
+    if p.shape != (rows, columns):
+        raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(p.shape)}")
+    values["owner"] = p
+    return values
 
 
-def _split_side(storages: Sequence[Any], fmt: WeightFormat, d: Direction, rows: int, columns: int) -> Side | None:
+def _missing(fmt: WeightFormat, values: dict[str, Any], name: str) -> Any:
+    """Raise te_compat's error naming the attribute, class and TE release that lacks ``name``."""
+    return _SNAPSHOTS[fmt.name](values["owner"]).need(name)
+
+
+def _split_side(
+    storages: Sequence[dict[str, Any]], fmt: WeightFormat, d: Direction, rows: int, columns: int
+) -> Side | None:
+    """One direction of every expert, from their storage values by logical name."""
     data_name, scales_name = str(d.data), str(d.scales)
-    payloads = [getattr(st, data_name) for st in storages]
+    payloads: list[Any] = [st.get(data_name) for st in storages]
     present = [t is not None for t in payloads]
     if not any(present):
         return None
@@ -60,12 +78,17 @@ def _split_side(storages: Sequence[Any], fmt: WeightFormat, d: Direction, rows: 
     data, sources = [], []
     for e, (st, payload) in enumerate(zip(storages, payloads, strict=True)):
         data.append(storage_view(payload, shape, dtype=dtype, name=f"expert {e} {d.name} data"))
-        buf = getattr(st, scales_name)
-        name = f"expert {e} {d.name} scales"
+        buf = st.get(scales_name)
         if buf is None:
-            st.need(scales_name)  # raises, naming the attribute and release
-        sources.append(ScaleSource(name, buf, logical(d, buf, rows, columns, name), st.scales_swizzled))
-    amax = tuple(st.need(str(d.amax)) for st in storages) if d.amax else None
+            buf = _missing(fmt, st, scales_name)
+        name = f"expert {e} {d.name} scales"
+        sources.append(ScaleSource(name, buf, logical(d, buf, rows, columns, name), bool(st.get("scales_swizzled"))))
+    amax = None
+    if d.amax is not None:
+        amax_name = str(d.amax)
+        amax = tuple(
+            st[amax_name] if st.get(amax_name) is not None else _missing(fmt, st, amax_name) for st in storages
+        )
     return Side(d, fmt.name, tuple(data), tuple(sources), amax)
 
 
@@ -74,7 +97,7 @@ def _format_sides(params: Sequence[object], fmt: WeightFormat, rows: int, column
     storages = [_expert_storage(e, p, fmt, rows, columns) for e, p in enumerate(params)]
     sides = [s for d in fmt.directions() if (s := _split_side(storages, fmt, d, rows, columns)) is not None]
     if not sides or sides[0].direction.name != "rowwise":
-        storages[0].need(StorageName.ROWWISE_DATA.value)
+        _missing(fmt, storages[0], str(StorageName.ROWWISE_DATA))
     return sides
 
 
@@ -111,13 +134,13 @@ def _hybrid_sides(params: Sequence[object], rows: int, columns: int) -> list[Sid
     return sides
 
 
-def _sub_storage(e: int, sub: object, fmt: WeightFormat, rows: int, columns: int, d_name: str) -> Any:
+def _sub_storage(e: int, sub: object, fmt: WeightFormat, rows: int, columns: int, d_name: str) -> dict[str, Any]:
     if sub is None:
         raise ExpertWeightError(f"expert {e} has no {d_name} sub-storage; the others do")
-    st: Any = _SNAPSHOTS[fmt.name](sub)
+    st: Any = _SNAPSHOTS[fmt.name](sub)  # a sub-storage has no .shape: the snapshot derives it
     if st.shape != (rows, columns):
         raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(st.shape)}")
-    return st
+    return {name: getattr(st, name) for name in fmt.storage_names} | {"owner": sub}
 
 
 def watched(params: Sequence[object], fmt: str) -> Sequence[object]:

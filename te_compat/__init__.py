@@ -30,6 +30,7 @@ from te_compat.snapshots import (
     hybrid_storage,
     mxfp8_storage,
     nvfp4_storage,
+    storage_values,
 )
 from te_compat.table import StorageName, TensorKind
 from te_compat.verify import Verification, find_te_source, verify_installed
@@ -86,6 +87,7 @@ __all__ = [
     "storage_field",
     "storage_fingerprint",
     "storage_reader",
+    "storage_values",
     "te_min_version",
     "te_status",
     "te_version",

@@ -113,14 +113,19 @@ class GroupedStorage:
         return _need(self.owner, getattr(self, name), name)
 
 
-def _read_all(obj: object) -> dict[str, Any]:
-    """Every storage value of ``obj`` by logical name: one C-level read when the object holds them
-    itself (a TE tensor or Parameter does), else name by name with the ``.data`` fallback."""
-    reader = storage_reader(obj)
+def storage_values(obj: object, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Storage values of ``obj`` by logical name (default: all its kind has), without building a
+    snapshot: one C-level read when the object holds them itself (a TE tensor or Parameter
+    does), else name by name with the ``.data`` fallback. For hot paths over many experts; a
+    name the release lacks is absent from the result."""
+    reader = storage_reader(obj, names)
     try:
         return dict(zip(reader.names, reader.read(obj), strict=True))
     except AttributeError:
         return {name: storage_field(obj, name) for name in reader.names}
+
+
+_read_all = storage_values
 
 
 def _tensor(obj: object, values: dict[str, Any], name: str) -> torch.Tensor | None:

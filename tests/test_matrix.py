@@ -141,3 +141,18 @@ def test_readme_support_table_is_generated_from_the_matrix() -> None:
 
 def test_checked_through_is_the_newest_matrix_release() -> None:
     assert table.CHECKED_THROUGH == release_versions()[-1]
+
+
+def test_release_check_covers_the_quantizer_rows() -> None:
+    """A rename of the quantizer attribute te_compat.request_gemm_layout_scales sets fails the release check."""
+    import copy
+
+    from matrix.check import check_release
+    from matrix.extract import load_record
+
+    record = copy.deepcopy(load_record("2.20.2"))
+    for cls in record["classes"].values():
+        cls["assigns"] = ["optimise_for_gemm" if a == "optimize_for_gemm" else a for a in cls["assigns"]]
+    problems = check_release("2.20.2", record)
+    assert any("'optimize_for_gemm'" in p and "MXFP8Quantizer" in p for p in problems), problems
+    assert check_release("2.20.2") == []
