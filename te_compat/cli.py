@@ -44,7 +44,7 @@ exit codes:
 
 
 def _fmt(value: object) -> str:
-    if value is None:
+    if value is None or value == ():
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"

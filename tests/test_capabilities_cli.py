@@ -205,3 +205,10 @@ def test_python_dash_m_and_exit_code() -> None:
         cwd=ROOT,
     )
     assert done.returncode == 1 and "te-compat report" in done.stdout and "mxfp8_hardware:" in done.stderr
+
+
+def test_report_prints_a_dash_for_an_empty_list(installed_te, capsys) -> None:  # type: ignore[no-untyped-def]
+    installed_te(None)
+    assert main(["report", "--no-import"]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("tensor kinds"))
+    assert line.split()[-1] == "-"
