@@ -21,7 +21,7 @@ class BackendChoice:
     reason: str
 
 
-def _preference(backend: object) -> str:
+def preference(backend: object) -> str:
     """The asked-for backend: the ``backend`` argument, else the environment variable, else auto."""
     if backend is not None:
         if not isinstance(backend, str) or backend.lower() not in BACKENDS:
@@ -42,7 +42,7 @@ def backend_for(device: object, backend: str | None) -> str:
 
     The request is validated on every device; CPU tensors always take the torch reference.
     """
-    pref = _preference(backend)
+    pref = preference(backend)
     if getattr(device, "type", None) != "cuda":
         if pref == "cuda":
             raise LayoutError(f"backend 'cuda' needs CUDA tensors; found scales on {device}")
@@ -57,7 +57,7 @@ def kernel_backend(backend: str | None = None) -> BackendChoice:
     demands the kernel, "torch" the reference, "auto" takes the kernel when cuda.core and a CUDA
     device are present. An invalid value raises ValueError naming the argument or the variable.
     """
-    pref = _preference(backend)
+    pref = preference(backend)
     if pref == "torch":
         return BackendChoice("torch", "asked for the torch reference")
     device, _, why_not = cuda_device()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mok.backend import preference
 from mok.errors import ExpertWeightError, RefreshError
 from mok.formats import FORMATS, Direction, WeightFormat
 from mok.formats import format_named as _format
@@ -158,7 +159,7 @@ def grouped_weight_view(
     dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
     if fmt == "bf16":
         return _grouped_bf16(weight, dims, cached)  # type: ignore[arg-type]
-    key = ("grouped", fmt, dims, backend)
+    key = ("grouped", fmt, dims, preference(backend))  # a changed TE_COMPAT_KERNEL_BACKEND re-plans
     if cached is not None:
         check_cached(cached, GroupedExpertWeights, fmt, dims)  # type: ignore[arg-type]
         if cached.refresh_plan.rerun((weight,), key):

@@ -12,6 +12,7 @@ from mok.per_expert import plan_split, watched
 from mok.plan import RefreshPlan
 from mok.swizzle import ScaleWork
 from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, check_cached, param_list
+from te_compat import on_refresh
 
 LayerEntry = tuple[object, ExpertWeights]
 
@@ -78,8 +79,11 @@ class LayerRefresh:
         self.plan.prepare(weights, (self.key, self.backend), work, self.backend)
 
 
+# refresh_layer's plans, by the ids of the layer's views. Bounded, and it keeps those views and
+# weights alive until evicted or te_compat.refresh(): own a LayerRefresh to avoid both.
 _LAYERS: dict[tuple[Any, ...], LayerRefresh] = {}
-_LAYER_CACHE_SIZE = 256
+_LAYER_CACHE_SIZE = 64
+on_refresh(_LAYERS.clear)
 
 
 def refresh_layer(entries: Sequence[LayerEntry], *, backend: str | None = None) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from mok.backend import preference
 from mok.errors import ExpertWeightError, RefreshError
 from mok.formats import FORMAT_OF_KIND, FORMATS, Direction, WeightFormat
 from mok.formats import format_named as _format
@@ -235,7 +236,7 @@ def split_weight_view(
     params = param_list(params)
     if fmt == "bf16":
         return _split_bf16(params, rows, columns, cached)
-    key = ("split", fmt, rows, columns, backend)
+    key = ("split", fmt, rows, columns, preference(backend))  # a changed TE_COMPAT_KERNEL_BACKEND re-plans
     if cached is not None:
         check_cached(cached, SplitExpertWeights, fmt, (len(params), rows, columns))
         if cached.refresh_plan.rerun(watched(params, fmt), key):

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import is_
+from operator import is_, itemgetter
 from typing import Any, NamedTuple
 
 import torch
@@ -21,7 +21,7 @@ import torch
 from mok.errors import LayoutError, RefreshError
 from mok.layout import check_no_overlap, check_out, layout_shape, padded_shape
 from mok.swizzle import PreparedWork, ScaleWork
-from te_compat import storage_reader
+from te_compat import storage_reader, storage_values
 
 
 class ScaleSource(NamedTuple):
@@ -110,26 +110,42 @@ def _same(a: object, b: object) -> bool:
 
 class StorageGuard:
     """What a prepared refresh must see unchanged: the same weight objects, holding the same
-    storage objects and flags (read in bulk through te_compat.storage_reader, compared by
-    identity). TE re-quantising in place keeps both; reassigning any buffer or flag does not."""
+    storage objects and flags at the same addresses (read in bulk through te_compat's
+    storage_reader, compared by identity, then every tensor's data_ptr). TE re-quantising in place
+    keeps all of it; reassigning a buffer or flag, or pointing a tensor at new memory, does not."""
 
     def __init__(self, weights: Sequence[object], names: tuple[str, ...] | None = None) -> None:
         """``names``: the logical storage names the refresh depends on (default: all of them)."""
         self.weights = tuple(weights)
-        classes = {type(w) for w in self.weights}
-        if len(classes) == 1:
+        self.names = names
+        if len({type(w) for w in self.weights}) == 1:
             self._read = self._bulk_reader(storage_reader(self.weights[0], names).read)
         else:
             self._read = self._mixed
-        self.state = tuple(self._read(self.weights))
+        try:
+            state = self._read(self.weights)
+        except AttributeError:  # storage kept on .data only: read it name by name, each time
+            self._read = self._by_field
+            state = self._read(self.weights)
+        self.state = tuple(state)
+        at = tuple(i for i, v in enumerate(self.state) if isinstance(v, torch.Tensor))
+        self._tensors: Callable[[Sequence[Any]], tuple[Any, ...]] = (
+            itemgetter(*at) if len(at) > 1 else (lambda s: tuple(s[i] for i in at))
+        )
+        self.addresses = self._addresses(self.state)
 
     @staticmethod
     def _bulk_reader(read: Callable[[object], tuple[Any, ...]]) -> Callable[[Sequence[object]], list[Any]]:
         return lambda weights: list(chain.from_iterable(map(read, weights)))
 
-    @staticmethod
-    def _mixed(weights: Sequence[object]) -> list[Any]:
-        return [v for w in weights for v in storage_reader(w).read(w)]
+    def _mixed(self, weights: Sequence[object]) -> list[Any]:
+        return [v for w in weights for v in storage_reader(w, self.names).read(w)]
+
+    def _by_field(self, weights: Sequence[object]) -> list[Any]:
+        return [v for w in weights for v in storage_values(w, self.names).values()]
+
+    def _addresses(self, state: Sequence[Any]) -> list[int]:
+        return list(map(torch.Tensor.data_ptr, self._tensors(state)))
 
     def unchanged(self, weights: Sequence[object]) -> bool:
         if len(weights) != len(self.weights) or not all(map(is_, weights, self.weights)):
@@ -138,7 +154,10 @@ class StorageGuard:
             state = self._read(weights)
         except AttributeError:  # a storage attribute left the object: let planning say what
             return False
-        return all(map(is_, state, self.state)) or all(map(_same, state, self.state))
+        if len(state) != len(self.state):
+            return False
+        same = all(map(is_, state, self.state)) or all(map(_same, state, self.state))
+        return same and self._addresses(state) == self.addresses
 
 
 class RefreshPlan:
@@ -169,9 +188,10 @@ class RefreshPlan:
         """Bind and run freshly planned ``work``; remember it for reruns under a new guard of
         ``names`` (see StorageGuard). ``key`` holds what else a rerun must match (shapes, format,
         backend)."""
+        guard = StorageGuard(weights, names)  # before any write: a guard that cannot read raises first
         prepared = PreparedWork(work, backend)
         prepared.run()
-        self.guard, self.work, self.key = StorageGuard(weights, names), prepared, key
+        self.guard, self.work, self.key = guard, prepared, key
         self.plans += 1
 
     def run_unchecked(self) -> None:

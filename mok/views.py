@@ -177,6 +177,10 @@ def plan_sides(
             _check_not_moved(
                 f"{what}{side.direction.name} data", _as_tuple(getattr(cached, f"{prefix}_data")), side.data
             )
+            if side.amax is not None:  # kernels hold these addresses too (pointer tables)
+                _check_not_moved(
+                    f"{what}{side.direction.name} amax", _as_tuple(getattr(cached, f"{prefix}_amax")), side.amax
+                )
             tensors = _as_tuple(getattr(cached, f"{prefix}_scales"))
             old = ScaleSlots(tensors or (), getattr(cached, f"{prefix}_scales_zero_copy"))
         slots, items = plan_scales(side.sources, old, f"{what}{side.direction.name} scales")

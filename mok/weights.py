@@ -333,7 +333,7 @@ def _native_split_weight_view(
     mok.split_weight_view, every expert's scales in one launch. ``cached_view`` (an earlier
     result) is refreshed in place and returned: same scale addresses, fresh values."""
     if cached_view is None:
-        view = split_weight_view(list(params), rows=rows, columns=columns, use_mxfp8=use_mxfp8)
+        view = split_weight_view(params, rows=rows, columns=columns, use_mxfp8=use_mxfp8)
         return _split_mxfp8(view) if use_mxfp8 else _split_bf16(view)
     if not use_mxfp8:
         raise RefreshError("cached_view: BF16 split weights are plain views of the parameters; nothing to refresh")
@@ -343,5 +343,5 @@ def _native_split_weight_view(
             "cached_view: expected the SplitRoutedWeight _native_split_weight_view returned (it carries "
             f"the view it refreshes); found {type(cached_view).__name__}. Build a new view (cached_view=None)"
         )
-    split_weight_view(list(params), rows=rows, columns=columns, use_mxfp8=True, cached=cached)
+    split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, cached=cached)
     return cached_view

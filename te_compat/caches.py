@@ -2,7 +2,7 @@
 
 Modules that cache facts about the process (the installed TE, resolved attribute names, the CUDA
 device) register a clear function here at import; :func:`refresh` calls them all. Other packages
-(mok's backend choice) register theirs too, instead of reaching into private helpers.
+(mok's cache of layer plans) register theirs too, instead of reaching into private helpers.
 """
 
 from __future__ import annotations

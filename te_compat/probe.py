@@ -180,10 +180,9 @@ def verified_rows(release: Version) -> dict[TensorKind, StorageRow]:
 
     try:
         verification = verify_installed()
-        verdict, problems = verification.verdict, verification.problems
+        verdict, ok, used = verification.verdict, verification.ok, set(verification.rows)
     except TECompatError as exc:
-        verdict, problems = f"its source could not be verified ({exc})", ()
-    ok = not problems and "could not" not in verdict
+        verdict, ok, used = f"its source could not be verified ({exc})", False, set()
     what_next = "" if ok else "; probing every attribute name any release used (details: te-compat verify)"
     warnings.warn(
         f"te_compat: Transformer Engine {release} is newer than the release table (checked through "
@@ -193,7 +192,6 @@ def verified_rows(release: Version) -> dict[TensorKind, StorageRow]:
     )
     if not ok:
         return {}
-    used = set(verification.rows)
     return {row.kind: row for row in table.ROWS if f"{row.kind} {row.span}" in used}
 
 
@@ -244,6 +242,7 @@ def storage_reader(obj: object, names: tuple[str, ...] | None = None) -> Storage
     candidate attribute that ``obj`` has.
     """
     cls = type(obj)
+    names = None if names is None else tuple(map(str, names))
     found = _reader_cache.get((cls, names))
     if found is not None:
         return found

@@ -25,7 +25,7 @@ from typing import Any
 from packaging.version import Version
 
 from te_compat import table
-from te_compat.errors import TENotFoundError, TEVersionError
+from te_compat.errors import TECompatError, TENotFoundError, TEVersionError
 from te_compat.source_facts import (
     PACKAGE,
     SOURCE_FILES,
@@ -120,12 +120,18 @@ def source_files(pkg: Path) -> list[tuple[str, Path]]:
 
 
 def _facts(name: str, path: Path) -> dict[str, ClassFacts]:
-    stat = path.stat()
-    key = (stat.st_mtime_ns, stat.st_size)
-    cached = _FILE_FACTS.get(str(path))
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    facts = file_classes(path.read_bytes(), name)
+    try:
+        stat = path.stat()
+        key = (stat.st_mtime_ns, stat.st_size)
+        cached = _FILE_FACTS.get(str(path))
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        facts = file_classes(path.read_bytes(), name)
+    except (OSError, SyntaxError, ValueError) as exc:  # unreadable or not Python: a verdict, not a crash
+        raise TECompatError(
+            f"cannot read Transformer Engine source {path}: expected a readable Python file; found "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     _FILE_FACTS[str(path)] = (key, facts)
     return facts
 

@@ -388,3 +388,37 @@ def test_run_unchecked_reruns_without_reading_te(installed_te: Installer, monkey
     assert torch.equal(v.row_scales[0], spec_layout(ps[0]._rowwise_scale_inv[:R, : C // 32]))
     with pytest.raises(RefreshError, match="nothing prepared yet"):
         mok.RefreshPlan().run_unchecked()
+
+
+# ------------------------------------------------------------------ review findings, kept as tests
+
+
+def test_a_buffer_pointed_at_new_memory_is_caught(installed_te: Installer, planned: list[str]) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    ps[1]._rowwise_scale_inv.data = ps[1]._rowwise_scale_inv.clone().random_(0, 255)  # same object
+    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    assert len(planned) == 2
+    assert torch.equal(v.row_scales[1], spec_layout(ps[1]._rowwise_scale_inv[:R, : C // 32]))
+    ps[1]._rowwise_data.data = ps[1]._rowwise_data.clone()  # the payload moved under the same object
+    with pytest.raises(RefreshError, match="expert 1 rowwise data moved"):
+        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+
+
+def test_a_replaced_nvfp4_amax_is_refused(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = _nvfp4_params("2.20.2", R, C, 2, columnwise=False)
+    v = split_weight_view(ps, rows=R, columns=C, format="nvfp4")
+    ps[1]._amax_rowwise = ps[1]._amax_rowwise.clone()
+    with pytest.raises(RefreshError, match="expert 1 rowwise amax moved"):
+        split_weight_view(ps, rows=R, columns=C, format="nvfp4", cached=v)
+
+
+def test_a_refresh_reads_the_backend_variable(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, param=True, columnwise=False)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    monkeypatch.setenv("TE_COMPAT_KERNEL_BACKEND", "garbage")
+    with pytest.raises(ValueError, match="TE_COMPAT_KERNEL_BACKEND"):
+        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import te_compat
 import te_compat.verify as verify_module
 from matrix.check import check_release
 from matrix.extract import load_record, wheel_path
@@ -229,3 +230,13 @@ def test_cli_verify_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "  0  the TE source agrees" in out and "  1  disagreements found" in out and "  2  no TE to verify" in out
+
+
+def test_an_unparsable_source_file_is_a_named_error_not_a_crash(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "transformer_engine" / "pytorch" / "tensor" / "broken.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("def broken(:\n")
+    with pytest.raises(
+        te_compat.TECompatError, match=r"cannot read Transformer Engine source .*broken\.py.*SyntaxError"
+    ):
+        te_compat.verify_installed(source_dir=tmp_path / "transformer_engine", release="2.20.2")
