@@ -109,10 +109,10 @@ def _same(a: object, b: object) -> bool:
 
 
 class StorageGuard:
-    """What a prepared refresh must see unchanged: the same weight objects, holding the same
-    storage objects and flags at the same addresses (read in bulk through te_compat's
-    storage_reader, compared by identity, then every tensor's data_ptr). TE re-quantising in place
-    keeps all of it; reassigning a buffer or flag, or pointing a tensor at new memory, does not."""
+    """What a prepared refresh must see unchanged: the same weight objects, every storage tensor
+    they hold at the same address, every flag the same (read in bulk through te_compat's
+    storage_reader). TE re-quantising in place keeps all of it; reassigning a buffer or flag, or
+    pointing a tensor at new memory under the same object, does not."""
 
     def __init__(self, weights: Sequence[object], names: tuple[str, ...] | None = None) -> None:
         """``names``: the logical storage names the refresh depends on (default: all of them)."""
@@ -128,11 +128,10 @@ class StorageGuard:
             self._read = self._by_field
             state = self._read(self.weights)
         self.state = tuple(state)
-        at = tuple(i for i, v in enumerate(self.state) if isinstance(v, torch.Tensor))
-        self._tensors: Callable[[Sequence[Any]], tuple[Any, ...]] = (
-            itemgetter(*at) if len(at) > 1 else (lambda s: tuple(s[i] for i in at))
-        )
-        self.addresses = self._addresses(self.state)
+        self._tensors = _picker([i for i, v in enumerate(self.state) if isinstance(v, torch.Tensor)])
+        self._others = _picker([i for i, v in enumerate(self.state) if not isinstance(v, torch.Tensor)])
+        self.addresses = list(map(torch.Tensor.data_ptr, self._tensors(self.state)))
+        self.others = self._others(self.state)
 
     @staticmethod
     def _bulk_reader(read: Callable[[object], tuple[Any, ...]]) -> Callable[[Sequence[object]], list[Any]]:
@@ -144,20 +143,29 @@ class StorageGuard:
     def _by_field(self, weights: Sequence[object]) -> list[Any]:
         return [v for w in weights for v in storage_values(w, self.names).values()]
 
-    def _addresses(self, state: Sequence[Any]) -> list[int]:
-        return list(map(torch.Tensor.data_ptr, self._tensors(state)))
-
     def unchanged(self, weights: Sequence[object]) -> bool:
+        """Same weights, every watched tensor at the same address, every flag the same. The guard
+        keeps the old tensors alive, so an equal address is the old memory, never a reuse of it."""
         if len(weights) != len(self.weights) or not all(map(is_, weights, self.weights)):
             return False
         try:
             state = self._read(weights)
-        except AttributeError:  # a storage attribute left the object: let planning say what
+            if (
+                len(state) != len(self.state)
+                or list(map(torch.Tensor.data_ptr, self._tensors(state))) != self.addresses
+            ):
+                return False
+        except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
             return False
-        if len(state) != len(self.state):
-            return False
-        same = all(map(is_, state, self.state)) or all(map(_same, state, self.state))
-        return same and self._addresses(state) == self.addresses
+        others = self._others(state)
+        return all(map(is_, others, self.others)) or all(map(_same, others, self.others))
+
+
+def _picker(positions: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """``operator.itemgetter`` of ``positions`` that always returns a tuple."""
+    if len(positions) > 1:
+        return itemgetter(*positions)
+    return lambda items: tuple(items[i] for i in positions)
 
 
 class RefreshPlan:
