@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mok.backend import preference
 from mok.errors import ExpertWeightError, LayoutError, RefreshError
 from mok.formats import FORMATS
 from mok.grouped import plan_grouped
-from mok.per_expert import plan_split, watched
+from mok.per_expert import guarded_names, plan_split, watched
 from mok.plan import RefreshPlan
 from mok.swizzle import ScaleWork
 from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, check_cached, param_list
@@ -68,7 +69,8 @@ class LayerRefresh:
 
     def __call__(self) -> None:
         """Check every entry (nothing is written unless all pass), then launch once."""
-        if self.plan.rerun(self.weights(), (self.key, self.backend)):
+        key = (self.key, preference(self.backend))
+        if self.plan.rerun(self.weights(), key):
             return
         weights: list[object] = []
         work: list[ScaleWork] = []
@@ -76,7 +78,19 @@ class LayerRefresh:
             w, items = _plan_entry(i, entry)
             weights.extend(w)
             work.extend(items)
-        self.plan.prepare(weights, (self.key, self.backend), work, self.backend)
+        self.plan.prepare(weights, key, work, self.backend, self._guarded_names())
+
+    def _guarded_names(self) -> tuple[str, ...] | None:
+        """The storage the layer's refresh depends on: what its split views of one format read
+        (None, read everything: grouped, hybrid or mixed-format layers)."""
+        names: list[str] = []
+        formats = {getattr(view, "format", None) for _, view in self.entries}
+        for _, view in self.entries:
+            own = guarded_names(view) if isinstance(view, SplitExpertWeights) and len(formats) == 1 else None
+            if own is None:
+                return None
+            names += [n for n in own if n not in names]
+        return tuple(names)
 
 
 # refresh_layer's plans, by the ids of the layer's views. Bounded, and it keeps those views and
