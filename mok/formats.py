@@ -17,6 +17,7 @@ The columnwise layout is always that of the ``[columns, rows/block]`` matrix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,8 +55,13 @@ class WeightFormat:
     @property
     def storage_names(self) -> tuple[str, ...]:
         """The te_compat logical names a view of this format reads."""
+        return self.names_of(self.directions())
+
+    @staticmethod
+    def names_of(directions: Sequence[Direction]) -> tuple[str, ...]:
+        """TE's swizzled flag, and the payload, scales and amax of each of ``directions``."""
         names = [str(StorageName.SCALES_SWIZZLED)]
-        for d in self.directions():
+        for d in directions:
             names += [str(d.data), str(d.scales)] + ([str(d.amax)] if d.amax else [])
         return tuple(names)
 

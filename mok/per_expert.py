@@ -159,11 +159,8 @@ def guarded_names(view: SplitExpertWeights) -> tuple[str, ...] | None:
     if view.format == "hybrid":
         return None
     fmt = FORMATS[view.format]
-    names = [str(StorageName.SCALES_SWIZZLED)]
-    for d, data in ((fmt.rowwise, view.row_data), (fmt.columnwise, view.col_data)):
-        if data is not None:
-            names += [str(d.data), str(d.scales)] + ([str(d.amax)] if d.amax else [])
-    return tuple(names)
+    present = ((fmt.rowwise, view.row_data), (fmt.columnwise, view.col_data))
+    return fmt.names_of([d for d, data in present if data is not None])
 
 
 def plan_split(
