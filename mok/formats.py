@@ -17,14 +17,15 @@ The columnwise layout is always that of the ``[columns, rows/block]`` matrix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from mok.errors import ExpertWeightError, LayoutError
 from mok.layout import roundup
-from te_compat import StorageName, TensorKind
+from te_compat import StorageName, TensorKind, mxfp8_storage, nvfp4_storage
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class WeightFormat:
     packing: int  # values per payload byte
     rowwise: Direction
     columnwise: Direction
+
+    def snapshot(self, obj: object) -> Any:
+        """te_compat's typed snapshot of one tensor or storage of this format."""
+        return _SNAPSHOTS[self.name](obj)
 
     def directions(self) -> tuple[Direction, Direction]:
         return self.rowwise, self.columnwise
@@ -126,6 +131,7 @@ NVFP4 = WeightFormat(
     ),
 )
 FORMATS = {"mxfp8": MXFP8, "nvfp4": NVFP4}
+_SNAPSHOTS: dict[str, Callable[[object], Any]] = {"mxfp8": mxfp8_storage, "nvfp4": nvfp4_storage}
 FORMAT_OF_KIND = {f.kind: f for f in FORMATS.values()}
 # "hybrid": TE 2.19+ HybridQuantizedTensor, each direction in its own format (per-expert only)
 FORMAT_NAMES = ("bf16", "mxfp8", "nvfp4", "hybrid")

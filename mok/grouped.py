@@ -13,7 +13,6 @@ from mok.plan import ScaleSource
 from mok.swizzle import ScaleWork
 from mok.views import GroupedExpertWeights, Side, check_cached, check_sizes, plan_sides, storage_view
 from te_compat import GroupedStorage, StorageName, grouped_storage, storage_field, tensor_kind
-from te_compat import snapshots as te_snapshots
 
 
 def _check_grouped(gs: GroupedStorage, num_experts: int, rows: int, columns: int) -> None:
@@ -27,8 +26,7 @@ def _check_grouped(gs: GroupedStorage, num_experts: int, rows: int, columns: int
 
 
 def _member_scales(fmt: WeightFormat, member: object, d: Direction) -> torch.Tensor | None:
-    snapshot = te_snapshots.mxfp8_storage if fmt.name == "mxfp8" else te_snapshots.nvfp4_storage
-    return getattr(snapshot(member), d.scales.value)  # type: ignore[no-any-return]
+    return getattr(fmt.snapshot(member), d.scales.value)  # type: ignore[no-any-return]
 
 
 def _check_packing(gs: GroupedStorage, fmt: WeightFormat, d: Direction, flat: torch.Tensor, per_expert: int) -> None:

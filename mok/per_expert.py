@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -28,14 +28,10 @@ from te_compat import (
     StorageName,
     TensorKind,
     hybrid_storage,
-    mxfp8_storage,
-    nvfp4_storage,
     storage_field,
     storage_values,
     tensor_kind,
 )
-
-_SNAPSHOTS: dict[str, Callable[[object], Any]] = {"mxfp8": mxfp8_storage, "nvfp4": nvfp4_storage}
 
 
 def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: int) -> Any:
@@ -61,7 +57,7 @@ def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: in
 
 def _missing(fmt: WeightFormat, values: dict[str, Any], name: str) -> Any:
     """Raise te_compat's error naming the attribute, class and TE release that lacks ``name``."""
-    return _SNAPSHOTS[fmt.name](values["owner"]).need(name)
+    return fmt.snapshot(values["owner"]).need(name)
 
 
 def _split_side(
@@ -138,7 +134,7 @@ def _hybrid_sides(params: Sequence[object], rows: int, columns: int) -> list[Sid
 def _sub_storage(e: int, sub: object, fmt: WeightFormat, rows: int, columns: int, d_name: str) -> dict[str, Any]:
     if sub is None:
         raise ExpertWeightError(f"expert {e} has no {d_name} sub-storage; the others do")
-    st: Any = _SNAPSHOTS[fmt.name](sub)  # a sub-storage has no .shape: the snapshot derives it
+    st: Any = fmt.snapshot(sub)  # a sub-storage has no .shape: the snapshot derives it
     if st.shape != (rows, columns):
         raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(st.shape)}")
     return {name: getattr(st, name) for name in fmt.storage_names} | {"owner": sub}

@@ -64,10 +64,7 @@ _SHARED_EXPERT_BF16_WARNING_EMITTED: bool
 
 def _warning_emitted() -> bool:
     """Whether prepare_shared_expert_config has warned in this process."""
-    probe = getattr(shared_expert, "bf16_warning_emitted", None)
-    if callable(probe):
-        return bool(probe())
-    return bool(shared_expert._warned)  # until mok.shared_expert.bf16_warning_emitted() lands
+    return shared_expert.bf16_warning_emitted()
 
 
 def __getattr__(name: str) -> bool:

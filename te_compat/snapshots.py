@@ -125,9 +125,6 @@ def storage_values(obj: object, names: tuple[str, ...] | None = None) -> dict[st
         return {name: storage_field(obj, name) for name in reader.names}
 
 
-_read_all = storage_values
-
-
 def _tensor(obj: object, values: dict[str, Any], name: str) -> torch.Tensor | None:
     """``values[name]``, which must be a tensor or None (what storage_attr promises)."""
     value = values.get(name)
@@ -146,7 +143,7 @@ def _swizzled_flag(obj: object) -> bool:
 def mxfp8_storage(param: object) -> MXFP8Storage:
     """Snapshot of an MXFP8 tensor or Parameter. Raises if it holds neither usage."""
     _expect_kind(param, (TensorKind.MXFP8,), "mxfp8_storage")
-    values = _read_all(param)
+    values = storage_values(param)
     row = _tensor(param, values, "rowwise_data")
     col = _tensor(param, values, "columnwise_data")
     if row is None and col is None:

@@ -117,10 +117,6 @@ def configure(*, tiles_per_unit: int | None = None, threads: int | None = None, 
         TILES_PER_UNIT, THREADS = config.tiles_per_unit, config.threads
 
 
-def current_config() -> KernelConfig:
-    return _config
-
-
 def compile_kernel(arch: str, config: KernelConfig | None = None) -> Any:
     """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; returns cuda.core ObjectCode.
 
