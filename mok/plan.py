@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import is_, itemgetter
+from operator import is_
 from typing import Any, NamedTuple
 
 import torch
@@ -110,62 +110,89 @@ def _same(a: object, b: object) -> bool:
 
 class StorageGuard:
     """What a prepared refresh must see unchanged: the same weight objects, every storage tensor
-    they hold at the same address, every flag the same (read in bulk through te_compat's
-    storage_reader). TE re-quantising in place keeps all of it; reassigning a buffer or flag, or
-    pointing a tensor at new memory under the same object, does not."""
+    they hold at the same address, every flag the same. TE re-quantising in place keeps all of
+    it; reassigning a buffer or flag, or pointing a tensor at new memory under the same object
+    (TE's own ``clear()``: ``t.data = _empty_tensor()``), does not.
+
+    Host cost is what a checked refresh pays, so the common case (weights of one class) is read
+    in bulk: one C-level ``attrgetter`` of the tensor names per weight, its results fed straight
+    into ``Tensor.data_ptr``, and one of the flags; nothing else per weight.
+    """
 
     def __init__(self, weights: Sequence[object], names: tuple[str, ...] | None = None) -> None:
         """``names``: the logical storage names the refresh depends on (default: all of them)."""
-        self.weights = tuple(weights)
+        self.weights = list(weights)
         self.names = names
-        if len({type(w) for w in self.weights}) == 1:
-            self._read = self._bulk_reader(storage_reader(self.weights[0], names).read)
-        else:
-            self._read = self._mixed
+        self._tensor_reader: Callable[[object], tuple[Any, ...]] | None = None
+        self._value_reader: Callable[[object], Any] = tuple
+        self._one_value = False
+        if len({type(w) for w in self.weights}) == 1 and self._read_in_bulk(names):
+            return
+        # mixed classes (hybrid sub-storages), storage kept on .data only, or a tensor one weight
+        # has where another has None: read name by name, check every tensor found
+        self._tensor_reader = None
+        state = [v for w in self.weights for v in self._values(w)]
+        self.tensors = [v for v in state if isinstance(v, torch.Tensor)]
+        self.values = [v for v in state if not isinstance(v, torch.Tensor)]
+        self.addresses = list(map(_data_ptr, self.tensors))
+
+    def _read_in_bulk(self, names: tuple[str, ...] | None) -> bool:
+        """Split the names (per class) into tensors, checked by address, and the rest (flags),
+        checked by identity or value; False where that split does not hold for every weight."""
+        first = self.weights[0]
+        reader = storage_reader(first, names)
         try:
-            state = self._read(self.weights)
-        except AttributeError:  # storage kept on .data only: read it name by name, each time
-            self._read = self._by_field
-            state = self._read(self.weights)
-        self.state = tuple(state)
-        self._tensors = _picker([i for i, v in enumerate(self.state) if isinstance(v, torch.Tensor)])
-        self._others = _picker([i for i, v in enumerate(self.state) if not isinstance(v, torch.Tensor)])
-        self.addresses = list(map(torch.Tensor.data_ptr, self._tensors(self.state)))
-        self.others = self._others(self.state)
+            values = reader.read(first)
+        except AttributeError:  # storage kept on .data only
+            return False
+        tensor_names = tuple(n for n, v in zip(reader.names, values, strict=True) if isinstance(v, torch.Tensor))
+        self._tensor_reader = storage_reader(first, tensor_names).read
+        value_reader = storage_reader(first, tuple(n for n in reader.names if n not in tensor_names))
+        self._value_reader = value_reader.read_one or value_reader.read
+        self._one_value = value_reader.read_one is not None
+        try:
+            # kept alive: an equal address is then the old memory, never a reuse of it
+            self.tensors = list(chain.from_iterable(map(self._tensor_reader, self.weights)))
+            self.values = self._bulk_values(self.weights)
+            self.addresses = list(map(_data_ptr, self.tensors))
+        except (AttributeError, TypeError):
+            return False
+        return not any(isinstance(v, torch.Tensor) for v in self.values)
 
-    @staticmethod
-    def _bulk_reader(read: Callable[[object], tuple[Any, ...]]) -> Callable[[Sequence[object]], list[Any]]:
-        return lambda weights: list(chain.from_iterable(map(read, weights)))
+    def _bulk_values(self, weights: Sequence[object]) -> list[Any]:
+        if self._one_value:  # the usual case: TE's swizzled flag alone
+            return list(map(self._value_reader, weights))
+        return list(chain.from_iterable(map(self._value_reader, weights)))
 
-    def _mixed(self, weights: Sequence[object]) -> list[Any]:
-        return [v for w in weights for v in storage_reader(w, self.names).read(w)]
-
-    def _by_field(self, weights: Sequence[object]) -> list[Any]:
-        return [v for w in weights for v in storage_values(w, self.names).values()]
+    def _values(self, weight: object) -> tuple[Any, ...]:
+        reader = storage_reader(weight, self.names)
+        try:
+            return reader.read(weight)
+        except AttributeError:
+            return tuple(storage_values(weight, self.names).values())
 
     def unchanged(self, weights: Sequence[object]) -> bool:
-        """Same weights, every watched tensor at the same address, every flag the same. The guard
-        keeps the old tensors alive, so an equal address is the old memory, never a reuse of it."""
+        """Same weights, every watched tensor at the same address, every flag the same."""
         if len(weights) != len(self.weights) or not all(map(is_, weights, self.weights)):
             return False
         try:
-            state = self._read(weights)
-            if (
-                len(state) != len(self.state)
-                or list(map(torch.Tensor.data_ptr, self._tensors(state))) != self.addresses
-            ):
+            if self._tensor_reader is None:
+                state = [v for w in weights for v in self._values(w)]
+                tensors: Any = (v for v in state if isinstance(v, torch.Tensor))
+                values = [v for v in state if not isinstance(v, torch.Tensor)]
+            else:
+                tensors = chain.from_iterable(map(self._tensor_reader, weights))
+                values = self._bulk_values(weights)
+            if list(map(_data_ptr, tensors)) != self.addresses:
                 return False
         except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
             return False
-        others = self._others(state)
-        return all(map(is_, others, self.others)) or all(map(_same, others, self.others))
+        if len(values) != len(self.values):
+            return False
+        return all(map(is_, values, self.values)) or all(map(_same, values, self.values))
 
 
-def _picker(positions: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """``operator.itemgetter`` of ``positions`` that always returns a tuple."""
-    if len(positions) > 1:
-        return itemgetter(*positions)
-    return lambda items: tuple(items[i] for i in positions)
+_data_ptr = torch.Tensor.data_ptr
 
 
 class RefreshPlan:

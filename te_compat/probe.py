@@ -48,6 +48,8 @@ class StorageReader(NamedTuple):
 
     names: tuple[str, ...]
     read: Callable[[object], tuple[Any, ...]]
+    # the bare C-level getter for exactly one name (the value itself, no tuple), else None
+    read_one: Callable[[object], Any] | None = None
 
 
 _kind_cache: dict[type, TensorKind] = {}
@@ -254,7 +256,8 @@ def storage_reader(obj: object, names: tuple[str, ...] | None = None) -> Storage
         if present:
             kept.append(str(name))
             attrs.append(present[0])
-    reader = _reader_cache[(cls, names)] = StorageReader(tuple(kept), _tuple_getter(attrs))
+    one = operator.attrgetter(attrs[0]) if len(attrs) == 1 else None
+    reader = _reader_cache[(cls, names)] = StorageReader(tuple(kept), _tuple_getter(attrs), one)
     return reader
 
 

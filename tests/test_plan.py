@@ -422,3 +422,29 @@ def test_a_refresh_reads_the_backend_variable(installed_te: Installer, monkeypat
     monkeypatch.setenv("TE_COMPAT_KERNEL_BACKEND", "garbage")
     with pytest.raises(ValueError, match="TE_COMPAT_KERNEL_BACKEND"):
         split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+
+
+@pytest.mark.parametrize("layout", ["one class", "a tensor where another has None", "two classes"])
+@pytest.mark.parametrize("change", ["memory under the same object", "a new object", "None", "flag"])
+def test_the_guard_catches_each_change_whatever_it_reads(
+    layout: str, change: str, installed_te: Installer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bulk read (one class) and the name-by-name read (the rest) catch the same changes."""
+    installed_te("2.20.2")
+    ws: list[Any] = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
+    if layout == "a tensor where another has None":
+        ws[0]._columnwise_scale_inv = None
+    elif layout == "two classes":
+        ws[2] = _nvfp4_params("2.20.2", R, C, 1)[0]
+    guard = mok.plan.StorageGuard(ws, None if layout == "two classes" else mok.formats.MXFP8.storage_names)
+    assert guard.unchanged(list(ws))
+    target = ws[1]
+    if change == "memory under the same object":
+        target._columnwise_scale_inv.data = target._columnwise_scale_inv.clone()
+    elif change == "a new object":
+        target._rowwise_data = target._rowwise_data.clone()
+    elif change == "None":
+        target._columnwise_data = None
+    else:
+        target._with_gemm_swizzled_scales = True
+    assert not guard.unchanged(ws)
