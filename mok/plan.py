@@ -124,7 +124,7 @@ class StorageGuard:
         self.weights = list(weights)
         self.names = names
         self._tensor_reader: Callable[[object], tuple[Any, ...]] | None = None
-        self._value_reader: Callable[[object], Any] = tuple
+        self._value_reader: Callable[[object], Any] = _no_values
         self._one_value = False
         if len({type(w) for w in self.weights}) == 1 and self._read_in_bulk(names):
             return
@@ -193,6 +193,10 @@ class StorageGuard:
 
 
 _data_ptr = torch.Tensor.data_ptr
+
+
+def _no_values(weight: object) -> tuple[()]:
+    return ()
 
 
 class RefreshPlan:
