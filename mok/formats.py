@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -57,7 +58,7 @@ class WeightFormat:
     def directions(self) -> tuple[Direction, Direction]:
         return self.rowwise, self.columnwise
 
-    @property
+    @cached_property
     def storage_names(self) -> tuple[str, ...]:
         """The te_compat logical names a view of this format reads."""
         return self.names_of(self.directions())
@@ -84,6 +85,27 @@ class WeightFormat:
     def logical_scales(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> torch.Tensor:
         """The logical scale matrices ``[E, R, C]`` (uint8, no copy) of ``buffer``: one TE-padded
         ``[Rpad, Cpad]`` matrix, or ``[E, Rpad, Cpad]``. One strided view, no per-step views."""
+        return self.logical_scales_of(d, (buffer,), rows, columns, (name,))[0]
+
+    def logical_scales_of(
+        self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
+    ) -> list[torch.Tensor]:
+        """:meth:`logical_scales` of many buffers (one per expert), each geometry checked once."""
+        geometry: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        views = []
+        for buffer, name in zip(buffers, names, strict=True):
+            key = (buffer.shape, buffer.stride(), buffer.dtype)
+            found = geometry.get(key)
+            if found is None:
+                found = geometry[key] = self._scale_geometry(d, buffer, rows, columns, name)
+            buf = buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8)
+            views.append(buf.as_strided(found[0], found[1], buf.storage_offset()))
+        return views
+
+    def _scale_geometry(
+        self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(size, strides) of the logical ``[E, R, C]`` view of ``buffer``, after checking it."""
         r, c = (columns, rows) if (d.transposed_storage or d.transposed_scales) else (rows, columns)
         c //= self.block
         if d.transposed_scales:
@@ -93,13 +115,12 @@ class WeightFormat:
             raise LayoutError(f"{name}: expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(shape)}")
         if buffer.element_size() != 1:
             raise LayoutError(f"{name}: expected 1-byte scales; found dtype {buffer.dtype}")
-        buf = buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8)
-        strides = buf.stride()
+        strides = buffer.stride()
         e, es = (1, 0) if len(shape) == 2 else (shape[0], strides[0])
         rs, cs = strides[-2], strides[-1]
         if d.transposed_scales:
-            return buf.as_strided((e, c, r), (es, cs, rs), buf.storage_offset())
-        return buf.as_strided((e, r, c), (es, rs, cs), buf.storage_offset())
+            return (e, c, r), (es, cs, rs)
+        return (e, r, c), (es, rs, cs)
 
     def check_dims(self, rows: int, columns: int, what: str) -> None:
         if rows % self.block or columns % self.block:

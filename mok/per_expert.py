@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 import torch
 
@@ -23,18 +24,41 @@ from mok.views import (
     ptr_table,
     same_device,
     storage_view,
+    storage_views,
 )
 from te_compat import (
     StorageName,
     TensorKind,
     hybrid_storage,
     storage_field,
+    storage_reader,
     storage_values,
     tensor_kind,
 )
 
+_shape = attrgetter("shape")
 
-def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: int) -> Any:
+
+class ExpertStorage(NamedTuple):
+    """The storage of every expert, by logical name: one value per expert (None where absent)."""
+
+    owners: tuple[object, ...]
+    values: dict[str, tuple[Any, ...]]
+
+    def column(self, name: str) -> tuple[Any, ...]:
+        return self.values.get(name) or (None,) * len(self.owners)
+
+    def need(self, fmt: WeightFormat, name: str) -> tuple[Any, ...]:
+        """The column ``name``; te_compat's error naming attribute, class and release if an
+        expert lacks it."""
+        column = self.column(name)
+        if any(v is None for v in column):
+            pairs = zip(self.owners, column, strict=True)
+            return tuple(v if v is not None else fmt.snapshot(o).need(name) for o, v in pairs)
+        return column
+
+
+def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: int) -> dict[str, Any]:
     if p is None or not isinstance(p, torch.Tensor):
         raise ExpertWeightError(f"expert {e}: expected an {fmt.name.upper()} parameter; found {type(p).__name__}")
     kind = tensor_kind(p)
@@ -51,50 +75,56 @@ def _expert_storage(e: int, p: object, fmt: WeightFormat, rows: int, columns: in
     values = storage_values(p, fmt.storage_names)
     if p.shape != (rows, columns):
         raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(p.shape)}")
-    values["owner"] = p
     return values
 
 
-def _missing(fmt: WeightFormat, values: dict[str, Any], name: str) -> Any:
-    """Raise te_compat's error naming the attribute, class and TE release that lacks ``name``."""
-    return fmt.snapshot(values["owner"]).need(name)
+def _read_experts(params: Sequence[object], fmt: WeightFormat, rows: int, columns: int) -> ExpertStorage:
+    """Every expert's storage. Experts of one class with the expected kind and shape are read in
+    bulk (a class check, then one C-level read per expert); anything else expert by expert,
+    which raises naming the first expert that is wrong."""
+    representatives = {type(p): p for p in params}
+    if len(representatives) == 1 and isinstance(params[0], torch.Tensor) and tensor_kind(params[0]) is fmt.kind:
+        reader = storage_reader(params[0], fmt.storage_names)
+        if all(s == (rows, columns) for s in map(_shape, params)):
+            try:
+                read = list(map(reader.read, params))
+            except AttributeError:  # storage kept on .data only: read below, name by name
+                pass
+            else:
+                return ExpertStorage(tuple(params), dict(zip(reader.names, zip(*read, strict=True), strict=True)))
+    storages = [_expert_storage(e, p, fmt, rows, columns) for e, p in enumerate(params)]
+    return _columns(params, storages, fmt.storage_names)
 
 
-def _split_side(
-    storages: Sequence[dict[str, Any]], fmt: WeightFormat, d: Direction, rows: int, columns: int
-) -> Side | None:
-    """One direction of every expert, from their storage values by logical name."""
-    data_name, scales_name = str(d.data), str(d.scales)
-    payloads: list[Any] = [st.get(data_name) for st in storages]
+def _columns(owners: Sequence[object], storages: Sequence[dict[str, Any]], names: Sequence[str]) -> ExpertStorage:
+    return ExpertStorage(tuple(owners), {name: tuple(st.get(name) for st in storages) for name in names})
+
+
+def _split_side(storage: ExpertStorage, fmt: WeightFormat, d: Direction, rows: int, columns: int) -> Side | None:
+    """One direction of every expert."""
+    payloads = storage.column(str(d.data))
     present = [t is not None for t in payloads]
     if not any(present):
         return None
     if not all(present):
         raise ExpertWeightError(f"expert {present.index(False)} has no {d.name} data; the others do")
-    shape, dtype, logical = fmt.payload_shape(d, rows, columns), fmt.payload_dtype, fmt.logical_scales
-    data, sources = [], []
-    for e, (st, payload) in enumerate(zip(storages, payloads, strict=True)):
-        data.append(storage_view(payload, shape, dtype=dtype, name=f"expert {e} {d.name} data"))
-        buf = st.get(scales_name)
-        if buf is None:
-            buf = _missing(fmt, st, scales_name)
-        name = f"expert {e} {d.name} scales"
-        sources.append(ScaleSource(name, buf, logical(d, buf, rows, columns, name), bool(st.get("scales_swizzled"))))
-    amax = None
-    if d.amax is not None:
-        amax_name = str(d.amax)
-        amax = tuple(
-            st[amax_name] if st.get(amax_name) is not None else _missing(fmt, st, amax_name) for st in storages
-        )
-    return Side(d, fmt.name, tuple(data), tuple(sources), amax)
+    shape = fmt.payload_shape(d, rows, columns)
+    data = storage_views(payloads, shape, dtype=fmt.payload_dtype, name=lambda e: f"expert {e} {d.name} data")
+    buffers = storage.need(fmt, str(d.scales))
+    names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
+    logical = fmt.logical_scales_of(d, buffers, rows, columns, names)
+    flags = map(bool, storage.column("scales_swizzled"))
+    sources = tuple(map(ScaleSource, names, buffers, logical, flags))
+    amax = storage.need(fmt, str(d.amax)) if d.amax is not None else None
+    return Side(d, fmt.name, data, sources, amax)
 
 
 def _format_sides(params: Sequence[object], fmt: WeightFormat, rows: int, columns: int) -> list[Side]:
     fmt.check_dims(rows, columns, "split weights")
-    storages = [_expert_storage(e, p, fmt, rows, columns) for e, p in enumerate(params)]
-    sides = [s for d in fmt.directions() if (s := _split_side(storages, fmt, d, rows, columns)) is not None]
+    storage = _read_experts(params, fmt, rows, columns)
+    sides = [s for d in fmt.directions() if (s := _split_side(storage, fmt, d, rows, columns)) is not None]
     if not sides or sides[0].direction.name != "rowwise":
-        _missing(fmt, storages[0], str(StorageName.ROWWISE_DATA))
+        storage.need(fmt, str(StorageName.ROWWISE_DATA))
     return sides
 
 
@@ -122,7 +152,7 @@ def _hybrid_sides(params: Sequence[object], rows: int, columns: int) -> list[Sid
         fmt.check_dims(rows, columns, "hybrid weights")
         storages = [_sub_storage(e, s, fmt, rows, columns, d_name) for e, s in enumerate(subs)]
         direction = fmt.rowwise if d_name == "rowwise" else fmt.columnwise
-        side = _split_side(storages, fmt, direction, rows, columns)
+        side = _split_side(_columns(subs, storages, fmt.storage_names), fmt, direction, rows, columns)
         if side is None:
             raise ExpertWeightError(f"hybrid weights: the {d_name} sub-storages hold no {d_name} data")
         sides.append(side)
@@ -137,7 +167,7 @@ def _sub_storage(e: int, sub: object, fmt: WeightFormat, rows: int, columns: int
     st: Any = fmt.snapshot(sub)  # a sub-storage has no .shape: the snapshot derives it
     if st.shape != (rows, columns):
         raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(st.shape)}")
-    return {name: getattr(st, name) for name in fmt.storage_names} | {"owner": sub}
+    return {name: getattr(st, name) for name in fmt.storage_names}
 
 
 def watched(params: Sequence[object], fmt: str) -> Sequence[object]:

@@ -8,7 +8,8 @@ copy scales TE already swizzled). :func:`run_work` runs a list of them: on CUDA 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from operator import attrgetter
+from typing import NamedTuple
 
 import torch
 
@@ -18,14 +19,17 @@ from mok.errors import LayoutError
 from mok.layout import as_batch, check_no_overlap, check_out, layout_shape, swizzle_reference
 
 
-@dataclass(frozen=True)
-class ScaleWork:
+class ScaleWork(NamedTuple):
     """Convert ``src`` (logical ``[E, R, C]``) into layout ``dst``, or, with ``copy``, copy the
-    already-swizzled bytes ``src`` into ``dst`` (same size)."""
+    already-swizzled bytes ``src`` into ``dst`` (same size). A named tuple: a view of 256
+    experts makes 512 of them."""
 
     src: torch.Tensor
     dst: torch.Tensor
     copy: bool = False
+
+
+_device = attrgetter("device")
 
 
 class PreparedWork:
@@ -39,20 +43,17 @@ class PreparedWork:
         if not self.work:
             return
         device = self.work[0].dst.device
-        for i, item in enumerate(self.work):
-            if item.src.device != device or item.dst.device != device:
-                raise LayoutError(
-                    f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
-                    f"expected every tensor on {device}"
-                )
+        tensors = [t for item in self.work for t in item[:2]]
+        if len(set(map(_device, tensors))) != 1:
+            i = next(i for i, w in enumerate(self.work) if w.src.device != device or w.dst.device != device)
+            raise LayoutError(
+                f"scale work item {i} has tensors on {self.work[i].src.device} and {self.work[i].dst.device}; "
+                f"expected every tensor on {device}"
+            )
         if backend_for(device, backend) == "cuda":
             from mok.kernels import launcher
 
-            jobs = [
-                launcher.copy_job(item.src, item.dst) if item.copy else launcher.convert_job(item.src, item.dst)
-                for item in self.work
-            ]
-            self._launch = launcher.Launch(jobs, device)
+            self._launch = launcher.Launch(launcher.jobs_of(self.work), device)
 
     def run(self) -> None:
         if self._launch is not None:

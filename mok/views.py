@@ -14,8 +14,10 @@ Everything read off a TE object comes through te_compat: this module names no TE
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, methodcaller
+from typing import Any
 
 import torch
 
@@ -125,6 +127,36 @@ def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dt
     if storage.dtype != dtype:
         view = view.view(dtype)
     return view if tuple(view.shape) == tuple(shape) else view.view(tuple(shape))
+
+
+_dtype, _shape, _requires_grad = attrgetter("dtype"), attrgetter("shape"), attrgetter("requires_grad")
+
+
+def storage_views(
+    storages: Sequence[object], shape: tuple[int, ...], *, dtype: torch.dtype, name: Callable[[int], str]
+) -> tuple[torch.Tensor, ...]:
+    """:func:`storage_view` of many storages (one per expert, ``name(e)`` naming each), checked
+    in bulk: the checks run per distinct dtype and numel, not per expert. Any storage the bulk
+    checks do not pass goes through storage_view, which raises naming it."""
+    if not all(isinstance(t, torch.Tensor) for t in storages):
+        return tuple(storage_view(t, shape, dtype=dtype, name=name(e)) for e, t in enumerate(storages))  # type: ignore[arg-type]
+    tensors: Sequence[torch.Tensor] = storages  # type: ignore[assignment]
+    dtypes = set(map(_dtype, tensors))
+    fine = (
+        dtypes <= {dtype, torch.uint8}
+        and (dtypes == {dtype} or dtype.itemsize == 1)
+        and set(map(torch.Tensor.numel, tensors)) == {math.prod(shape)}
+        and all(map(torch.Tensor.is_contiguous, tensors))
+        and not any(map(_requires_grad, tensors))
+    )
+    if not fine:
+        return tuple(storage_view(t, shape, dtype=dtype, name=name(e)) for e, t in enumerate(tensors))
+    views: Any = tensors
+    if dtypes != {dtype}:
+        views = map(methodcaller("view", dtype), views)
+    if set(map(_shape, tensors)) != {shape}:
+        views = map(methodcaller("view", shape), views)
+    return tuple(views)
 
 
 def _moved(name: str, old: torch.Tensor | None, new: torch.Tensor | None) -> str:

@@ -56,6 +56,23 @@ def test_jobs_rowwise_transposed_and_gather() -> None:
     assert one_column.mode == launcher.MODE_ROWS  # a single column reads the same bytes either way
 
 
+@pytest.mark.parametrize(
+    ("shape", "strides"), [((1, 256, 8), (4096, 16, 1)), ((1, 256, 8), (4096, 1, 256)), ((1, 256, 8), (4096, 3, 5))]
+)
+def test_jobs_of_a_view_equal_a_job_per_item(shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+    """jobs_of shares one geometry across a view's experts; every job is still convert_job's,
+    addresses and alignment (vec) included, whatever the offsets."""
+    outs = torch.empty(mok.layout_shape(256, 8, 8), dtype=torch.uint8).split(mok.layout_shape(256, 8)[0])
+    offsets = [0, 16, 4, 1, 32, 12, 0, 3]
+    pairs = zip(offsets, outs, strict=True)
+    work = [mok.swizzle.ScaleWork(_ptr_tensor(shape, strides, offset=o), out) for o, out in pairs]
+    work.append(mok.swizzle.ScaleWork(outs[0].flatten(), outs[1].flatten(), copy=True))
+    want = [launcher.convert_job(w.src, w.dst) for w in work[:-1]] + [launcher.copy_job(work[-1].src, work[-1].dst)]
+    assert launcher.jobs_of(work) == want
+    if strides != (4096, 3, 5):  # rows and columns: the offsets give different alignments
+        assert len({j.vec for j in want[:-1]}) > 1
+
+
 # (rows R, scale columns C, experts E, tiles per unit) -> units, by hand from the spec: an expert
 # has roundup(R,128)/128 slabs of roundup(C,4)/4 tiles, and a unit takes up to "tiles per unit"
 # tiles of one slab. Padded rows and columns count: R=130 is 2 slabs, C=65 is 17 tiles.

@@ -249,13 +249,37 @@ def convert_job(batch: torch.Tensor, out: torch.Tensor) -> Job:
     if experts == 1:
         es = 0
     src = batch.data_ptr()
-    if cs == 1:
-        mode, vec = MODE_ROWS, _vec(src, rs, es)
-    elif rs == 1:
-        mode, vec = MODE_COLS, _vec(src, cs, es)
-    else:
-        mode, vec = MODE_GATHER, 1
-    return Job(src, dst, rs, cs, es, rows, cols, experts, mode, vec)
+    mode = MODE_ROWS if cs == 1 else MODE_COLS if rs == 1 else MODE_GATHER
+    return Job(src, dst, rs, cs, es, rows, cols, experts, mode, _job_vec(mode, src, rs, cs, es))
+
+
+def _job_vec(mode: int, src: int, rs: int, cs: int, es: int) -> int:
+    """The widest load a job can use: along rows (MODE_ROWS) or columns (MODE_COLS), else bytes."""
+    if mode == MODE_ROWS:
+        return _vec(src, rs, es)
+    return _vec(src, cs, es) if mode == MODE_COLS else 1
+
+
+def jobs_of(work: Sequence[Any]) -> list[Job]:
+    """The jobs of ``work`` items (``src``, ``dst``, ``copy``: mok.swizzle.ScaleWork). Conversions
+    of one source geometry (every expert of a view) share one ``convert_job`` of the first: the
+    others differ only in their addresses, which are checked for the same alignment."""
+    jobs: list[Job] = []
+    shared: dict[tuple[Any, ...], Job] = {}
+    for src, dst, copy in work:
+        if copy:
+            jobs.append(copy_job(src, dst))
+            continue
+        key = (src.shape, src.stride(), dst.numel())
+        first = shared.get(key)
+        if first is None:
+            job = shared[key] = convert_job(src, dst)
+        else:
+            job = first._replace(src=src.data_ptr(), dst=dst.data_ptr())
+            if job.dst % 16 or _job_vec(job.mode, job.src, job.rs, job.cs, job.es) != first.vec:
+                job = convert_job(src, dst)  # another alignment: decided (and checked) afresh
+        jobs.append(job)
+    return jobs
 
 
 def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
