@@ -11,9 +11,12 @@ median host microseconds (``time.perf_counter``, no synchronisation) of
   layer           ``mok.LayerRefresh`` over fc1 and fc2 of the layer (split cases),
   TE-swizzled     a refresh of views over scales TE wrote in the GEMM layout (zero-copy).
 With a real TE on a GPU it adds, on the same rowwise tensors in the same run, eager time per
-call (a loop of calls, then one synchronisation, divided by the calls: what a training step
-pays) of mok's refresh, of TE's ``multi_tensor_swizzle_scales_for_gemm_`` and of TE 2.18+'s
-``grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights``.
+call of mok's refresh (checked, and ``run_unchecked``), of TE's
+``multi_tensor_swizzle_scales_for_gemm_`` and of TE 2.18+'s
+``grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights``, two ways:
+  (plain key)     latency: one call, then a synchronisation (host + device time, per call),
+  "pipelined"     throughput: calls back to back, then one synchronisation, divided by the
+                  calls (host and device overlap: what refreshing layer after layer pays).
 On the CPU the stand-ins' conversion work (torch reference) is not run while timing: on a GPU it
 is an asynchronous launch, so what is timed there is what a GPU user pays on the host.
 """
@@ -23,12 +26,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +61,8 @@ def host_us(fn: Callable[[], object], repeats: int) -> float:
 
 
 def eager_us(fn: Callable[[], object], calls: int, before: Callable[[], object] | None = None) -> float:
-    """Microseconds per call of ``calls`` back-to-back calls, then one synchronisation."""
+    """Latency: mean microseconds of one call followed by a synchronisation (host time plus the
+    device time of what it launched). ``before`` runs untimed ahead of each call."""
     fn()
     torch.cuda.synchronize()
     total = 0.0
@@ -70,6 +75,19 @@ def eager_us(fn: Callable[[], object], calls: int, before: Callable[[], object] 
         torch.cuda.synchronize()
         total += time.perf_counter() - start
     return total / calls * 1e6
+
+
+def pipelined_us(fns: Sequence[Callable[[], object]]) -> float:
+    """Throughput: microseconds per call of ``fns`` called back to back, then one
+    synchronisation. What a training step pays when it refreshes layer after layer: host and
+    device work overlap, so a call costs the larger of the two."""
+    fns[0]()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / len(fns) * 1e6
 
 
 @contextlib.contextmanager
@@ -185,26 +203,38 @@ def swizzled_refresh(params: list[Any] | str, rows: int, cols: int, repeats: int
 
 
 def te_rowwise_peers(params: list[Any], rows: int, cols: int, calls: int) -> dict[str, float | str]:
-    """Eager us per call, same rowwise tensors, same run: mok's refresh and TE's two swizzles."""
+    """Eager us per call, same rowwise tensors, same run: mok's refresh and TE's two swizzles,
+    each as latency (a call, then a synchronisation) and as throughput (calls back to back)."""
     import transformer_engine_torch as tex
 
-    view = mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True)
+    kw = {"rows": rows, "columns": cols, "use_mxfp8": True}
+    view = mok.split_weight_view(params, **kw)
+
+    def refresh() -> object:
+        return mok.split_weight_view(params, cached=view, **kw)
+
     out: dict[str, float | str] = {
-        "kernel/exp": eager_us(
-            lambda: mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True, cached=view), calls
-        )
+        "kernel/exp": eager_us(refresh, calls),
+        "kernel/exp unchecked": eager_us(view.refresh_plan.run_unchecked, calls),
+        "kernel/exp pipelined": pipelined_us([refresh] * calls),
+        "kernel/exp unchecked pipelined": pipelined_us([view.refresh_plan.run_unchecked] * calls),
     }
-    out["kernel/exp unchecked"] = eager_us(view.refresh_plan.run_unchecked, calls)
     data = [te_compat.storage_attr(p, "rowwise_data") for p in params]
     scales = [te_compat.storage_attr(p, "rowwise_scale_inv") for p in params]
     discrete = getattr(
         getattr(tex, "grouped_mlp_experimental", None), "swizzle_scales_and_pack_ptrs_for_discrete_weights", None
     )
-    out["TE discrete"] = (
-        eager_us(lambda: discrete(data, scales, "mxfp8_rowwise", torch.device("cuda")), calls)
-        if discrete
-        else f"n/a: TE {te_compat.te_version()} has no grouped_mlp_experimental discrete swizzle (TE 2.18+)"
-    )
+    if discrete:
+
+        def te_discrete() -> object:
+            return discrete(data, scales, "mxfp8_rowwise", torch.device("cuda"))
+
+        out["TE discrete"] = eager_us(te_discrete, calls)
+        out["TE discrete pipelined"] = pipelined_us([te_discrete] * calls)
+    else:
+        out["TE discrete"] = (
+            f"n/a: TE {te_compat.te_version()} has no grouped_mlp_experimental discrete swizzle (TE 2.18+)"
+        )
     multi = getattr(tex, "multi_tensor_swizzle_scales_for_gemm_", None)
     if multi is None:
         out["TE multi"] = f"n/a: TE {te_compat.te_version()} has no multi_tensor_swizzle_scales_for_gemm_"
@@ -217,6 +247,8 @@ def te_rowwise_peers(params: list[Any], rows: int, cols: int, calls: int) -> dic
         fresh[:] = [p.detach() for p in params]
 
     out["TE multi"] = eager_us(lambda: multi(fresh, True, False), calls, before=reset)
+    lists = [[p.detach() for p in params] for _ in range(calls + 1)]  # made before timing
+    out["TE multi pipelined"] = pipelined_us([functools.partial(multi, ts, True, False) for ts in lists])
     return out
 
 
@@ -278,7 +310,10 @@ def main() -> None:
         "te": str(te_compat.te_version()),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "source": args.source,
-        "unit": "microseconds of host time per call (median); eager columns: us per call, synchronised",
+        "unit": (
+            "microseconds of host time per call (median); eager columns: us per call, a synchronisation "
+            "after each call, or ('pipelined') one after all calls"
+        ),
     }
     print(table(results))
     if args.out:
