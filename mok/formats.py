@@ -85,26 +85,27 @@ class WeightFormat:
     def logical_scales(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> torch.Tensor:
         """The logical scale matrices ``[E, R, C]`` (uint8, no copy) of ``buffer``: one TE-padded
         ``[Rpad, Cpad]`` matrix, or ``[E, Rpad, Cpad]``. One strided view, no per-step views."""
-        return self.logical_scales_of(d, (buffer,), rows, columns, (name,))[0]
+        buf, (sizes, strides) = self.scale_sources(d, (buffer,), rows, columns, (name,))[0]
+        return buf.as_strided(sizes, strides, buf.storage_offset())
 
-    def logical_scales_of(
+    def scale_sources(
         self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
-    ) -> list[torch.Tensor]:
-        """:meth:`logical_scales` of many buffers (one per expert), each geometry checked once."""
-        geometry: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        views = []
+    ) -> list[tuple[torch.Tensor, tuple[tuple[int, int, int], tuple[int, int, int]]]]:
+        """Each buffer as uint8 with the geometry (sizes, strides) of its logical ``[E, R, C]``
+        scale matrices, from its own offset; each distinct buffer geometry checked once."""
+        geometry: dict[tuple[Any, ...], tuple[tuple[int, int, int], tuple[int, int, int]]] = {}
+        found = []
         for buffer, name in zip(buffers, names, strict=True):
             key = (buffer.shape, buffer.stride(), buffer.dtype)
-            found = geometry.get(key)
-            if found is None:
-                found = geometry[key] = self._scale_geometry(d, buffer, rows, columns, name)
-            buf = buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8)
-            views.append(buf.as_strided(found[0], found[1], buf.storage_offset()))
-        return views
+            g = geometry.get(key)
+            if g is None:
+                g = geometry[key] = self._scale_geometry(d, buffer, rows, columns, name)
+            found.append((buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8), g))
+        return found
 
     def _scale_geometry(
         self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str
-    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """(size, strides) of the logical ``[E, R, C]`` view of ``buffer``, after checking it."""
         r, c = (columns, rows) if (d.transposed_storage or d.transposed_scales) else (rows, columns)
         c //= self.block

@@ -83,8 +83,8 @@ def _grouped_sides(weight: object, gs: GroupedStorage, fmt: WeightFormat, dims: 
         flat = gs.need(d.scales)
         padded = grouped_scales(flat, experts, pr, pc, f"{name} scales")
         _check_packing(gs, fmt, d, flat, pr * pc)
-        logical = fmt.logical_scales(d, padded, rows, columns, f"{name} scales")
-        source = ScaleSource(f"{name} scales", padded, logical, gs.scales_swizzled)
+        ((buffer, geometry),) = fmt.scale_sources(d, (padded,), rows, columns, (f"{name} scales",))
+        source = ScaleSource(f"{name} scales", buffer, geometry, gs.scales_swizzled)
         sides.append(Side(d, fmt.name, (payload,), (source,), _grouped_amax(weight, d)))
     if not sides or sides[0].direction.name != "rowwise":
         gs.need(StorageName.ROWWISE_DATA)  # raises, naming the attribute and release

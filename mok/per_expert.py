@@ -112,9 +112,9 @@ def _split_side(storage: ExpertStorage, fmt: WeightFormat, d: Direction, rows: i
     data = storage_views(payloads, shape, dtype=fmt.payload_dtype, name=lambda e: f"expert {e} {d.name} data")
     buffers = storage.need(fmt, str(d.scales))
     names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
-    logical = fmt.logical_scales_of(d, buffers, rows, columns, names)
     flags = map(bool, storage.column("scales_swizzled"))
-    sources = tuple(map(ScaleSource, names, buffers, logical, flags))
+    found = fmt.scale_sources(d, buffers, rows, columns, names)
+    sources = tuple(ScaleSource(n, b, g, f) for n, (b, g), f in zip(names, found, flags, strict=True))
     amax = storage.need(fmt, str(d.amax)) if d.amax is not None else None
     return Side(d, fmt.name, data, sources, amax)
 

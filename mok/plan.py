@@ -23,16 +23,33 @@ from mok.layout import check_no_overlap, check_out, layout_shape, padded_shape
 from mok.swizzle import PreparedWork, ScaleWork
 from te_compat import storage_reader, storage_values
 
+Geometry = tuple[tuple[int, int, int], tuple[int, int, int]]  # sizes and strides of [E, R, C]
+
 
 class ScaleSource(NamedTuple):
-    """Scales of ``E`` experts to bring into the layout. ``logical`` is ``[E, R, C]`` uint8 (any
-    strides, a view of ``te_buffer``); when TE already ``swizzled`` them, ``te_buffer`` holds the
-    layout itself and is copied or exposed, never converted a second time."""
+    """Scales of ``E`` experts to bring into the layout: the logical ``[E, R, C]`` matrices are
+    ``geometry`` (sizes, strides in bytes) over uint8 ``te_buffer`` from its own offset. A
+    geometry, not a strided view: a view of 256 experts would make 512 tensors it never needs on
+    the CUDA path. When TE already ``swizzled`` them, ``te_buffer`` holds the layout itself and
+    is copied or exposed, never converted a second time."""
 
     name: str
     te_buffer: torch.Tensor
-    logical: torch.Tensor
+    geometry: Geometry
     swizzled: bool
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.geometry[0]
+
+    @property
+    def logical(self) -> torch.Tensor:
+        """The logical ``[E, R, C]`` view itself (for checks and the torch reference)."""
+        return logical_view(self.te_buffer, self.geometry)
+
+
+def logical_view(buffer: torch.Tensor, geometry: Geometry) -> torch.Tensor:
+    return buffer.as_strided(geometry[0], geometry[1], buffer.storage_offset())
 
 
 @dataclass(frozen=True)
@@ -56,8 +73,8 @@ def _te_layout(source: ScaleSource, shape: tuple[int, ...]) -> torch.Tensor:
 
 def _allocate(sources: Sequence[ScaleSource], r: int, c: int) -> tuple[torch.Tensor, ...]:
     """One buffer for every source's layout, split per source (expert-major)."""
-    counts = [s.logical.shape[0] for s in sources]
-    whole = torch.empty(layout_shape(r, c, sum(counts)), dtype=torch.uint8, device=sources[0].logical.device)
+    counts = [s.shape[0] for s in sources]
+    whole = torch.empty(layout_shape(r, c, sum(counts)), dtype=torch.uint8, device=sources[0].te_buffer.device)
     per_expert_tiles = layout_shape(r, c)[0]
     return tuple(torch.split(whole, [n * per_expert_tiles for n in counts]))
 
@@ -67,11 +84,11 @@ def plan_scales(
 ) -> tuple[ScaleSlots, list[ScaleWork]]:
     """The layout buffers for ``sources`` (``slots`` to refresh in place, else new ones or TE's
     own), and the work that fills them. Every source has the same logical ``[R, C]``."""
-    _, r, c = sources[0].logical.shape
+    _, r, c = sources[0].shape
     aligned = (r, c) == padded_shape(r, c)
     if slots is None:
         if aligned and all(s.swizzled for s in sources):
-            return ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.logical.shape[0])) for s in sources), True), []
+            return ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.shape[0])) for s in sources), True), []
         outs, checked = _allocate(sources, r, c), True
     else:
         if len(slots.tensors) != len(sources):
@@ -91,7 +108,7 @@ def plan_scales(
             continue
         if not checked:
             check_out(out, source.logical, source.name)
-        work.append(ScaleWork(source.logical, out))
+        work.append(ScaleWork(source.te_buffer, out, geometry=source.geometry))
     if not checked:  # a cached view's buffers: never over TE's scales, nor over each other
         check_no_overlap([w.dst for w in work], [w.src for w in work], what, out_label="cached buffers")
     return slots if slots is not None else ScaleSlots(outs, False), work

@@ -21,12 +21,20 @@ from mok.layout import as_batch, check_no_overlap, check_out, layout_shape, swiz
 
 class ScaleWork(NamedTuple):
     """Convert ``src`` (logical ``[E, R, C]``) into layout ``dst``, or, with ``copy``, copy the
-    already-swizzled bytes ``src`` into ``dst`` (same size). A named tuple: a view of 256
-    experts makes 512 of them."""
+    already-swizzled bytes ``src`` into ``dst`` (same size). With ``geometry`` (sizes, strides),
+    ``src`` is the uint8 buffer the logical matrices are that geometry of (from its offset). A
+    named tuple: a view of 256 experts makes 512 of them."""
 
     src: torch.Tensor
     dst: torch.Tensor
     copy: bool = False
+    geometry: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    def logical(self) -> torch.Tensor:
+        """The logical ``[E, R, C]`` source (a strided view when given as a geometry)."""
+        if self.geometry is None:
+            return self.src
+        return self.src.as_strided(self.geometry[0], self.geometry[1], self.src.storage_offset())
 
 
 _device = attrgetter("device")
@@ -43,7 +51,7 @@ class PreparedWork:
         if not self.work:
             return
         device = self.work[0].dst.device
-        tensors = [t for item in self.work for t in item[:2]]
+        tensors = [t for item in self.work for t in item[:2]]  # src and dst
         if len(set(map(_device, tensors))) != 1:
             i = next(i for i, w in enumerate(self.work) if w.src.device != device or w.dst.device != device)
             raise LayoutError(
@@ -63,7 +71,7 @@ class PreparedWork:
             if item.copy:
                 item.dst.copy_(item.src.view(item.dst.shape))
             else:
-                swizzle_reference(item.src, item.dst)
+                swizzle_reference(item.logical(), item.dst)
 
 
 def run_work(work: Sequence[ScaleWork], backend: str | None = None) -> None:

@@ -45,7 +45,7 @@ def build(threads: int) -> ctypes.CDLL:
 def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], threads: int, grid: int, variant: str = "bulk") -> None:
     """Run ``work`` ([src, dst, is_copy] on the CPU) in one emulated launch of ``grid`` blocks."""
     config = launcher.make_config(variant, threads=threads)
-    jobs = [launcher.copy_job(s, d) if copy else launcher.convert_job(s, d) for s, d, copy in work]
+    jobs = launcher.jobs_of([(s, d, copy, None) for s, d, copy in work])  # what mok.swizzle launches
     rows, arrays, total = launcher._merge(jobs, config)
     size = len(rows) * len(rows[0]) + sum(len(a) for a in arrays)
     table = torch.empty(size, dtype=torch.int64)

@@ -237,9 +237,13 @@ def _vec(a: int, b: int, c: int) -> int:
 
 def convert_job(batch: torch.Tensor, out: torch.Tensor) -> Job:
     """The job converting ``[E, R, C]`` uint8 (any strides) into the layout buffer ``out``."""
-    experts, rows, cols = batch.shape
-    es, rs, cs = batch.stride()
-    dst = out.data_ptr()
+    return _convert_job(batch.data_ptr(), tuple(batch.shape), batch.stride(), out.data_ptr())
+
+
+def _convert_job(src: int, shape: Sequence[int], strides: Sequence[int], dst: int) -> Job:
+    """convert_job of the ``[E, R, C]`` matrices ``shape``/``strides`` at address ``src``."""
+    experts, rows, cols = shape
+    es, rs, cs = strides
     if dst % 16:
         raise LayoutError(f"layout output must be 16-byte aligned; found address {hex(dst)}")
     if cols == 1:  # a single column: any column stride reads the same bytes
@@ -248,7 +252,6 @@ def convert_job(batch: torch.Tensor, out: torch.Tensor) -> Job:
         rs = 1 if cs != 1 else 0
     if experts == 1:
         es = 0
-    src = batch.data_ptr()
     mode = MODE_ROWS if cs == 1 else MODE_COLS if rs == 1 else MODE_GATHER
     return Job(src, dst, rs, cs, es, rows, cols, experts, mode, _job_vec(mode, src, rs, cs, es))
 
@@ -260,26 +263,53 @@ def _job_vec(mode: int, src: int, rs: int, cs: int, es: int) -> int:
     return _vec(src, cs, es) if mode == MODE_COLS else 1
 
 
-def jobs_of(work: Sequence[Any]) -> list[Job]:
-    """The jobs of ``work`` items (``src``, ``dst``, ``copy``: mok.swizzle.ScaleWork). Conversions
-    of one source geometry (every expert of a view) share one ``convert_job`` of the first: the
-    others differ only in their addresses, which are checked for the same alignment."""
-    jobs: list[Job] = []
-    shared: dict[tuple[Any, ...], Job] = {}
-    for src, dst, copy in work:
+def _same_alignment(template: Job, src: int, dst: int) -> bool:
+    """Whether a job of ``template``'s geometry at ``src``/``dst`` loads as wide as it does."""
+    if template.vec == 16:  # the strides allow 16 bytes, so an aligned address does too
+        return not (src | dst) & 15
+    return not dst & 15 and _job_vec(template.mode, src, template.rs, template.cs, template.es) == template.vec
+
+
+class JobGroup(NamedTuple):
+    """Single-matrix jobs that differ only in their addresses (one per expert of a view): the
+    jobs ``template._replace(src=s, dst=d)`` for each pair of ``srcs`` and ``dsts``, kept as
+    address lists because the descriptor table stores them so (:func:`_merge`)."""
+
+    template: Job
+    srcs: tuple[int, ...]
+    dsts: tuple[int, ...]
+
+    def expand(self) -> list[Job]:
+        return [self.template._replace(src=s, dst=d) for s, d in zip(self.srcs, self.dsts, strict=True)]
+
+
+def jobs_of(work: Sequence[Any]) -> list[Job | JobGroup]:
+    """The jobs of ``work`` items (mok.swizzle.ScaleWork: ``src``, ``dst``, ``copy``,
+    ``geometry``): a ``convert_job`` or ``copy_job`` each, with the single-matrix conversions of
+    one source geometry (every expert of a view) as one :class:`JobGroup` of their addresses,
+    which needs no Job per expert. An address whose alignment differs gets a job of its own."""
+    jobs: list[Any] = []
+    groups: dict[tuple[Any, ...], tuple[Job, list[int], list[int]]] = {}
+    for src, dst, copy, geometry in work:
         if copy:
             jobs.append(copy_job(src, dst))
             continue
-        key = (src.shape, src.stride(), dst.numel())
-        first = shared.get(key)
-        if first is None:
-            job = shared[key] = convert_job(src, dst)
-        else:
-            job = first._replace(src=src.data_ptr(), dst=dst.data_ptr())
-            if job.dst % 16 or _job_vec(job.mode, job.src, job.rs, job.cs, job.es) != first.vec:
-                job = convert_job(src, dst)  # another alignment: decided (and checked) afresh
-        jobs.append(job)
-    return jobs
+        shape, strides = geometry if geometry is not None else (tuple(src.shape), src.stride())
+        s, d = src.data_ptr(), dst.data_ptr()
+        group = groups.get((shape, strides))
+        if group is None:
+            job = _convert_job(s, shape, strides, d)
+            if job.experts == 1:
+                groups[(shape, strides)] = group = (job, [s], [d])
+                jobs.append(group)
+            else:
+                jobs.append(job)
+        elif _same_alignment(group[0], s, d):
+            group[1].append(s)
+            group[2].append(d)
+        else:  # another alignment: decided (and checked) afresh
+            jobs.append(_convert_job(s, shape, strides, d))
+    return [JobGroup(j[0], tuple(j[1]), tuple(j[2])) if isinstance(j[0], Job) else j for j in jobs]
 
 
 def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
@@ -295,40 +325,50 @@ def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
 
 
 def _merge(
-    jobs: Sequence[Job], config: KernelConfig | None = None
+    jobs: Sequence[Job | JobGroup], config: KernelConfig | None = None
 ) -> tuple[list[tuple[int, ...]], list[list[int]], int]:
     """Descriptor rows for ``jobs``, with single matrices of one shape and stride merged into one
     indirect job (its experts' addresses in pointer arrays), so a block of a per-expert launch
     finds its job without searching a long table. Returns (rows without addresses, pointer arrays
-    as [srcs, dsts] per indirect row, total units)."""
+    as [srcs, dsts] per indirect row, total units). A JobGroup merges as its jobs would."""
     config = config or _config
-    groups: dict[tuple[int, ...], list[Job]] = {}
+    groups: dict[tuple[int, ...], list[JobGroup]] = {}
     order: list[tuple[int, ...] | Job] = []
-    for job in jobs:
-        if job.mode == MODE_COPY or job.experts != 1:
-            order.append(job)
+    for item in jobs:
+        if isinstance(item, JobGroup):
+            group = item
+        elif item.mode == MODE_COPY or item.experts != 1:
+            order.append(item)
             continue
+        else:
+            group = JobGroup(item, (item.src,), (item.dst,))
+        job = group.template
         key = (job.rows, job.cols, job.rs, job.cs, job.mode)
         members = groups.get(key)
         if members is None:
             groups[key] = members = []
             order.append(key)
-        members.append(job)
+        members.append(group)
     rows: list[tuple[int, ...]] = []
     arrays: list[list[int]] = []
     total = 0
-    for item in order:
-        members = [item] if isinstance(item, Job) else groups[item]
-        if len(members) == 1:
-            rows.append(members[0].row(total, config))
-            total += members[0].units(config)
+    for entry in order:
+        if isinstance(entry, Job):
+            rows.append(entry.row(total, config))
+            total += entry.units(config)
             continue
-        first = members[0]
-        vec = min(m.vec for m in members)
-        merged = Job(-1, -1, first.rs, first.cs, 0, first.rows, first.cols, len(members), first.mode, vec)
+        members = groups[entry]
+        srcs = [s for m in members for s in m.srcs]
+        first = members[0].template
+        if len(srcs) == 1:
+            rows.append(first.row(total, config))
+            total += first.units(config)
+            continue
+        vec = min(m.template.vec for m in members)
+        merged = Job(-1, -1, first.rs, first.cs, 0, first.rows, first.cols, len(srcs), first.mode, vec)
         row = merged.row(total, config)
         rows.append((*row[:8], row[8] | FLAG_INDIRECT, row[9]))
-        arrays.append([m.src for m in members] + [m.dst for m in members])
+        arrays.append(srcs + [d for m in members for d in m.dsts])
         total += merged.units(config)
     return rows, arrays, total
 
@@ -350,14 +390,14 @@ def _table_values(rows: list[tuple[int, ...]], arrays: list[list[int]], base: in
     return values
 
 
-def _table_key(device_index: int, jobs: Sequence[Job], config: KernelConfig) -> tuple[Any, ...]:
+def _table_key(device_index: int, jobs: Sequence[Job | JobGroup], config: KernelConfig) -> tuple[Any, ...]:
     """What a descriptor table depends on: the device, the kernel configuration and the jobs
     (dataclass fields compared as tuples; hashing them is C code)."""
     return (device_index, config, tuple(jobs))
 
 
 def _table(
-    device: torch.device, jobs: Sequence[Job], config: KernelConfig | None = None
+    device: torch.device, jobs: Sequence[Job | JobGroup], config: KernelConfig | None = None
 ) -> tuple[torch.Tensor, int, int]:
     """The device descriptor table of ``jobs`` (uploaded once, then reused): (table, rows, units)."""
     config = config or _config
@@ -407,7 +447,7 @@ class Launch:
     Calling it launches on the current torch stream: no allocation, no host synchronisation, no
     import (CUDA-graph safe); its host cost is one stream lookup and cuda.core's launch."""
 
-    def __init__(self, jobs: Sequence[Job], device: torch.device) -> None:
+    def __init__(self, jobs: Sequence[Job | JobGroup], device: torch.device) -> None:
         import numpy as np
         from cuda.core import LaunchConfig, launch
 
