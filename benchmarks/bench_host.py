@@ -11,9 +11,9 @@ median host microseconds (``time.perf_counter``, no synchronisation) of
   layer           ``mok.LayerRefresh`` over fc1 and fc2 of the layer (split cases),
   TE-swizzled     a refresh of views over scales TE wrote in the GEMM layout (zero-copy).
 With a real TE on a GPU it adds, on the same rowwise tensors in the same run, eager time per
-call of mok's refresh (checked, and ``run_unchecked``), of TE's
-``multi_tensor_swizzle_scales_for_gemm_`` and of TE 2.18+'s
-``grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights``, two ways:
+call of mok's refresh (checked, and ``run_unchecked``), of TE 2.18+'s
+``grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights`` and (latency
+only) of TE's ``multi_tensor_swizzle_scales_for_gemm_``, two ways:
   (plain key)     latency: one call, then a synchronisation (host + device time, per call),
   "pipelined"     throughput: calls back to back, then one synchronisation, divided by the
                   calls (host and device overlap: what refreshing layer after layer pays).
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import functools
 import json
 import platform
 import statistics
@@ -246,9 +245,9 @@ def te_rowwise_peers(params: list[Any], rows: int, cols: int, calls: int) -> dic
     def reset() -> None:
         fresh[:] = [p.detach() for p in params]
 
+    # latency only: back to back, every call would need fresh tensors made beforehand, and TE's
+    # new scale buffers for all of them are then live at once (allocator growth, not the swizzle)
     out["TE multi"] = eager_us(lambda: multi(fresh, True, False), calls, before=reset)
-    lists = [[p.detach() for p in params] for _ in range(calls + 1)]  # made before timing
-    out["TE multi pipelined"] = pipelined_us([functools.partial(multi, ts, True, False) for ts in lists])
     return out
 
 

@@ -174,7 +174,7 @@ class StorageGuard:
             self.addresses = list(map(_data_ptr, self.tensors))
         except (AttributeError, TypeError):
             return False
-        return not any(isinstance(v, torch.Tensor) for v in self.values)
+        return not any(issubclass(t, torch.Tensor) for t in set(map(type, self.values)))
 
     def _bulk_values(self, weights: Sequence[object]) -> list[Any]:
         if self._one_value:  # the usual case: TE's swizzled flag alone

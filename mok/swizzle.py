@@ -37,7 +37,7 @@ class ScaleWork(NamedTuple):
         return self.src.as_strided(self.geometry[0], self.geometry[1], self.src.storage_offset())
 
 
-_device = attrgetter("device")
+_is_cuda = attrgetter("is_cuda")
 
 
 class PreparedWork:
@@ -52,12 +52,14 @@ class PreparedWork:
             return
         device = self.work[0].dst.device
         tensors = [t for item in self.work for t in item[:2]]  # src and dst
-        if len(set(map(_device, tensors))) != 1:
-            i = next(i for i, w in enumerate(self.work) if w.src.device != device or w.dst.device != device)
-            raise LayoutError(
-                f"scale work item {i} has tensors on {self.work[i].src.device} and {self.work[i].dst.device}; "
-                f"expected every tensor on {device}"
-            )
+        if len(set(map(torch.Tensor.get_device, tensors))) != 1 or not all(map(_is_cuda, tensors)):
+            # off CUDA (or mixed) the index says too little: compare the devices themselves
+            for i, item in enumerate(self.work):
+                if item.src.device != device or item.dst.device != device:
+                    raise LayoutError(
+                        f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
+                        f"expected every tensor on {device}"
+                    )
         if backend_for(device, backend) == "cuda":
             from mok.kernels import launcher
 

@@ -448,3 +448,10 @@ def test_the_guard_catches_each_change_whatever_it_reads(
     else:
         target._with_gemm_swizzled_scales = True
     assert not guard.unchanged(ws)
+
+
+def test_work_on_two_devices_is_refused() -> None:
+    src = torch.zeros(1, 128, 4, dtype=torch.uint8)
+    dst = torch.empty(mok.layout_shape(128, 4), dtype=torch.uint8, device="meta")
+    with pytest.raises(mok.LayoutError, match="scale work item 0 has tensors on cpu and meta"):
+        mok.swizzle.PreparedWork([mok.swizzle.ScaleWork(src, dst)], "torch")
