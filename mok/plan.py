@@ -152,6 +152,7 @@ class StorageGuard:
         self.tensors = [v for v in state if isinstance(v, torch.Tensor)]
         self.values = [v for v in state if not isinstance(v, torch.Tensor)]
         self.addresses = list(map(_data_ptr, self.tensors))
+        self.storages = list(map(torch.Tensor.untyped_storage, self.tensors))
 
     def _read_in_bulk(self, names: tuple[str, ...] | None) -> bool:
         """Split the names (per class) into tensors, checked by address, and the rest (flags),
@@ -168,12 +169,14 @@ class StorageGuard:
         self._value_reader = value_reader.read_one or value_reader.read
         self._one_value = value_reader.read_one is not None
         try:
-            # kept alive: an equal address is then the old memory, never a reuse of it
             self.tensors = list(chain.from_iterable(map(self._tensor_reader, self.weights)))
             self.values = self._bulk_values(self.weights)
             self.addresses = list(map(_data_ptr, self.tensors))
         except (AttributeError, TypeError):
             return False
+        # the memory itself kept alive (TE's clear() swaps a tensor's storage under the same
+        # object): an equal address is then always the old memory, never a reuse of it
+        self.storages = list(map(torch.Tensor.untyped_storage, self.tensors))
         return not any(issubclass(t, torch.Tensor) for t in set(map(type, self.values)))
 
     def _bulk_values(self, weights: Sequence[object]) -> list[Any]:

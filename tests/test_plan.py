@@ -3,6 +3,7 @@ NVFP4 weights go through the same planner (stand-ins built from matrix/records).
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable
 from typing import Any
@@ -455,3 +456,17 @@ def test_work_on_two_devices_is_refused() -> None:
     dst = torch.empty(mok.layout_shape(128, 4), dtype=torch.uint8, device="meta")
     with pytest.raises(mok.LayoutError, match="scale work item 0 has tensors on cpu and meta"):
         mok.swizzle.PreparedWork([mok.swizzle.ScaleWork(src, dst)], "torch")
+
+
+def test_the_guard_keeps_the_old_memory_alive(installed_te: Installer) -> None:
+    """TE's clear() swaps a buffer's storage under the same tensor object; the old memory stays
+    allocated while the guard lives, so no later buffer can reuse its address unnoticed."""
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    scales = ps[1]._rowwise_scale_inv
+    old = scales.data_ptr()
+    scales.data = torch.empty(0, dtype=torch.uint8)  # what TE's clear() does
+    gc.collect()
+    assert any(st.data_ptr() == old and st.nbytes() > 0 for st in v.refresh_plan.guard.storages)
+    assert not v.refresh_plan.guard.unchanged(ps)
