@@ -106,15 +106,18 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
 // [R, C]; every load is issued before any is used. Rows and gather: piece p is item t+THREADS*p,
 // row item/PER_ROW, columns 16*(item%PER_ROW)..+15. Columns: piece 4g+x is column
 // 4*(t/8 + g*THREADS/8)+x, rows 16*(t%8)..+15 (contiguous in memory).
+template <bool COLS>
 __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
   const int t = threadIdx.x;
-  if (U.mode == MODE_COLS) {
+  if (COLS) {
     const int row = (t & 7) * 16;
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
       const int col = ((t >> 3) + (THREADS / 8) * (p >> 2)) * 4 + (p & 3);
       const unsigned char* in = U.src + (long long)(U.c0 + col) * U.cs + U.r0 + row;
-      if (col < U.cv && U.vec == 16 && row + 16 <= U.rv) {
+      if (col >= U.cv) {  // past the matrix (a unit's last, partial tile): zeros, no loads
+        v[p] = make_uint4(0, 0, 0, 0);
+      } else if (U.vec == 16 && row + 16 <= U.rv) {
         v[p] = __ldg(reinterpret_cast<const uint4*>(in));
       } else {
         unsigned char b[16];
@@ -161,13 +164,15 @@ __device__ __forceinline__ void transpose4(const unsigned w0, const unsigned w1,
 }
 
 // ---- deposit: the registers into the shared tile, row-major [128][PITCH].
+template <bool COLS>
 __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES], unsigned char* tile) {
   const int t = threadIdx.x;
-  if (U.mode == MODE_COLS) {
+  if (COLS) {
     const int row = (t & 7) * 16;
 #pragma unroll
     for (int g = 0; g < PIECES / 4; ++g) {
       const int cg = (t >> 3) + (THREADS / 8) * g;
+      if (cg >= U.ntiles) continue;  // a 4-column group write_tiles never reads (a short unit)
       const uint4* w = v + 4 * g;
       unsigned rows[16];
       transpose4(w[0].x, w[1].x, w[2].x, w[3].x, rows + 0);
@@ -214,6 +219,19 @@ __device__ __forceinline__ void copy_unit(const U_& U) {
   } else {
     for (long long i = begin + threadIdx.x; i < end; i += THREADS) U.dst[i] = ld_byte(U.src + i);
   }
+}
+
+// One unit through registers and the shared tile, compiled once per kind of unit (columnwise, or
+// rowwise and gather) and never inlined: each gets its own register allocation and load schedule,
+// so a change to one path cannot slow the other (benchmarks/KERNEL_NOTES.md, session 3).
+template <bool COLS>
+__device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
+  uint4 v[PIECES];
+  fetch<COLS>(U, v);
+  __syncthreads();  // the previous unit's tile reads are done
+  deposit<COLS>(U, v, tile);
+  __syncthreads();
+  write_tiles(U, tile);
 }
 
 #if defined(MOK_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -557,12 +575,11 @@ mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_unit
       copy_unit(U);
       continue;
     }
-    uint4 v[PIECES];
-    fetch(U, v);
-    __syncthreads();  // the previous unit's tile reads are done
-    deposit(U, v, tile);
-    __syncthreads();
-    write_tiles(U, tile);
+    if (U.mode == MODE_COLS) {
+      convert_unit<true>(U, tile);
+    } else {
+      convert_unit<false>(U, tile);
+    }
   }
 #endif
 }
