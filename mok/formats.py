@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from mok.errors import ExpertWeightError, LayoutError
-from mok.layout import roundup
+from mok.layout import Geometry, logical_view, roundup
 from te_compat import StorageName, TensorKind, mxfp8_storage, nvfp4_storage
 
 
@@ -85,15 +85,14 @@ class WeightFormat:
     def logical_scales(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> torch.Tensor:
         """The logical scale matrices ``[E, R, C]`` (uint8, no copy) of ``buffer``: one TE-padded
         ``[Rpad, Cpad]`` matrix, or ``[E, Rpad, Cpad]``. One strided view, no per-step views."""
-        buf, (sizes, strides) = self.scale_sources(d, (buffer,), rows, columns, (name,))[0]
-        return buf.as_strided(sizes, strides, buf.storage_offset())
+        return logical_view(*self.scale_sources(d, (buffer,), rows, columns, (name,))[0])
 
     def scale_sources(
         self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
-    ) -> list[tuple[torch.Tensor, tuple[tuple[int, int, int], tuple[int, int, int]]]]:
+    ) -> list[tuple[torch.Tensor, Geometry]]:
         """Each buffer as uint8 with the geometry (sizes, strides) of its logical ``[E, R, C]``
         scale matrices, from its own offset; each distinct buffer geometry checked once."""
-        geometry: dict[tuple[Any, ...], tuple[tuple[int, int, int], tuple[int, int, int]]] = {}
+        geometry: dict[tuple[Any, ...], Geometry] = {}
         found = []
         for buffer, name in zip(buffers, names, strict=True):
             key = (buffer.shape, buffer.stride(), buffer.dtype)
@@ -103,9 +102,7 @@ class WeightFormat:
             found.append((buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8), g))
         return found
 
-    def _scale_geometry(
-        self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str
-    ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    def _scale_geometry(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> Geometry:
         """(size, strides) of the logical ``[E, R, C]`` view of ``buffer``, after checking it."""
         r, c = (columns, rows) if (d.transposed_storage or d.transposed_scales) else (rows, columns)
         c //= self.block

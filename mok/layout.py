@@ -51,6 +51,15 @@ def layout_shape(rows: int, cols: int, experts: int = 1) -> tuple[int, int, int,
     return check_int("experts", experts, minimum=1) * rp // ROW_BLOCK, cp // COL_BLOCK, 32, 16
 
 
+Geometry = tuple[tuple[int, int, int], tuple[int, int, int]]  # sizes and strides of logical [E, R, C]
+
+
+def logical_view(buffer: torch.Tensor, geometry: Geometry) -> torch.Tensor:
+    """The logical ``[E, R, C]`` scale matrices ``geometry`` describes over ``buffer``, from
+    ``buffer``'s own offset (a strided view: no copy)."""
+    return buffer.as_strided(geometry[0], geometry[1], buffer.storage_offset())
+
+
 def layout_offset(r: int, c: int, rows: int, cols: int) -> int:
     """Byte offset of ``S[r, c]`` in the layout of one ``[rows, cols]`` matrix (the spec's formula).
 

@@ -82,8 +82,7 @@ def _read_experts(params: Sequence[object], fmt: WeightFormat, rows: int, column
     """Every expert's storage. Experts of one class with the expected kind and shape are read in
     bulk (a class check, then one C-level read per expert); anything else expert by expert,
     which raises naming the first expert that is wrong."""
-    representatives = {type(p): p for p in params}
-    if len(representatives) == 1 and isinstance(params[0], torch.Tensor) and tensor_kind(params[0]) is fmt.kind:
+    if len(set(map(type, params))) == 1 and isinstance(params[0], torch.Tensor) and tensor_kind(params[0]) is fmt.kind:
         reader = storage_reader(params[0], fmt.storage_names)
         if all(s == (rows, columns) for s in map(_shape, params)):
             try:

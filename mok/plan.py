@@ -19,11 +19,9 @@ from typing import Any, NamedTuple
 import torch
 
 from mok.errors import LayoutError, RefreshError
-from mok.layout import check_no_overlap, check_out, layout_shape, padded_shape
+from mok.layout import Geometry, check_no_overlap, check_out, layout_shape, logical_view, padded_shape
 from mok.swizzle import PreparedWork, ScaleWork
 from te_compat import storage_reader, storage_values
-
-Geometry = tuple[tuple[int, int, int], tuple[int, int, int]]  # sizes and strides of [E, R, C]
 
 
 class ScaleSource(NamedTuple):
@@ -46,10 +44,6 @@ class ScaleSource(NamedTuple):
     def logical(self) -> torch.Tensor:
         """The logical ``[E, R, C]`` view itself (for checks and the torch reference)."""
         return logical_view(self.te_buffer, self.geometry)
-
-
-def logical_view(buffer: torch.Tensor, geometry: Geometry) -> torch.Tensor:
-    return buffer.as_strided(geometry[0], geometry[1], buffer.storage_offset())
 
 
 @dataclass(frozen=True)
@@ -148,9 +142,7 @@ class StorageGuard:
         # mixed classes (hybrid sub-storages), storage kept on .data only, or a tensor one weight
         # has where another has None: read name by name, check every tensor found
         self._tensor_reader = None
-        state = [v for w in self.weights for v in self._values(w)]
-        self.tensors = [v for v in state if isinstance(v, torch.Tensor)]
-        self.values = [v for v in state if not isinstance(v, torch.Tensor)]
+        self.tensors, self.values = self._read_by_name(self.weights)
         self.addresses = list(map(_data_ptr, self.tensors))
         self.storages = list(map(torch.Tensor.untyped_storage, self.tensors))
 
@@ -184,6 +176,11 @@ class StorageGuard:
             return list(map(self._value_reader, weights))
         return list(chain.from_iterable(map(self._value_reader, weights)))
 
+    def _read_by_name(self, weights: Sequence[object]) -> tuple[list[torch.Tensor], list[Any]]:
+        """(every tensor, every other value) of ``weights``, read weight by weight."""
+        state = [v for w in weights for v in self._values(w)]
+        return [v for v in state if isinstance(v, torch.Tensor)], [v for v in state if not isinstance(v, torch.Tensor)]
+
     def _values(self, weight: object) -> tuple[Any, ...]:
         reader = storage_reader(weight, self.names)
         try:
@@ -196,10 +193,9 @@ class StorageGuard:
         if len(weights) != len(self.weights) or not all(map(is_, weights, self.weights)):
             return False
         try:
+            tensors: Any
             if self._tensor_reader is None:
-                state = [v for w in weights for v in self._values(w)]
-                tensors: Any = (v for v in state if isinstance(v, torch.Tensor))
-                values = [v for v in state if not isinstance(v, torch.Tensor)]
+                tensors, values = self._read_by_name(weights)
             else:
                 tensors = chain.from_iterable(map(self._tensor_reader, weights))
                 values = self._bulk_values(weights)

@@ -16,7 +16,15 @@ import torch
 from mok.backend import backend_for
 from mok.checks import check_sequence
 from mok.errors import LayoutError
-from mok.layout import as_batch, check_no_overlap, check_out, layout_shape, swizzle_reference
+from mok.layout import (
+    Geometry,
+    as_batch,
+    check_no_overlap,
+    check_out,
+    layout_shape,
+    logical_view,
+    swizzle_reference,
+)
 
 
 class ScaleWork(NamedTuple):
@@ -28,13 +36,11 @@ class ScaleWork(NamedTuple):
     src: torch.Tensor
     dst: torch.Tensor
     copy: bool = False
-    geometry: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    geometry: Geometry | None = None
 
     def logical(self) -> torch.Tensor:
         """The logical ``[E, R, C]`` source (a strided view when given as a geometry)."""
-        if self.geometry is None:
-            return self.src
-        return self.src.as_strided(self.geometry[0], self.geometry[1], self.src.storage_offset())
+        return self.src if self.geometry is None else logical_view(self.src, self.geometry)
 
 
 _is_cuda = attrgetter("is_cuda")
