@@ -11,9 +11,11 @@ each timing is the median of ``--repeats`` calls (CUDA events). Per case the JSO
 
 Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as users call it):
   g:copy         torch copy_ of the same logical bytes (the ceiling; same run)
-  g:kcopy        the kernel's own copy path over the source buffers it reads (the TE-padded
-                 buffer, or each expert's): a copy with the same loads, the measured limit of
-                 that access pattern
+  g:kcopy        the kernel's own copy path over the source buffer it reads (the TE-padded
+                 grouped buffer): a copy with the same loads, the measured limit of that access
+                 pattern
+  g:exp-kcopy    the same over each expert's own TE-padded buffer (one copy job per expert, one
+                 launch): the limit of the per-expert pattern (separate allocations)
   g:kernel@V     variant V over the grouped batch [E, R, C] (one launch)
   g:exp@V        variant V over E separate per-expert tensors (one launch, pointer table)
   kernel/exp@V   the same per-expert call, eager
@@ -152,7 +154,8 @@ def _variant_columns(case: Case, clock: Clock, variants: list[str], grouped: Fn,
 def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[str], te: bool) -> Case:
     dev = clock.device
     batch, buf = logical(kind, e, m, k, dev)
-    per_expert = [logical(kind, 1, m, k, dev)[0][0] for _ in range(e)]  # separate allocations, like TE's
+    separate_te = [logical(kind, 1, m, k, dev) for _ in range(e)]  # separate allocations, like TE's
+    per_expert = [view[0] for view, _ in separate_te]
     out, outs = _out(batch), [_out(p.unsqueeze(0)) for p in per_expert]
     backend = "cuda" if dev.type == "cuda" else "torch"
     case = Case(f"{kind} E={e} {m}x{k}", 2 * batch.numel())
@@ -162,6 +165,9 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
     same = torch.empty_like(buf)
     kcopy = _launch([launcher.copy_job(buf.view(-1), same.view(-1))], dev)
     case.fns["g:kcopy"] = clock.graph(lambda run=kcopy, keep=same: run())  # jobs hold addresses only
+    sames = [torch.empty_like(b).view(-1) for _, b in separate_te]
+    ekcopy = _launch([launcher.copy_job(b.view(-1), sames[i]) for i, (_, b) in enumerate(separate_te)], dev)
+    case.fns["g:exp-kcopy"] = clock.graph(lambda run=ekcopy, keep=sames: run())
     grouped = lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend=backend)  # noqa: E731
     separate = lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend=backend)  # noqa: E731
     _variant_columns(case, clock, variants, grouped, separate)
@@ -236,15 +242,16 @@ def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     e, ffn, hidden = (2, 128, 256) if dry else LAYER
     grouped: list[tuple[torch.Tensor, torch.Tensor]] = []
     separate: list[tuple[torch.Tensor, torch.Tensor]] = []
-    buffers = []
+    buffers, expert_buffers = [], []
     for m, k in ((2 * ffn, hidden), (hidden, ffn)):
         for kind in ("rowwise", "columnwise"):
             batch, buf = logical(kind, e, m, k, dev)
             buffers.append(buf)
             grouped.append((batch, _out(batch)))
             for _ in range(e):
-                one = logical(kind, 1, m, k, dev)[0]
+                one, own = logical(kind, 1, m, k, dev)
                 separate.append((one, _out(one)))
+                expert_buffers.append(own)
     case = Case(f"layer E={e} fc1+fc2 row+col", sum(2 * b.numel() for b, _ in grouped))
     src = torch.randint(0, 256, (case.nbytes // 2,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
@@ -252,6 +259,9 @@ def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     targets = [torch.empty_like(b).view(-1) for b in buffers]
     kcopy = _launch([launcher.copy_job(b.view(-1), t) for b, t in zip(buffers, targets, strict=True)], dev)
     case.fns["g:kcopy"] = clock.graph(lambda run=kcopy, keep=(targets, buffers): run())  # addresses only
+    sames = [torch.empty_like(b).view(-1) for b in expert_buffers]
+    ekcopy = _launch([launcher.copy_job(b.view(-1), t) for b, t in zip(expert_buffers, sames, strict=True)], dev)
+    case.fns["g:exp-kcopy"] = clock.graph(lambda run=ekcopy, keep=(sames, expert_buffers): run())
     for v in variants:
         launcher.configure(variant=v)
         run_g = _launch([launcher.convert_job(s, o) for s, o in grouped], dev)
@@ -299,6 +309,7 @@ def summary(case: Case, variants: list[str]) -> dict[str, Any]:
                 r[f"{col}/copy"] = run[col] / run["g:copy"]
                 r[f"{col}/kcopy"] = run[col] / run["g:kcopy"]
         r["g:kcopy/copy"] = run["g:kcopy"] / run["g:copy"]
+        r["g:exp-kcopy/copy"] = run["g:exp-kcopy"] / run["g:copy"]
         ratios.append(r)
     keys = list(ratios[0])
     median = {k: statistics.median(r[k] for r in ratios) for k in keys}
@@ -322,7 +333,7 @@ def summary(case: Case, variants: list[str]) -> dict[str, Any]:
 
 
 def print_table(rows: list[dict[str, Any]], variants: list[str]) -> None:
-    cols = ["g:kcopy/copy"] + [f"g:{w}@{v}/copy" for v in variants for w in ("kernel", "exp")]
+    cols = ["g:kcopy/copy", "g:exp-kcopy/copy"] + [f"g:{w}@{v}/copy" for v in variants for w in ("kernel", "exp")]
     cols += [f"kernel/exp@{v}" for v in variants] + ["TE multi", "TE discrete", "g:TE discrete"]
     print("median of the runs [min-max] ; ratios against the same-run graph copy of the same bytes; times us")
     print(f"{'case':34s} " + " ".join(f"{c.replace('/copy', ''):>18s}" for c in cols) + "  equal")

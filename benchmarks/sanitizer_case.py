@@ -28,7 +28,9 @@ def _cases(g: torch.Generator, dev: str) -> list[torch.Tensor]:
         rand(3, 160, 7),  # 1-byte rows
         rand(2, 200, 12),  # 4-byte rows
         rand(2, 300, 224),  # 16-byte rows
-        rand(2, 300, 228)[:, :, :225],  # padded rows (TE's 2080x7200 kind)
+        rand(2, 300, 228)[:, :, :225],  # padded rows (TE's 2080x7200 kind): a 1-byte last piece
+        rand(2, 130, 72)[:, :, :71],  # 4-byte rows, a last piece of a word and 3 bytes
+        rand(2, 130, 48)[:, :, :38],  # 16-byte rows, a last piece of a word and 2 bytes
         rand(2, 130, 1040)[:, :, :1000],  # rows wider than one shared stage
         rand(3 * 200 * 13 + 1)[1:].view(3, 200, 13)[:, :, :12],  # misaligned start
         rand(2, 40, 520)[:, :33, :500].transpose(1, 2),  # columnwise, ragged

@@ -3,6 +3,7 @@ path users take) and through nvcc without spills, and calls are planned into the
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,23 +20,43 @@ from tests.spec_oracle import spec_layout
 SOURCE = Path(launcher.__file__).with_name("mxfp8_swizzle.cu")
 
 
+@pytest.mark.parametrize("variant", launcher.VARIANTS)
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
-def test_kernel_compiles_with_nvrtc(arch: str) -> None:
+def test_kernel_compiles_with_nvrtc(arch: str, variant: str) -> None:
     pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
-    code = launcher.compile_kernel(arch)
+    code = launcher.compile_kernel(arch, launcher.make_config(variant))
     assert len(bytes(code.code)) > 1000
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", launcher.VARIANTS)
+def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, variant: str) -> None:
+    config = launcher.make_config(variant)
+    defines = [f"-D{k}={v}" for k, v in config.macros()]
     done = subprocess.run(
-        ["nvcc", "-arch=sm_90", "-c", "-Xptxas", "-v", str(SOURCE), "-o", str(tmp_path / "k.o")],
+        ["nvcc", "-arch=sm_90", "-c", "-Xptxas", "-v", *defines, str(SOURCE), "-o", str(tmp_path / "k.o")],
         capture_output=True,
         text=True,
         check=True,
     )
     report = done.stderr
     assert "0 bytes spill stores" in report and "0 bytes stack frame" in report, report
+    blocks = launcher.BULK_BLOCKS if config.bulk else 1024 // config.threads  # __launch_bounds__
+    used = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
+    assert used and max(used) * config.threads * blocks <= 65536, report  # that many blocks an SM
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("variant", ["default", "bulk"])
+def test_emulated_kernel_matches_the_reference(variant: str) -> None:
+    """The CPU emulator (mok.kernels.emulate; the full run covers more cases and grids)."""
+    from mok.kernels import emulate
+
+    cases = dict(emulate.CASES)
+    names = ("rowwise padded E=2 544x7200", "rowwise 4-byte rows, partial last words", "mixed layer, odd unit counts")
+    for name in names:
+        for grid in (0, 3):
+            emulate.check(name, cases[name], 128, grid, variant)
 
 
 def _ptr_tensor(shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0) -> torch.Tensor:

@@ -1,13 +1,15 @@
-"""Run the bulk kernel variant on the CPU and compare it byte for byte with the torch reference.
+"""Run every kernel variant on the CPU and compare it byte for byte with the torch reference.
 
-    python -m mok.kernels.emulate [--threads 256] [--quick]
+    python -m mok.kernels.emulate [--variants default bulk] [--threads 128] [--grids 1 0]
 
 Builds mxfp8_swizzle.cu with emulator.h (g++ -std=c++20; one std::thread per CUDA thread, the
-copy engine and mbarriers modelled with their alignment and completion rules) and runs the same
-job tables the launcher uploads: rowwise 16/4/1-byte rows, padded slabs, wide rows (one copy per
-row), columnwise views, gather, copies, per-expert pointer tables and mixed layers. It checks the
-planning, addressing, staging and pipeline logic without a GPU; it says nothing about speed, and a
-hardware rule the model lacks can still fail on the device (tests/gpu is the judge).
+copy engine and mbarriers modelled with their alignment and completion rules) under each
+variant's macros and runs the same job tables the launcher uploads: rowwise 16/4/1-byte rows,
+padded slabs, wide rows (one copy per row), columnwise views, gather, copies, per-expert pointer
+tables and mixed layers. It checks the planning, addressing, staging and pipeline logic without a
+GPU; it says nothing about speed, and a hardware rule the model lacks can still fail on the
+device (tests/gpu is the judge). Grid 0 is one block per unit (the default kernel's launch, and
+the persistent bulk grid of a device with at least as many block slots as there are units).
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ Case = tuple[str, Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Ten
 
 
 @functools.cache
-def build(threads: int) -> ctypes.CDLL:
-    """Compile the emulator for ``threads`` threads a block (cached per process)."""
-    out = Path(tempfile.mkdtemp(prefix="mok-emu-")) / f"emu{threads}.so"
-    macros = [f"-D{k}={v}" for k, v in launcher.make_config("bulk", threads=threads).macros()]
+def build(config: launcher.KernelConfig) -> ctypes.CDLL:
+    """Compile the emulator for one kernel configuration (cached per process)."""
+    out = Path(tempfile.mkdtemp(prefix="mok-emu-")) / f"emu-{config.variant}-{config.threads}.so"
+    macros = [f"-D{k}={v}" for k, v in config.macros()]
     cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", *macros, str(HERE / "emulator_main.cpp"), "-o", str(out)]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))
@@ -43,14 +45,16 @@ def build(threads: int) -> ctypes.CDLL:
 
 
 def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], threads: int, grid: int, variant: str = "bulk") -> None:
-    """Run ``work`` ([src, dst, is_copy] on the CPU) in one emulated launch of ``grid`` blocks."""
+    """Run ``work`` ([src, dst, is_copy] on the CPU) in one emulated launch of ``grid`` blocks (at
+    most one a unit; 0: one a unit)."""
     config = launcher.make_config(variant, threads=threads)
     jobs = launcher.jobs_of([(s, d, copy, None) for s, d, copy in work])  # what mok.swizzle launches
     rows, arrays, total = launcher._merge(jobs, config)
     size = len(rows) * len(rows[0]) + sum(len(a) for a in arrays)
     table = torch.empty(size, dtype=torch.int64)
     table.copy_(torch.tensor(launcher._table_values(rows, arrays, table.data_ptr()), dtype=torch.int64))
-    errors = build(threads).mok_emulate(table.data_ptr(), len(rows), total, max(1, min(grid, total)))
+    grid = total if grid == 0 else min(grid, total)
+    errors = build(config).mok_emulate(table.data_ptr(), len(rows), total, max(1, grid))
     if errors:
         raise AssertionError(f"{errors} copy-engine rule violations (see stderr)")
 
@@ -113,6 +117,26 @@ def _odd(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
     ]
 
 
+def _partial_words(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
+    """4-byte aligned rows whose last word is partial (1-3 bytes), in short and long units."""
+    buf = torch.randint(0, 256, (2, 140, 76), dtype=torch.uint8, generator=g)
+    return [_convert(buf[:, :, :c]) for c in (6, 7, 33, 34, 71)]
+
+
+def _mixed(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
+    """Jobs of odd unit counts, so a block's grid-stride loop mixes rows, columns, copies and experts."""
+    cols = torch.randint(0, 256, (1, 7, 200), dtype=torch.uint8, generator=g).transpose(1, 2)  # 2 units
+    src = torch.randint(0, 256, (2 * 16384 + 5,), dtype=torch.uint8, generator=g)  # 3 copy units
+    experts = [torch.randint(0, 256, (1, 130, 70), dtype=torch.uint8, generator=g) for _ in range(3)]  # 4 units each
+    return [
+        _convert(torch.randint(0, 256, (3, 100, 8), dtype=torch.uint8, generator=g)),  # 3 units
+        _convert(cols),
+        (src, torch.zeros_like(src), True),
+        *[_convert(e) for e in experts],
+        _convert(torch.randint(0, 256, (1, 90, 60), dtype=torch.uint8, generator=g)[:, ::3, ::2]),  # gather
+    ]
+
+
 CASES: list[Case] = [
     ("rowwise aligned E=3 640x7168", _rowwise(3, 640, 7168)),
     ("rowwise padded E=2 544x7200", _rowwise(2, 544, 7200)),
@@ -122,6 +146,8 @@ CASES: list[Case] = [
     ("columnwise E=2 96x640", _colwise(2, 96, 640)),
     ("per-expert tables E=9 288x2080", _per_expert(9, 288, 2080)),
     ("odd strides, gather, wide rows, copies", _odd),
+    ("rowwise 4-byte rows, partial last words", _partial_words),
+    ("mixed layer, odd unit counts", _mixed),
 ]
 
 
@@ -144,19 +170,25 @@ def check(
             )
 
 
+def _threads(variant: str) -> list[int]:
+    """Block sizes to emulate: the launcher's default first, then another valid one."""
+    return [256, 128] if variant.startswith("bulk") else [128, 64]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, nargs="*", default=[256, 128])
-    parser.add_argument("--grids", type=int, nargs="*", default=[1, 3, 7])
-    parser.add_argument("--variants", nargs="*", default=[v for v in launcher.VARIANTS if v.startswith("bulk")])
+    parser.add_argument("--threads", type=int, nargs="*", help="block sizes (default: two per variant)")
+    parser.add_argument("--grids", type=int, nargs="*", default=[1, 3, 7, 0], help="0: one block per unit")
+    parser.add_argument("--variants", nargs="*", default=list(launcher.VARIANTS))
     args = parser.parse_args()
     for variant in args.variants:
-        for threads in args.threads:
+        for threads in args.threads or _threads(variant):
             for grid in args.grids:
                 for name, make in CASES:
                     check(name, make, threads, grid, variant)
-                    print(f"ok  {variant} threads={threads} grid={grid}  {name}", flush=True)
-    print("bulk variant emulation: every result equals the torch reference")
+                    label = "per-unit" if grid == 0 else grid
+                    print(f"ok  {variant} threads={threads} grid={label}  {name}", flush=True)
+    print(f"emulation of {', '.join(args.variants)}: every result equals the torch reference")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-// Host shim that runs mxfp8_swizzle.cu's bulk variant on the CPU (mok/kernels/emulate.py):
-// one std::thread per CUDA thread, std::barrier for __syncthreads, and an mbarrier / bulk-copy
-// model that checks the copy engine's rules (16-byte aligned addresses and sizes, in-bounds
-// shared memory) and completes a phase only when its arrival and every byte have come in.
+// Host shim that runs mxfp8_swizzle.cu on the CPU, every variant (mok/kernels/emulate.py): one
+// std::thread per CUDA thread, std::barrier for __syncthreads, static (block-wide) storage for
+// __shared__ variables, and an mbarrier / bulk-copy model that checks the copy engine's rules
+// (16-byte aligned addresses and sizes, in-bounds shared memory) and completes a phase only when
+// its arrival and every byte have come in.
 // It tests the addressing, planning, staging and pipeline logic; not timing, not the hardware.
 #pragma once
 #include <algorithm>
@@ -22,13 +23,18 @@
 #define __noinline__ __attribute__((noinline))
 #define __restrict__
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
+// One instance for the block's threads (blocks run one after another), in a section of its own
+// that emulator_main.cpp poisons before each block: a read of a byte no thread wrote shows.
+#define __shared__ __attribute__((section("emu_shared"))) static
+// The linker's bounds of it; weak: a build with no __shared__ variable (bulk) has no such section.
+extern "C" __attribute__((weak)) unsigned char __start_emu_shared[], __stop_emu_shared[];
 
 struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 struct Dim3 { unsigned x; };
-thread_local Dim3 threadIdx;
-Dim3 blockIdx, gridDim;
+thread_local Dim3 threadIdx, blockIdx;
+Dim3 gridDim;
 using std::min;
 
 template <class T> inline T __ldg(const T* p) { return *p; }

@@ -26,7 +26,7 @@ KERNEL_NAME = "mxfp8_swizzle_jobs"
 THREADS = 128
 TILES_PER_UNIT = 16  # 64 scale columns per unit: fastest of the H200 sweep (benchmarks/results)
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" overrides the two above (benchmarks, tests)
-VARIANT_ENV = "MOK_KERNEL_VARIANT"  # "default" or "bulk" (see VARIANTS)
+VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
 # bulk: Hopper bulk copies into double-buffered shared stages, persistent blocks (sm_90+; else default).
 # bulk-fine: the same kernel with smaller units for aligned rows and columns (better balance
 # across blocks when a launch has few slabs; more, smaller copies).
@@ -82,7 +82,7 @@ def make_config(
     tiles, threads = tiles_per_unit or 16, threads or 128
     if (128 * tiles // 4) % (threads * 4) or threads % 32:
         raise ValueError(f"unsupported kernel shape: tiles_per_unit={tiles}, threads={threads}")
-    return KernelConfig("default", tiles, threads)
+    return KernelConfig(variant, tiles, threads)
 
 
 def _initial_config() -> KernelConfig:
@@ -106,7 +106,7 @@ def kernel_source() -> str:
 
 
 def configure(*, tiles_per_unit: int | None = None, threads: int | None = None, variant: str | None = None) -> None:
-    """Choose the kernel variant (``"default"`` or ``"bulk"``), block size and (default variant)
+    """Choose the kernel variant (one of :data:`VARIANTS`), block size and (default variant)
     unit width for launches prepared from now on; None picks the defaults (the fastest of
     benchmarks/bench_swizzle.py on an H200). Prepared launches keep the kernel they were built
     with. Each configuration compiles once per device."""

@@ -102,6 +102,26 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   return U;
 }
 
+// The first n (1..15) bytes at a 4-byte aligned address, zero above (a padded row's last piece):
+// whole words with 4-byte loads, the last 1-3 bytes with one 1- or 2-byte load, zero-extended, so
+// nothing waits on assembly; 16 predicated byte loads assembled in the branch cost 1.24 -> 1.20
+// on the padded rowwise case and 1.40 -> 1.15 on E=1 (benchmarks/KERNEL_NOTES.md, session 4).
+__device__ __forceinline__ uint4 partial_words(const unsigned char* in, const int n) {
+  unsigned w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int b = n - 4 * i;  // bytes of word i inside the matrix
+    const unsigned char* q = in + 4 * i;
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(q);
+    w[i] = b >= 4   ? __ldg(reinterpret_cast<const unsigned*>(q))
+           : b == 3 ? (unsigned)__ldg(h) | (unsigned)ld_byte(q + 2) << 16
+           : b == 2 ? (unsigned)__ldg(h)
+           : b == 1 ? (unsigned)ld_byte(q)
+                    : 0u;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // ---- fetch: each thread reads its PIECES x 16 bytes of the unit into registers, zero outside
 // [R, C]; every load is issued before any is used. Rows and gather: piece p is item t+THREADS*p,
 // row item/PER_ROW, columns 16*(item%PER_ROW)..+15. Columns: piece 4g+x is column
@@ -138,6 +158,10 @@ __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
     } else if (U.mode == MODE_ROWS && full && U.vec == 4) {
       const unsigned* in = reinterpret_cast<const unsigned*>(U.src + (long long)(U.r0 + row) * U.rs + U.c0 + col);
       v[p] = make_uint4(__ldg(in), __ldg(in + 1), __ldg(in + 2), __ldg(in + 3));
+    } else if (row >= U.rv || col >= U.cv) {  // padding rows, a short unit's tail: zeros, no loads
+      v[p] = make_uint4(0, 0, 0, 0);
+    } else if (U.mode == MODE_ROWS && U.vec >= 4) {  // the partial last piece of an aligned row
+      v[p] = partial_words(U.src + (long long)(U.r0 + row) * U.rs + U.c0 + col, U.cv - col);
     } else {
       unsigned char b[16];
 #pragma unroll
@@ -187,6 +211,7 @@ __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES],
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
     const int item = t + p * THREADS;
+    if ((item % PER_ROW) * 16 >= U.ntiles * 4) continue;  // columns write_tiles never reads (a short unit)
     unsigned* o = reinterpret_cast<unsigned*>(tile + (item / PER_ROW) * PITCH + (item % PER_ROW) * 16);
     o[0] = v[p].x;
     o[1] = v[p].y;

@@ -210,7 +210,16 @@ def _te_columnwise(experts: int, m: int, k: int, g: torch.Generator) -> torch.Te
 
 @pytest.mark.parametrize(
     ("rows", "cols", "stride", "offset", "vec"),
-    [(300, 224, 224, 0, 16), (300, 225, 228, 0, 4), (200, 13, 13, 0, 1), (260, 12, 12, 4, 4), (130, 64, 80, 1, 1)],
+    [
+        (300, 224, 224, 0, 16),
+        (300, 225, 228, 0, 4),  # the last piece holds 1 byte (TE's 2080x7200 rows)
+        (130, 34, 36, 0, 4),  # ... 2 bytes
+        (130, 71, 72, 0, 4),  # ... a word and 3 bytes
+        (130, 38, 48, 0, 16),  # 16-byte rows, a partial last piece
+        (200, 13, 13, 0, 1),
+        (260, 12, 12, 4, 4),
+        (130, 64, 80, 1, 1),
+    ],
 )
 def test_rowwise_load_widths(rows: int, cols: int, stride: int, offset: int, vec: int, variant: str) -> None:
     # MODE_ROWS with 16-, 4- and 1-byte rows (the job records the width the kernel may use)
