@@ -14,8 +14,11 @@ Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as
   g:kcopy        the kernel's own copy path over the source buffer it reads (the TE-padded
                  grouped buffer): a copy with the same loads, the measured limit of that access
                  pattern
-  g:exp-kcopy    the same over each expert's own TE-padded buffer (one copy job per expert, one
-                 launch): the limit of the per-expert pattern (separate allocations)
+  g:exp-copy     torch's multi-tensor copy (_foreach_copy_) of each expert's own TE-padded buffer:
+                 a copy of the per-expert pattern (separate allocations)
+  g:exp-kcopy    the kernel's copy path over the same buffers, one copy job per expert in one
+                 launch (each unit also binary-searches E jobs, which the pointer-table path
+                 of g:exp does not: an upper bound, not the limit)
   g:kernel@V     variant V over the grouped batch [E, R, C] (one launch)
   g:exp@V        variant V over E separate per-expert tensors (one launch, pointer table)
   kernel/exp@V   the same per-expert call, eager
@@ -165,9 +168,7 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
     same = torch.empty_like(buf)
     kcopy = _launch([launcher.copy_job(buf.view(-1), same.view(-1))], dev)
     case.fns["g:kcopy"] = clock.graph(lambda run=kcopy, keep=same: run())  # jobs hold addresses only
-    sames = [torch.empty_like(b).view(-1) for _, b in separate_te]
-    ekcopy = _launch([launcher.copy_job(b.view(-1), sames[i]) for i, (_, b) in enumerate(separate_te)], dev)
-    case.fns["g:exp-kcopy"] = clock.graph(lambda run=ekcopy, keep=sames: run())
+    _expert_copies(case, clock, [b for _, b in separate_te])
     grouped = lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend=backend)  # noqa: E731
     separate = lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend=backend)  # noqa: E731
     _variant_columns(case, clock, variants, grouped, separate)
@@ -176,6 +177,17 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
     if te and kind == "rowwise" and dev.type == "cuda":
         te_columns(case, e, m, k, clock)
     return case
+
+
+def _expert_copies(case: Case, clock: Clock, buffers: list[torch.Tensor]) -> None:
+    """The per-expert pattern's copies: each expert's own TE buffer copied by torch's multi-tensor
+    copy (``_foreach_copy_``), and by the kernel's copy path (one copy job per expert, so each
+    unit also pays a binary search over the experts' jobs that the pointer-table path does not)."""
+    sames = [torch.empty_like(b).view(-1) for b in buffers]
+    flat = [b.view(-1) for b in buffers]
+    case.fns["g:exp-copy"] = clock.graph(lambda: torch._foreach_copy_(sames, flat))
+    ekcopy = _launch([launcher.copy_job(b, t) for b, t in zip(flat, sames, strict=True)], clock.device)
+    case.fns["g:exp-kcopy"] = clock.graph(lambda run=ekcopy, keep=(sames, flat): run())
 
 
 def te_columns(case: Case, e: int, m: int, k: int, clock: Clock) -> None:
@@ -259,9 +271,7 @@ def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     targets = [torch.empty_like(b).view(-1) for b in buffers]
     kcopy = _launch([launcher.copy_job(b.view(-1), t) for b, t in zip(buffers, targets, strict=True)], dev)
     case.fns["g:kcopy"] = clock.graph(lambda run=kcopy, keep=(targets, buffers): run())  # addresses only
-    sames = [torch.empty_like(b).view(-1) for b in expert_buffers]
-    ekcopy = _launch([launcher.copy_job(b.view(-1), t) for b, t in zip(expert_buffers, sames, strict=True)], dev)
-    case.fns["g:exp-kcopy"] = clock.graph(lambda run=ekcopy, keep=(sames, expert_buffers): run())
+    _expert_copies(case, clock, expert_buffers)
     for v in variants:
         launcher.configure(variant=v)
         run_g = _launch([launcher.convert_job(s, o) for s, o in grouped], dev)
@@ -309,6 +319,7 @@ def summary(case: Case, variants: list[str]) -> dict[str, Any]:
                 r[f"{col}/copy"] = run[col] / run["g:copy"]
                 r[f"{col}/kcopy"] = run[col] / run["g:kcopy"]
         r["g:kcopy/copy"] = run["g:kcopy"] / run["g:copy"]
+        r["g:exp-copy/copy"] = run["g:exp-copy"] / run["g:copy"]
         r["g:exp-kcopy/copy"] = run["g:exp-kcopy"] / run["g:copy"]
         ratios.append(r)
     keys = list(ratios[0])
@@ -333,7 +344,8 @@ def summary(case: Case, variants: list[str]) -> dict[str, Any]:
 
 
 def print_table(rows: list[dict[str, Any]], variants: list[str]) -> None:
-    cols = ["g:kcopy/copy", "g:exp-kcopy/copy"] + [f"g:{w}@{v}/copy" for v in variants for w in ("kernel", "exp")]
+    cols = ["g:kcopy/copy", "g:exp-copy/copy", "g:exp-kcopy/copy"]
+    cols += [f"g:{w}@{v}/copy" for v in variants for w in ("kernel", "exp")]
     cols += [f"kernel/exp@{v}" for v in variants] + ["TE multi", "TE discrete", "g:TE discrete"]
     print("median of the runs [min-max] ; ratios against the same-run graph copy of the same bytes; times us")
     print(f"{'case':34s} " + " ".join(f"{c.replace('/copy', ''):>18s}" for c in cols) + "  equal")
