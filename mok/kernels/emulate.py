@@ -44,7 +44,7 @@ def build(config: launcher.KernelConfig) -> ctypes.CDLL:
     return lib
 
 
-def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], threads: int, grid: int, variant: str = "bulk") -> None:
+def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], threads: int, grid: int, variant: str) -> None:
     """Run ``work`` ([src, dst, is_copy] on the CPU) in one emulated launch of ``grid`` blocks (at
     most one a unit; 0: one a unit)."""
     config = launcher.make_config(variant, threads=threads)
@@ -156,7 +156,7 @@ def check(
     make: Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]],
     threads: int,
     grid: int,
-    variant: str = "bulk",
+    variant: str,
 ) -> None:
     g = torch.Generator().manual_seed(len(name) * 7919 + threads + grid)
     work = make(g)
