@@ -18,9 +18,9 @@ Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as
                  variant: the same memory as g:kernel, the same indirection as g:exp
   g:exp-copy     torch's multi-tensor copy (_foreach_copy_) of each expert's own TE-padded buffer:
                  a copy of the per-expert pattern (separate allocations)
-  g:exp-kcopy    the kernel's copy path over the same buffers, one copy job per expert in one
-                 launch (each unit also binary-searches E jobs, which the pointer-table path
-                 of g:exp does not: an upper bound, not the limit)
+  g:exp-kcopy    the kernel's copy path over the same buffers in one launch: one pointer-table
+                 copy job (since session 5; before, one copy job per expert that each unit
+                 binary-searched), the same indirection as g:exp: the per-expert pattern's limit
   g:kernel@V     variant V over the grouped batch [E, R, C] (one launch)
   g:exp@V        variant V over E separate per-expert tensors (one launch, pointer table)
   kernel/exp@V   the same per-expert call, eager
@@ -188,8 +188,8 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
 
 def _expert_copies(case: Case, clock: Clock, buffers: list[torch.Tensor]) -> None:
     """The per-expert pattern's copies: each expert's own TE buffer copied by torch's multi-tensor
-    copy (``_foreach_copy_``), and by the kernel's copy path (one copy job per expert, so each
-    unit also pays a binary search over the experts' jobs that the pointer-table path does not)."""
+    copy (``_foreach_copy_``), and by the kernel's copy path (its per-expert copies merge into one
+    pointer-table job under the default kernel: the conversion's indirection, without the swizzle)."""
     sames = [torch.empty_like(b).view(-1) for b in buffers]
     flat = [b.view(-1) for b in buffers]
     case.fns["g:exp-copy"] = clock.graph(lambda: torch._foreach_copy_(sames, flat))

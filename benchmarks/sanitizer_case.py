@@ -7,8 +7,9 @@ kernel variant (launcher.VARIANTS) in turn.
 
 Public API only: mok.swizzle_mxfp8_scales(_many), the launcher's job API (convert_job, copy_job,
 Launch) and launcher.configure. Every job mode (rows 16/4/1-byte, padded slabs, rows wider than a
-shared stage, columnwise transpose, gather, copy), per-expert pointer tables and one mixed launch;
-each result is checked against the torch reference. Exits non-zero on a mismatch.
+shared stage, columnwise transpose, gather, copy), per-expert pointer tables (conversions and
+copies of one size) and one mixed launch; each result is checked against the torch reference.
+Exits non-zero on a mismatch.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def _one_variant(variant: str, dev: str) -> None:
         for c in cases
     ]
     copies = [(src, torch.zeros_like(src)), (src[3:], torch.zeros(src.numel() - 3, dtype=torch.uint8, device=dev))]
+    experts = [torch.randint(0, 256, (33000,), dtype=torch.uint8, generator=g).to(dev) for _ in range(4)]
+    copies += [(e, torch.zeros_like(e)) for e in experts]  # per-expert copies of one size: one indirect job
     jobs = [launcher.convert_job(s, o) for s, o in work] + [launcher.copy_job(s, d) for s, d in copies]
     launcher.Launch(jobs, torch.device(dev))()  # one mixed launch
     torch.cuda.synchronize()

@@ -150,6 +150,19 @@ def test_same_shaped_experts_merge_into_one_indirect_job() -> None:
     assert total == 10
 
 
+def test_per_expert_copies_of_one_size_merge_into_one_indirect_job() -> None:
+    # each expert's already-swizzled buffer: one pointer-table copy job (default kernel), so a unit
+    # finds its copy without searching the experts' jobs; the bulk kernel keeps one job each
+    copies = [launcher.Job(64 * e, 128 * e, 0, 0, 0, 40000, 0, 1, launcher.MODE_COPY, 16) for e in range(1, 4)]
+    other = launcher.Job(7, 9, 0, 0, 0, 100, 0, 1, launcher.MODE_COPY, 1)
+    rows, arrays, total = launcher._merge([*copies, other], launcher.KernelConfig("default"))
+    assert len(rows) == 2 and rows[0][7] == 3 and rows[0][8] == launcher.MODE_COPY | 16 << 8 | launcher.FLAG_INDIRECT
+    assert arrays == [[64, 128, 192, 128, 256, 384]]
+    assert rows[1][9] == 9 and total == 10  # 40000 bytes are 3 chunks of 16384 an expert; 100 bytes 1
+    rows, arrays, total = launcher._merge([*copies, other], launcher.make_config("bulk"))
+    assert len(rows) == 4 and not arrays and total == 10
+
+
 def test_misaligned_output_is_refused() -> None:
     base = torch.zeros(2048 + 8, dtype=torch.uint8)
     with pytest.raises(mok.LayoutError, match="16-byte aligned"):

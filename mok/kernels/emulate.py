@@ -6,10 +6,11 @@ Builds mxfp8_swizzle.cu with emulator.h (g++ -std=c++20; one std::thread per CUD
 copy engine and mbarriers modelled with their alignment and completion rules) under each
 variant's macros and runs the same job tables the launcher uploads: rowwise 16/4/1-byte rows,
 padded slabs, wide rows (one copy per row), columnwise views, gather, copies, per-expert pointer
-tables and mixed layers. It checks the planning, addressing, staging and pipeline logic without a
-GPU; it says nothing about speed, and a hardware rule the model lacks can still fail on the
-device (tests/gpu is the judge). Grid 0 is one block per unit (the default kernel's launch, and
-the persistent bulk grid of a device with at least as many block slots as there are units).
+tables (conversions and copies) and mixed layers. It checks the planning, addressing, staging
+and pipeline logic without a GPU; it says nothing about speed, and a hardware rule the model
+lacks can still fail on the device (tests/gpu is the judge). Grid 0 is one block per unit (the
+default kernel's launch, and the persistent bulk grid of a device with at least as many block
+slots as there are units).
 """
 
 from __future__ import annotations
@@ -137,6 +138,21 @@ def _mixed(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
     ]
 
 
+def _expert_copies(misaligned: bool) -> Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]]:
+    """Already-swizzled per-expert buffers of one size (one pointer-table copy job under the
+    default kernel), 16-byte aligned, or with one source one byte off (the job copies bytewise)."""
+
+    def make(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
+        size = 2 * 16384 + 1000  # three chunks an expert, the last partial
+        srcs = [torch.randint(0, 256, (size + 16,), dtype=torch.uint8, generator=g) for _ in range(4)]
+        starts = [0, 0, 0, 1 if misaligned else 0]
+        return [
+            (s[i : i + size], torch.zeros(size, dtype=torch.uint8), True) for s, i in zip(srcs, starts, strict=True)
+        ]
+
+    return make
+
+
 CASES: list[Case] = [
     ("rowwise aligned E=3 640x7168", _rowwise(3, 640, 7168)),
     ("rowwise padded E=2 544x7200", _rowwise(2, 544, 7200)),
@@ -148,6 +164,8 @@ CASES: list[Case] = [
     ("odd strides, gather, wide rows, copies", _odd),
     ("rowwise 4-byte rows, partial last words", _partial_words),
     ("mixed layer, odd unit counts", _mixed),
+    ("per-expert copies of one size", _expert_copies(False)),
+    ("per-expert copies, one misaligned", _expert_copies(True)),
 ]
 
 

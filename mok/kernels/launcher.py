@@ -214,7 +214,7 @@ class Job(NamedTuple):
 
     def units(self, config: KernelConfig | None = None) -> int:
         if self.mode == MODE_COPY:
-            return -(-self.rows // COPY_CHUNK)
+            return self.experts * -(-self.rows // COPY_CHUNK)
         config = config or _config
         unit = _bulk_plan(self, config.variant == "bulk-fine")[1] if config.bulk else config.tiles_per_unit
         rp, cp = padded_shape(self.rows, self.cols)
@@ -329,15 +329,17 @@ def _merge(
 ) -> tuple[list[tuple[int, ...]], list[list[int]], int]:
     """Descriptor rows for ``jobs``, with single matrices of one shape and stride merged into one
     indirect job (its experts' addresses in pointer arrays), so a block of a per-expert launch
-    finds its job without searching a long table. Returns (rows without addresses, pointer arrays
-    as [srcs, dsts] per indirect row, total units). A JobGroup merges as its jobs would."""
+    finds its job without searching a long table; under the default kernel, copies of one size
+    (each expert's already-swizzled scales) merge the same way. Returns (rows without addresses,
+    pointer arrays as [srcs, dsts] per indirect row, total units). A JobGroup merges as its jobs
+    would."""
     config = config or _config
     groups: dict[tuple[int, ...], list[JobGroup]] = {}
     order: list[tuple[int, ...] | Job] = []
     for item in jobs:
         if isinstance(item, JobGroup):
             group = item
-        elif item.mode == MODE_COPY or item.experts != 1:
+        elif (item.mode == MODE_COPY and config.bulk) or item.experts != 1:  # bulk: no indirect copies
             order.append(item)
             continue
         else:

@@ -32,7 +32,8 @@ static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns p
 #define MODE_COLS 1       // rs == 1: columns contiguous (a transposed view)
 #define MODE_GATHER 2     // any strides, byte by byte
 #define MODE_COPY 3       // already in the layout: copy R bytes (C unused)
-#define FLAG_INDIRECT (1 << 16)  // src and dst are device arrays of per-expert addresses
+#define FLAG_INDIRECT (1 << 16)  // src and dst are device arrays of per-expert addresses (conversions,
+                                 // and copies under the default kernel)
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
 struct Job {
@@ -70,9 +71,17 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   U.rs = job.rs;
   U.cs = job.cs;
   if (U.mode == MODE_COPY) {
+    long long chunk = local;
     U.src = reinterpret_cast<const unsigned char*>(job.src);
     U.dst = reinterpret_cast<unsigned char*>(job.dst);
-    U.rs = local * COPY_CHUNK;
+    if (job.flags & FLAG_INDIRECT) {  // per-expert copies of one size: a pointer table, as below
+      const long long per_expert = (job.rows + COPY_CHUNK - 1) / COPY_CHUNK;
+      const long long e = local / per_expert;
+      chunk = local - e * per_expert;
+      U.src = reinterpret_cast<const unsigned char*>(reinterpret_cast<const long long*>(job.src)[e]);
+      U.dst = reinterpret_cast<unsigned char*>(reinterpret_cast<const long long*>(job.dst)[e]);
+    }
+    U.rs = chunk * COPY_CHUNK;
     U.cs = min(U.rs + (long long)COPY_CHUNK, job.rows);
     U.r0 = U.c0 = U.rv = U.cv = U.ntiles = 0;
     return U;
