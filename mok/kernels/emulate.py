@@ -138,16 +138,20 @@ def _mixed(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
     ]
 
 
-def _expert_copies(misaligned: bool) -> Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]]:
+def _expert_copies(
+    misaligned: bool, device: str = "cpu"
+) -> Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]]:
     """Already-swizzled per-expert buffers of one size (one pointer-table copy job under the
-    default kernel), 16-byte aligned, or with one source one byte off (the job copies bytewise)."""
+    default kernel), 16-byte aligned, or with one source one byte off (the job copies bytewise);
+    on ``device`` (tests/gpu runs the same case)."""
 
     def make(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
         size = 2 * 16384 + 1000  # three chunks an expert, the last partial
-        srcs = [torch.randint(0, 256, (size + 16,), dtype=torch.uint8, generator=g) for _ in range(4)]
+        srcs = [torch.randint(0, 256, (size + 16,), dtype=torch.uint8, generator=g).to(device) for _ in range(4)]
         starts = [0, 0, 0, 1 if misaligned else 0]
         return [
-            (s[i : i + size], torch.zeros(size, dtype=torch.uint8), True) for s, i in zip(srcs, starts, strict=True)
+            (s[i : i + size], torch.zeros(size, dtype=torch.uint8, device=device), True)
+            for s, i in zip(srcs, starts, strict=True)
         ]
 
     return make

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mok
-from mok.kernels import launcher
+from mok.kernels import emulate, launcher
 from mok.layout import swizzle_reference
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
@@ -175,18 +175,10 @@ def test_copy_jobs_match(variant: str) -> None:
     assert torch.equal(dst2, src2)
 
 
-@pytest.mark.parametrize("offset", [0, 1])
-def test_per_expert_copies_of_one_size(variant: str, offset: int) -> None:
-    # one pointer-table copy job under the default kernel (three chunks an expert, the last
-    # partial); offset 1 puts one misaligned source among them (the job copies bytewise)
-    g = torch.Generator().manual_seed(11 + offset)
-    size = 2 * 16384 + 1000
-    bufs = [torch.randint(0, 256, (size + 16,), dtype=torch.uint8, generator=g).to(CUDA) for _ in range(5)]
-    srcs = [b[(offset if i == 3 else 0) :][:size] for i, b in enumerate(bufs)]
-    dsts = [torch.zeros(size, dtype=torch.uint8, device=CUDA) for _ in srcs]
-    launcher.launch_jobs([launcher.copy_job(s, d) for s, d in zip(srcs, dsts, strict=True)], srcs[0].device)
-    for s, d in zip(srcs, dsts, strict=True):
-        assert torch.equal(d, s)
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_per_expert_copies_of_one_size(variant: str, misaligned: bool) -> None:
+    # one pointer-table copy job under the default kernel: the emulator's case, on the GPU
+    _run_and_check(emulate._expert_copies(misaligned, CUDA)(torch.Generator().manual_seed(11)))
 
 
 def test_graph_capture_and_replay(variant: str) -> None:
