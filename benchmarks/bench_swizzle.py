@@ -21,6 +21,7 @@ Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as
   g:exp-kcopy    the kernel's copy path over the same buffers in one launch: one pointer-table
                  copy job (since session 5; before, one copy job per expert that each unit
                  binary-searched), the same indirection as g:exp: the per-expert pattern's limit
+  g:kcopy@V, g:exp-kcopy@V  the same two copies under variant V (variants after the first)
   g:kernel@V     variant V over the grouped batch [E, R, C] (one launch)
   g:exp@V        variant V over E separate per-expert tensors (one launch, pointer table)
   kernel/exp@V   the same per-expert call, eager
@@ -167,10 +168,7 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
     src = torch.randint(0, 256, (batch.numel(),), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
-    same = torch.empty_like(buf)
-    kcopy = _launch([launcher.copy_job(buf.view(-1), same.view(-1))], dev)
-    case.fns["g:kcopy"] = clock.graph(lambda run=kcopy, keep=same: run())  # jobs hold addresses only
-    _expert_copies(case, clock, [b for _, b in separate_te])
+    _expert_copies(case, clock, variants, [buf], [b for _, b in separate_te])
     grouped = lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend=backend)  # noqa: E731
     separate = lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend=backend)  # noqa: E731
     _variant_columns(case, clock, variants, grouped, separate)
@@ -186,15 +184,28 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
     return case
 
 
-def _expert_copies(case: Case, clock: Clock, buffers: list[torch.Tensor]) -> None:
-    """The per-expert pattern's copies: each expert's own TE buffer copied by torch's multi-tensor
-    copy (``_foreach_copy_``), and by the kernel's copy path (its per-expert copies merge into one
-    pointer-table job under the default kernel: the conversion's indirection, without the swizzle)."""
-    sames = [torch.empty_like(b).view(-1) for b in buffers]
-    flat = [b.view(-1) for b in buffers]
+def _expert_copies(
+    case: Case, clock: Clock, variants: list[str], buffers: list[torch.Tensor], expert_buffers: list[torch.Tensor]
+) -> None:
+    """The copies that bound each pattern: the grouped TE buffers copied by the kernel's copy path
+    (``g:kcopy``); each expert's own TE buffer copied by torch's multi-tensor copy
+    (``_foreach_copy_``) and by the kernel's copy path (its per-expert copies merge into one
+    pointer-table job: the conversion's indirection, without the swizzle). The kernel's copies are
+    timed under every variant (``@V``; the first variant's without a suffix), since a variant's
+    build changes them too."""
+    targets = [torch.empty_like(b).view(-1) for b in buffers]
+    sames = [torch.empty_like(b).view(-1) for b in expert_buffers]
+    flat = [b.view(-1) for b in expert_buffers]
     case.fns["g:exp-copy"] = clock.graph(lambda: torch._foreach_copy_(sames, flat))
-    ekcopy = _launch([launcher.copy_job(b, t) for b, t in zip(flat, sames, strict=True)], clock.device)
-    case.fns["g:exp-kcopy"] = clock.graph(lambda run=ekcopy, keep=(sames, flat): run())
+    for i, v in enumerate(variants):
+        launcher.configure(variant=v)
+        tag = f"@{v}" if i else ""
+        kcopy = _launch([launcher.copy_job(b.view(-1), t) for b, t in zip(buffers, targets, strict=True)], clock.device)
+        ekcopy = _launch([launcher.copy_job(b, t) for b, t in zip(flat, sames, strict=True)], clock.device)
+        # a graph holds addresses only: the replays keep the buffers alive
+        case.fns[f"g:kcopy{tag}"] = clock.graph(lambda run=kcopy, keep=(targets, buffers): run())
+        case.fns[f"g:exp-kcopy{tag}"] = clock.graph(lambda run=ekcopy, keep=(sames, flat): run())
+    launcher.configure()
 
 
 def te_columns(case: Case, e: int, m: int, k: int, clock: Clock) -> None:
@@ -275,10 +286,7 @@ def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     src = torch.randint(0, 256, (case.nbytes // 2,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
-    targets = [torch.empty_like(b).view(-1) for b in buffers]
-    kcopy = _launch([launcher.copy_job(b.view(-1), t) for b, t in zip(buffers, targets, strict=True)], dev)
-    case.fns["g:kcopy"] = clock.graph(lambda run=kcopy, keep=(targets, buffers): run())  # addresses only
-    _expert_copies(case, clock, expert_buffers)
+    _expert_copies(case, clock, variants, buffers, expert_buffers)
     for v in variants:
         launcher.configure(variant=v)
         run_g = _launch([launcher.convert_job(s, o) for s, o in grouped], dev)
@@ -330,6 +338,9 @@ def summary(case: Case, variants: list[str]) -> dict[str, Any]:
         if "g:slices" in run:
             r["g:slices/copy"] = run["g:slices"] / run["g:copy"]
         r["g:exp-kcopy/copy"] = run["g:exp-kcopy"] / run["g:copy"]
+        for v in variants[1:]:
+            for col in (f"g:kcopy@{v}", f"g:exp-kcopy@{v}"):
+                r[f"{col}/copy"] = run[col] / run["g:copy"]
         ratios.append(r)
     keys = list(ratios[0])
     median = {k: statistics.median(r[k] for r in ratios) for k in keys}
@@ -354,6 +365,7 @@ def summary(case: Case, variants: list[str]) -> dict[str, Any]:
 
 def print_table(rows: list[dict[str, Any]], variants: list[str]) -> None:
     cols = ["g:kcopy/copy", "g:exp-copy/copy", "g:exp-kcopy/copy", "g:slices/copy"]
+    cols += [f"g:{w}@{v}/copy" for v in variants[1:] for w in ("kcopy", "exp-kcopy")]
     cols += [f"g:{w}@{v}/copy" for v in variants for w in ("kernel", "exp")]
     cols += [f"kernel/exp@{v}" for v in variants] + ["TE multi", "TE discrete", "g:TE discrete"]
     print("median of the runs [min-max] ; ratios against the same-run graph copy of the same bytes; times us")

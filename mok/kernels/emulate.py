@@ -110,6 +110,7 @@ def _odd(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
         _convert(base[1:].view(3, 200, 13)[:, :, :12]),  # misaligned start
         _convert(torch.randint(0, 256, (1, 90, 60), dtype=torch.uint8, generator=g)[:, ::3, ::2]),  # gather
         _convert(torch.randint(0, 256, (2, 40, 520), dtype=torch.uint8, generator=g)[:, :33, :500].transpose(1, 2)),
+        _convert(torch.randint(0, 256, (2, 9, 300), dtype=torch.uint8, generator=g).transpose(1, 2)),  # 3 slabs
         _convert(wide[:, :, :1000]),
         _convert(wide_pad),
         _convert(torch.randint(0, 256, (1, 1, 5), dtype=torch.uint8, generator=g)),
