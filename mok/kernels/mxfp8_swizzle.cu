@@ -24,7 +24,10 @@
 #define PITCH (UNIT_COLS + 4)    // shared row pitch: an odd number of words keeps tile reads conflict-free
 #define PER_ROW (UNIT_COLS / 16) // 16-byte pieces per unit row
 #define PIECES (ROWS * PER_ROW / THREADS)  // 16-byte pieces per thread
-#define MIN_BLOCKS (1024 / THREADS)        // 64 registers a thread
+// Resident blocks per SM the register allocation is made for: 10 x 128 threads (48 registers a
+// thread) rather than 8 (64): more loads in flight per SM, which hides each block's start (its
+// addresses, and for per-expert jobs the pointer-table load) (benchmarks/KERNEL_NOTES.md, session 6).
+#define MIN_BLOCKS (1280 / THREADS)
 static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns per thread");
 #define COPY_CHUNK 16384
 
