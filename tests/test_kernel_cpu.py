@@ -163,6 +163,23 @@ def test_per_expert_copies_of_one_size_merge_into_one_indirect_job() -> None:
     assert len(rows) == 4 and not arrays and total == 10
 
 
+def test_configure_keeps_the_shape_set_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark that sets MOK_KERNEL_SHAPE and then picks variants measures that shape."""
+    monkeypatch.setenv(launcher.SHAPE_ENV, "32,256")
+    try:
+        launcher.configure(variant="default")
+        assert (launcher.TILES_PER_UNIT, launcher.THREADS) == (32, 256)
+        launcher.configure(variant="default", tiles_per_unit=16, threads=128)  # explicit wins
+        assert (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
+        monkeypatch.setenv(launcher.SHAPE_ENV, "32")
+        with pytest.raises(ValueError, match="MOK_KERNEL_SHAPE must be TILES,THREADS.*'32'"):
+            launcher.configure()
+    finally:
+        monkeypatch.delenv(launcher.SHAPE_ENV)
+        launcher.configure()
+    assert (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
+
+
 def test_misaligned_output_is_refused() -> None:
     base = torch.zeros(2048 + 8, dtype=torch.uint8)
     with pytest.raises(mok.LayoutError, match="16-byte aligned"):

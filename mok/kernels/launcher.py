@@ -85,11 +85,20 @@ def make_config(
     return KernelConfig(variant, tiles, threads)
 
 
+def _env_shape() -> tuple[int | None, int | None]:
+    """(tiles, threads) from MOK_KERNEL_SHAPE, or (None, None) when it is unset."""
+    value = os.environ.get(SHAPE_ENV)
+    if not value:
+        return None, None
+    try:
+        tiles, threads = (int(v) for v in value.split(","))
+    except ValueError:
+        raise ValueError(f"{SHAPE_ENV} must be TILES,THREADS (two integers, e.g. 16,128); found {value!r}") from None
+    return tiles, threads
+
+
 def _initial_config() -> KernelConfig:
-    tiles = threads = None
-    if os.environ.get(SHAPE_ENV):
-        tiles, threads = (int(v) for v in os.environ[SHAPE_ENV].split(","))
-    return make_config(os.environ.get(VARIANT_ENV) or "default", tiles, threads)
+    return make_config(os.environ.get(VARIANT_ENV) or "default", *_env_shape())
 
 
 _lock = threading.Lock()
@@ -107,10 +116,13 @@ def kernel_source() -> str:
 
 def configure(*, tiles_per_unit: int | None = None, threads: int | None = None, variant: str | None = None) -> None:
     """Choose the kernel variant (one of :data:`VARIANTS`), block size and (default variant)
-    unit width for launches prepared from now on; None picks the defaults (the fastest of
-    benchmarks/bench_swizzle.py on an H200). Prepared launches keep the kernel they were built
-    with. Each configuration compiles once per device."""
+    unit width for launches prepared from now on; None picks the defaults (MOK_KERNEL_SHAPE's
+    block size and unit width where it is set, else the fastest of benchmarks/bench_swizzle.py
+    on an H200). Prepared launches keep the kernel they were built with. Each configuration
+    compiles once per device."""
     global _config, TILES_PER_UNIT, THREADS
+    if tiles_per_unit is None and threads is None:
+        tiles_per_unit, threads = _env_shape()
     config = make_config(variant or "default", tiles_per_unit, threads)
     with _lock:
         _config = config
