@@ -127,6 +127,23 @@ def test_units_count_the_padded_layout(rows: int, cols: int, experts: int, tiles
     assert job.units(config) == units
 
 
+@pytest.mark.parametrize(
+    ("rows", "cols", "tiles", "units"),
+    [
+        (7200, 65, 16, 57),  # TE's 65 columns: one unit of 17 tiles a slab, not 16 + 1
+        (200, 66, 16, 2),  # 17 tiles (two columns in the last)
+        (200, 69, 16, 4),  # 18 tiles: 16 + 2
+        (200, 64, 16, 2),  # 16 tiles: nothing to join
+        (200, 65, 4, 8),  # units of 4: 17 = 4 + 4 + 4 + 5
+        (200, 4, 16, 2),  # one tile in all: nothing to join it to
+    ],
+)
+def test_columnwise_one_tile_last_chunk_joins_the_one_before(rows: int, cols: int, tiles: int, units: int) -> None:
+    config = launcher.KernelConfig("default", tiles_per_unit=tiles)
+    job = launcher.Job(0, 0, 1, rows, rows * cols, rows, cols, 1, launcher.MODE_COLS, 16)
+    assert job.units(config) == units
+
+
 @pytest.mark.parametrize(("nbytes", "units"), [(1, 1), (16384, 1), (16385, 2), (16384 * 3 + 1, 4)])
 def test_copy_units(nbytes: int, units: int) -> None:
     assert launcher.Job(0, 0, 0, 0, 0, nbytes, 0, 1, launcher.MODE_COPY, 16).units() == units

@@ -166,6 +166,9 @@ CASES: list[Case] = [
     ("columnwise E=1 4096x1024", _colwise(1, 4096, 1024)),
     ("columnwise E=2 96x640", _colwise(2, 96, 640)),
     ("per-expert tables E=9 288x2080", _per_expert(9, 288, 2080)),
+    ("columnwise 65 columns E=2 2080x256", _colwise(2, 2080, 256)),  # 17 tiles: a 16-tile unit and one more
+    ("columnwise 66 columns E=1 2112x200", _colwise(1, 2112, 200)),
+    ("per-expert tables, 65 columns, E=3 2080x384", _per_expert(3, 2080, 384)),
     ("odd strides, gather, wide rows, copies", _odd),
     ("rowwise 4-byte rows, partial last words", _partial_words),
     ("mixed layer, odd unit counts", _mixed),

@@ -230,7 +230,10 @@ class Job(NamedTuple):
         config = config or _config
         unit = _bulk_plan(self, config.variant == "bulk-fine")[1] if config.bulk else config.tiles_per_unit
         rp, cp = padded_shape(self.rows, self.cols)
-        return self.experts * (rp // 128) * (-(-(cp // 4) // unit))
+        tiles = cp // 4
+        # mxfp8_swizzle.cu's decode: a columnwise job's one-tile last chunk joins the one before
+        extra = not config.bulk and self.mode == MODE_COLS and tiles > unit and tiles % unit == 1
+        return self.experts * (rp // 128) * (-(-tiles // unit) - extra)
 
     def row(self, unit_begin: int, config: KernelConfig | None = None) -> tuple[int, ...]:
         flags = self.mode | self.vec << 8

@@ -4,7 +4,8 @@
 // (dst, Rp*Cp bytes, Rp = roundup(R,128), Cp = roundup(C,4)):
 //     S[r, c] -> ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4,   padding bytes 0,
 // or copies n already-swizzled bytes (MODE_COPY). Jobs live in a device table; the grid walks the
-// work units of all jobs (a unit = 128 rows x up to 128 scale columns = up to 32 output tiles).
+// work units of all jobs (a unit = 128 rows x TILES_PER_UNIT 4-column tiles, or one tile more
+// for a columnwise job whose last chunk would be that one tile).
 //
 // A unit is staged in shared memory: loaded with 16-byte (or 4-, 1-byte) reads, zero-filled outside
 // [R, C], then written as whole 512-byte tiles with one 16-byte store per thread. Transposed inputs
@@ -22,6 +23,7 @@
 #endif
 #define UNIT_COLS (TILES_PER_UNIT * 4)
 #define PITCH (UNIT_COLS + 4)    // shared row pitch: an odd number of words keeps tile reads conflict-free
+#define COL_TILE_PITCH (UNIT_COLS + 12)  // columnwise: room for one extra tile (see decode), still odd
 #define PER_ROW (UNIT_COLS / 16) // 16-byte pieces per unit row
 #define PIECES (ROWS * PER_ROW / THREADS)  // 16-byte pieces per thread
 // Resident blocks per SM the register allocation is made for: 10 x 128 threads (48 registers a
@@ -92,7 +94,11 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   const int R = (int)job.rows, C = (int)job.cols;
   const int tiles = (C + 3) / 4;            // Cp / 4
   const int slabs = (R + ROWS - 1) / ROWS;  // Rp / 128
-  const int chunks = (tiles + TILES_PER_UNIT - 1) / TILES_PER_UNIT;
+  // A columnwise job whose last chunk would be one tile (TE's 65 columns, M = 2080) gives that
+  // tile to the chunk before it: one unit of TILES_PER_UNIT + 1 tiles, not a block for 512 bytes
+  // (padded columnwise 1.14 / 1.26 -> 1.11 / 1.13; benchmarks/KERNEL_NOTES.md, session 6).
+  const bool extra = U.mode == MODE_COLS && tiles > TILES_PER_UNIT && tiles % TILES_PER_UNIT == 1;
+  const int chunks = (tiles + TILES_PER_UNIT - 1) / TILES_PER_UNIT - extra;
   const long long per_expert = (long long)slabs * chunks;
   const long long e = local / per_expert;
   const int rem = (int)(local - e * per_expert);
@@ -103,6 +109,10 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   U.c0 = t0 * 4;
   U.rv = min(ROWS, R - U.r0);
   U.cv = min(UNIT_COLS, C - U.c0);
+  if (extra && t0 + TILES_PER_UNIT + 1 == tiles) {
+    U.ntiles = TILES_PER_UNIT + 1;
+    U.cv = C - U.c0;
+  }
   if (job.flags & FLAG_INDIRECT) {  // separate per-expert tensors of one shape: a pointer table
     U.src = reinterpret_cast<const unsigned char*>(reinterpret_cast<const long long*>(job.src)[e]);
     U.dst = reinterpret_cast<unsigned char*>(reinterpret_cast<const long long*>(job.dst)[e]);
@@ -199,7 +209,8 @@ __device__ __forceinline__ void transpose4(const unsigned w0, const unsigned w1,
   out[3] = __byte_perm(t2, t3, 0x7632);
 }
 
-// ---- deposit: the registers into the shared tile, row-major [128][PITCH].
+// ---- deposit: the registers into the shared tile, row-major [128][PITCH] ([128][COL_TILE_PITCH]
+// for columnwise units).
 template <bool COLS>
 __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES], unsigned char* tile) {
   const int t = threadIdx.x;
@@ -216,7 +227,7 @@ __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES],
       transpose4(w[0].z, w[1].z, w[2].z, w[3].z, rows + 8);
       transpose4(w[0].w, w[1].w, w[2].w, w[3].w, rows + 12);
 #pragma unroll
-      for (int y = 0; y < 16; ++y) *reinterpret_cast<unsigned*>(tile + (row + y) * PITCH + cg * 4) = rows[y];
+      for (int y = 0; y < 16; ++y) *reinterpret_cast<unsigned*>(tile + (row + y) * COL_TILE_PITCH + cg * 4) = rows[y];
     }
     return;
   }
@@ -233,14 +244,15 @@ __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES],
 }
 
 // ---- write: whole 512-byte tiles, one 16-byte store per thread (a warp writes 512 contiguous bytes).
+template <int P>  // the shared row pitch: PITCH (rowwise, gather) or COL_TILE_PITCH
 __device__ __forceinline__ void write_tiles(const Unit& U, const unsigned char* tile) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int t = warp; t < U.ntiles; t += THREADS / 32) {
     uint4 o;
-    o.x = *reinterpret_cast<const unsigned*>(tile + (lane) * PITCH + t * 4);
-    o.y = *reinterpret_cast<const unsigned*>(tile + (32 + lane) * PITCH + t * 4);
-    o.z = *reinterpret_cast<const unsigned*>(tile + (64 + lane) * PITCH + t * 4);
-    o.w = *reinterpret_cast<const unsigned*>(tile + (96 + lane) * PITCH + t * 4);
+    o.x = *reinterpret_cast<const unsigned*>(tile + (lane) * P + t * 4);
+    o.y = *reinterpret_cast<const unsigned*>(tile + (32 + lane) * P + t * 4);
+    o.z = *reinterpret_cast<const unsigned*>(tile + (64 + lane) * P + t * 4);
+    o.w = *reinterpret_cast<const unsigned*>(tile + (96 + lane) * P + t * 4);
     *reinterpret_cast<uint4*>(U.dst + t * 512 + lane * 16) = o;
   }
 }
@@ -267,8 +279,16 @@ __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
   fetch<COLS>(U, v);
   __syncthreads();  // the previous unit's tile reads are done
   deposit<COLS>(U, v, tile);
+  if (COLS && U.ntiles > TILES_PER_UNIT) {  // the extra tile, by the same registers
+    Unit X = U;
+    X.c0 += UNIT_COLS;
+    X.cv -= UNIT_COLS;
+    X.ntiles -= TILES_PER_UNIT;
+    fetch<COLS>(X, v);
+    deposit<COLS>(X, v, tile + UNIT_COLS);
+  }
   __syncthreads();
-  write_tiles(U, tile);
+  write_tiles<COLS ? COL_TILE_PITCH : PITCH>(U, tile);
 }
 
 #if defined(MOK_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -605,7 +625,7 @@ mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_unit
 #if defined(MOK_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   bulk_body(jobs, njobs, total_units);
 #else
-  __shared__ __align__(16) unsigned char tile[ROWS * PITCH];
+  __shared__ __align__(16) unsigned char tile[ROWS * COL_TILE_PITCH];
   for (long long u = blockIdx.x; u < total_units; u += gridDim.x) {
     const Unit U = decode(jobs, njobs, u);
     if (U.mode == MODE_COPY) {
