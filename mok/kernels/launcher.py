@@ -38,6 +38,7 @@ BULK_BLOCKS = 3  # bulk: blocks per SM that the kernel's register bound is compi
 COPY_CHUNK = 16384
 MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
 FLAG_INDIRECT = 1 << 16  # src/dst of the job are device arrays of per-expert addresses
+FLAG_JOIN_LAST = 1 << 17  # default kernel: the job's one-tile last chunk joins the chunk before
 STAGE_NONE, STAGE_SLAB, STAGE_ROWSEG, STAGE_COLSEG = 0, 1, 2, 3  # bulk: how a job's units are staged
 COL_PITCH = 144  # bulk: shared bytes per staged column (mxfp8_swizzle.cu)
 MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
@@ -230,10 +231,14 @@ class Job(NamedTuple):
         config = config or _config
         unit = _bulk_plan(self, config.variant == "bulk-fine")[1] if config.bulk else config.tiles_per_unit
         rp, cp = padded_shape(self.rows, self.cols)
-        tiles = cp // 4
-        # mxfp8_swizzle.cu's decode: a columnwise job's one-tile last chunk joins the one before
-        extra = not config.bulk and self.mode == MODE_COLS and tiles > unit and tiles % unit == 1
-        return self.experts * (rp // 128) * (-(-tiles // unit) - extra)
+        return self.experts * (rp // 128) * (-(-(cp // 4) // unit) - self._joins_last(config))
+
+    def _joins_last(self, config: KernelConfig) -> bool:
+        """Whether the default kernel gives this columnwise job's last chunk, when it is one tile
+        (TE's 65 columns), to the chunk before: one unit of tiles_per_unit + 1 tiles instead of a
+        block for 512 bytes. Decided here only; the kernel reads FLAG_JOIN_LAST."""
+        tiles, unit = -(-self.cols // 4), config.tiles_per_unit
+        return not config.bulk and self.mode == MODE_COLS and tiles > unit and tiles % unit == 1
 
     def row(self, unit_begin: int, config: KernelConfig | None = None) -> tuple[int, ...]:
         flags = self.mode | self.vec << 8
@@ -241,6 +246,8 @@ class Job(NamedTuple):
         if config.bulk and self.mode != MODE_COPY:
             kind, unit = _bulk_plan(self, config.variant == "bulk-fine")
             flags |= kind << 20 | unit << 24
+        if self._joins_last(config):
+            flags |= FLAG_JOIN_LAST
         return (self.src, self.dst, self.rs, self.cs, self.es, self.rows, self.cols, self.experts, flags, unit_begin)
 
 

@@ -39,6 +39,8 @@ static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns p
 #define MODE_COPY 3       // already in the layout: copy R bytes (C unused)
 #define FLAG_INDIRECT (1 << 16)  // src and dst are device arrays of per-expert addresses (conversions,
                                  // and copies under the default kernel)
+#define FLAG_JOIN_LAST (1 << 17)  // the one-tile last chunk of a columnwise job joins the chunk before
+                                  // (decided by the launcher, Job._joins_last)
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
 struct Job {
@@ -97,7 +99,7 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   // A columnwise job whose last chunk would be one tile (TE's 65 columns, M = 2080) gives that
   // tile to the chunk before it: one unit of TILES_PER_UNIT + 1 tiles, not a block for 512 bytes
   // (padded columnwise 1.14 / 1.26 -> 1.11 / 1.13; benchmarks/KERNEL_NOTES.md, session 6).
-  const bool extra = U.mode == MODE_COLS && tiles > TILES_PER_UNIT && tiles % TILES_PER_UNIT == 1;
+  const bool extra = (job.flags & FLAG_JOIN_LAST) != 0;
   const int chunks = (tiles + TILES_PER_UNIT - 1) / TILES_PER_UNIT - extra;
   const long long per_expert = (long long)slabs * chunks;
   const long long e = local / per_expert;
