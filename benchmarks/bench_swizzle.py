@@ -168,7 +168,7 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
     src = torch.randint(0, 256, (batch.numel(),), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
-    _expert_copies(case, clock, variants, [buf], [b for _, b in separate_te])
+    _copy_columns(case, clock, variants, [buf], [b for _, b in separate_te])
     grouped = lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend=backend)  # noqa: E731
     separate = lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend=backend)  # noqa: E731
     _variant_columns(case, clock, variants, grouped, separate)
@@ -184,7 +184,7 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
     return case
 
 
-def _expert_copies(
+def _copy_columns(
     case: Case, clock: Clock, variants: list[str], buffers: list[torch.Tensor], expert_buffers: list[torch.Tensor]
 ) -> None:
     """The copies that bound each pattern: the grouped TE buffers copied by the kernel's copy path
@@ -286,7 +286,7 @@ def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     src = torch.randint(0, 256, (case.nbytes // 2,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
-    _expert_copies(case, clock, variants, buffers, expert_buffers)
+    _copy_columns(case, clock, variants, buffers, expert_buffers)
     for v in variants:
         launcher.configure(variant=v)
         run_g = _launch([launcher.convert_job(s, o) for s, o in grouped], dev)
