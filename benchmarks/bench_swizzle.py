@@ -22,7 +22,8 @@ Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as
                  copy job (since session 5; before, one copy job per expert that each unit
                  binary-searched), the same indirection as g:exp: the per-expert pattern's limit
   g:kcopy@V, g:exp-kcopy@V  the same two copies under variant V (variants after the first)
-  g:kernel@V     variant V over the grouped batch [E, R, C] (one launch)
+  g:kernel@V     variant V over the grouped batch [E, R, C] (one launch); V is a launcher variant,
+                 or VARIANT:TILESxTHREADS for another block shape (--variants default,default:32x256)
   g:exp@V        variant V over E separate per-expert tensors (one launch, pointer table)
   kernel/exp@V   the same per-expert call, eager
   TE multi       TE's multi_tensor_swizzle_scales_for_gemm_ over E MXFP8 tensors (eager)
@@ -145,13 +146,27 @@ class Case:
     equal: dict[str, bool] = field(default_factory=dict)
 
 
+def configure(spec: str) -> None:
+    """Configure the launcher for ``spec``: a variant (its default shape, or MOK_KERNEL_SHAPE's), or
+    ``VARIANT:TILESxTHREADS`` (e.g. ``default:32x256``) to compare block shapes in one run."""
+    variant, _, shape = spec.partition(":")
+    if not shape:
+        launcher.configure(variant=variant)
+        return
+    try:
+        tiles, threads = (int(v) for v in shape.split("x"))
+    except ValueError:
+        raise ValueError(f"a variant's shape must be TILESxTHREADS (e.g. default:32x256); found {spec!r}") from None
+    launcher.configure(variant=variant, tiles_per_unit=tiles, threads=threads)
+
+
 def _variant_columns(case: Case, clock: Clock, variants: list[str], grouped: Fn, separate: Fn) -> None:
     for v in variants:
-        launcher.configure(variant=v)
+        configure(v)
         case.fns[f"g:kernel@{v}"] = clock.graph(grouped)
         case.fns[f"g:exp@{v}"] = clock.graph(separate)
         # eager: each call plans and launches as a user's does, under variant v (chosen untimed)
-        choose = lambda v=v: launcher.configure(variant=v)  # noqa: E731
+        choose = lambda v=v: configure(v)  # noqa: E731
         case.fns[f"kernel/exp@{v}"] = _with_reset(lambda: separate(), choose)
         case.fns[f"kernel@{v}"] = _with_reset(lambda: grouped(), choose)
     launcher.configure()
@@ -198,7 +213,7 @@ def _copy_columns(
     flat = [b.view(-1) for b in expert_buffers]
     case.fns["g:exp-copy"] = clock.graph(lambda: torch._foreach_copy_(sames, flat))
     for i, v in enumerate(variants):
-        launcher.configure(variant=v)
+        configure(v)
         tag = f"@{v}" if i else ""
         kcopy = _launch([launcher.copy_job(b.view(-1), t) for b, t in zip(buffers, targets, strict=True)], clock.device)
         ekcopy = _launch([launcher.copy_job(b, t) for b, t in zip(flat, sames, strict=True)], clock.device)
@@ -288,7 +303,7 @@ def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
     _copy_columns(case, clock, variants, buffers, expert_buffers)
     for v in variants:
-        launcher.configure(variant=v)
+        configure(v)
         run_g = _launch([launcher.convert_job(s, o) for s, o in grouped], dev)
         run_s = _launch([launcher.convert_job(s, o) for s, o in separate], dev)
         case.fns[f"g:kernel@{v}"] = clock.graph(run_g)
@@ -304,7 +319,7 @@ def check(case: Case, device: torch.device) -> None:
         for _, out in pairs:
             out.fill_(0xAB)
         if device.type == "cuda":
-            launcher.configure(variant=variant)  # for the calls that plan at each call
+            configure(variant)  # for the calls that plan at each call
             run()
             launcher.configure()
             torch.cuda.synchronize()

@@ -144,6 +144,41 @@ def test_columnwise_one_tile_last_chunk_joins_the_one_before(rows: int, cols: in
     assert job.units(config) == units
 
 
+# (rows R, scale columns C, experts E) -> (columnwise units, rowwise units) of a 256-thread block
+# with 32-tile units, by hand: columnwise, two slabs of 16 tiles a unit (parts); rowwise, one slab
+# of 32 tiles, or two slabs of 16 where that takes fewer units.
+PART_CASES = [
+    (7168, 64, 1, 28, 28),  # 56 slabs of 16 tiles: two slabs a unit either way
+    (7200, 65, 1, 29, 57),  # 17 tiles (columnwise: the one-tile chunk joins); the last unit one slab
+    (7200, 65, 3, 86, 171),  # 171 slabs: a columnwise unit's two slabs may belong to two experts
+    (2048, 224, 1, 32, 32),  # 56 tiles: columnwise 4 chunks a slab, two a unit; rowwise 32 + 24
+    (200, 128, 1, 2, 2),  # 32 tiles: rowwise, one whole-block unit a slab
+    (300, 40, 1, 2, 2),  # 10 tiles: 3 slabs, two a unit
+    (100, 3, 1, 1, 1),  # one slab of one tile
+]
+
+
+@pytest.mark.parametrize(("rows", "cols", "experts", "col_units", "row_units"), PART_CASES)
+def test_units_of_a_256_thread_block_by_parts(
+    rows: int, cols: int, experts: int, col_units: int, row_units: int
+) -> None:
+    config = launcher.make_config("default", 32, 256)
+    assert (config.parts, config.part_tiles) == (2, 16)
+    job = launcher.Job(0, 0, 1, rows, rows * cols, rows, cols, experts, launcher.MODE_COLS, 16)
+    assert job.units(config) == col_units
+    rowwise = job._replace(rs=cols, cs=1, mode=launcher.MODE_ROWS)
+    assert rowwise.units(config) == row_units
+    by_parts = rowwise.row(0, config)[8] & launcher.FLAG_PARTS
+    assert bool(by_parts) == (-(-cols // 4) <= 16), "rowwise by parts exactly where a slab fills half a unit"
+    assert not rowwise.row(0, launcher.make_config("default"))[8] & launcher.FLAG_PARTS  # 128 threads: one part
+
+
+@pytest.mark.parametrize(("tiles", "threads"), [(16, 192), (16, 256), (24, 100)])
+def test_unsupported_kernel_shapes_are_refused(tiles: int, threads: int) -> None:
+    with pytest.raises(ValueError, match=f"unsupported kernel shape: tiles_per_unit={tiles}, threads={threads}"):
+        launcher.make_config("default", tiles, threads)
+
+
 @pytest.mark.parametrize(("nbytes", "units"), [(1, 1), (16384, 1), (16385, 2), (16384 * 3 + 1, 4)])
 def test_copy_units(nbytes: int, units: int) -> None:
     assert launcher.Job(0, 0, 0, 0, 0, nbytes, 0, 1, launcher.MODE_COPY, 16).units() == units

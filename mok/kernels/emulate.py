@@ -198,7 +198,7 @@ def check(
 
 def _threads(variant: str) -> list[int]:
     """Block sizes to emulate: the launcher's default first, then another valid one."""
-    return [256, 128] if variant.startswith("bulk") else [128, 64]
+    return [256, 128] if variant.startswith("bulk") else [128, 256, 64]
 
 
 def main() -> None:

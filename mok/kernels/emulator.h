@@ -47,6 +47,16 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 
 std::barrier<>* emu_sync = nullptr;
 #define __syncthreads() emu_sync->arrive_and_wait()
+// Named barriers 1..n (bar.sync id, count): one std::barrier per part of the block.
+std::vector<std::barrier<>*> emu_named;
+int emu_named_count = 0;
+inline void emu_named_sync(int id, int count) {
+  if (id < 1 || id > (int)emu_named.size() || count != emu_named_count) {
+    std::fprintf(stderr, "emulator: bar.sync %d, %d: no such named barrier\n", id, count);
+    std::abort();  // a thread that waits on the wrong barrier would hang the block
+  }
+  emu_named[id - 1]->arrive_and_wait();
+}
 
 #ifndef STAGE_BYTES
 #define STAGE_BYTES 32768

@@ -1,4 +1,6 @@
 // Entry point of the CPU emulation of the kernel (see emulator.h, emulate.py).
+#include <memory>
+
 #include "emulator.h"
 #include "mxfp8_swizzle.cu"
 
@@ -7,6 +9,10 @@ extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid
   gridDim.x = grid;
   std::barrier<> sync(THREADS);
   emu_sync = &sync;
+  std::vector<std::unique_ptr<std::barrier<>>> parts;  // named barriers 1..PARTS
+  emu_named.clear();
+  for (int i = 0; i < PARTS; ++i) emu_named.push_back(parts.emplace_back(new std::barrier<>(PART_THREADS)).get());
+  emu_named_count = PART_THREADS;
   std::vector<std::thread> threads;  // one block's threads, which run every block in turn
   for (int t = 0; t < THREADS; ++t)
     threads.emplace_back([=, &sync] {

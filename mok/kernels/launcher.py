@@ -39,6 +39,7 @@ COPY_CHUNK = 16384
 MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
 FLAG_INDIRECT = 1 << 16  # src/dst of the job are device arrays of per-expert addresses
 FLAG_JOIN_LAST = 1 << 17  # default kernel: the job's one-tile last chunk joins the chunk before
+FLAG_PARTS = 1 << 18  # default kernel: a rowwise job converted by parts (columnwise jobs always are)
 STAGE_NONE, STAGE_SLAB, STAGE_ROWSEG, STAGE_COLSEG = 0, 1, 2, 3  # bulk: how a job's units are staged
 COL_PITCH = 144  # bulk: shared bytes per staged column (mxfp8_swizzle.cu)
 MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
@@ -56,6 +57,17 @@ class KernelConfig:
     @property
     def bulk(self) -> bool:
         return self.variant.startswith("bulk")
+
+    @property
+    def parts(self) -> int:
+        """Default kernel: units a block converts side by side when it converts by parts (one
+        slab each, 128 threads a part; columnwise jobs, and rowwise ones that fill half a unit)."""
+        return max(1, self.threads // 128)
+
+    @property
+    def part_tiles(self) -> int:
+        """Default kernel: 4-column tiles of a part's unit."""
+        return self.tiles_per_unit // self.parts
 
     @property
     def shared_bytes(self) -> int:
@@ -80,9 +92,13 @@ def make_config(
         if threads % 32 or not 64 <= threads <= 1024:
             raise ValueError(f"unsupported bulk kernel block size: threads={threads} (a multiple of 32, 64-1024)")
         return KernelConfig(variant, threads // 8, threads)  # tiles: the pre-sm_90 fallback's unit
-    tiles, threads = tiles_per_unit or 16, threads or 128
-    if (128 * tiles // 4) % (threads * 4) or threads % 32:
-        raise ValueError(f"unsupported kernel shape: tiles_per_unit={tiles}, threads={threads}")
+    threads = threads or 128
+    tiles = tiles_per_unit or max(16, threads // 8)
+    if (128 * tiles // 4) % (threads * 4) or threads % 32 or not (threads <= 128 or threads == 256):
+        raise ValueError(
+            f"unsupported kernel shape: tiles_per_unit={tiles}, threads={threads} (threads: 32-128 in "
+            "multiples of 32, or 256; 128*tiles/4 a multiple of 4*threads)"
+        )
     return KernelConfig(variant, tiles, threads)
 
 
@@ -229,15 +245,27 @@ class Job(NamedTuple):
         if self.mode == MODE_COPY:
             return self.experts * -(-self.rows // COPY_CHUNK)
         config = config or _config
-        unit = _bulk_plan(self, config.variant == "bulk-fine")[1] if config.bulk else config.tiles_per_unit
+        unit, parts = (_bulk_plan(self, config.variant == "bulk-fine")[1], 1) if config.bulk else self._width(config)
         rp, cp = padded_shape(self.rows, self.cols)
-        return self.experts * (rp // 128) * (-(-(cp // 4) // unit) - self._joins_last(config))
+        slab_units = self.experts * (rp // 128) * (-(-(cp // 4) // unit) - self._joins_last(config))
+        return -(-slab_units // parts)
+
+    def _width(self, config: KernelConfig) -> tuple[int, int]:
+        """Default kernel: (tiles of a unit's slab, slabs a block converts at once). Columnwise jobs
+        go by parts; a rowwise job too where that takes fewer blocks (TE's 64 columns: half a
+        32-tile unit). Decided here only; the kernel reads FLAG_PARTS."""
+        if config.parts > 1:
+            tiles = -(-self.cols // 4)
+            by_parts = -(-tiles // config.part_tiles) / config.parts
+            if self.mode == MODE_COLS or by_parts < -(-tiles // config.tiles_per_unit):
+                return config.part_tiles, config.parts
+        return config.tiles_per_unit, 1
 
     def _joins_last(self, config: KernelConfig) -> bool:
         """Whether the default kernel gives this columnwise job's last chunk, when it is one tile
         (TE's 65 columns), to the chunk before: one unit of tiles_per_unit + 1 tiles instead of a
         block for 512 bytes. Decided here only; the kernel reads FLAG_JOIN_LAST."""
-        tiles, unit = -(-self.cols // 4), config.tiles_per_unit
+        tiles, unit = -(-self.cols // 4), config.part_tiles
         return not config.bulk and self.mode == MODE_COLS and tiles > unit and tiles % unit == 1
 
     def row(self, unit_begin: int, config: KernelConfig | None = None) -> tuple[int, ...]:
@@ -248,6 +276,8 @@ class Job(NamedTuple):
             flags |= kind << 20 | unit << 24
         if self._joins_last(config):
             flags |= FLAG_JOIN_LAST
+        if not config.bulk and self.mode in (MODE_ROWS, MODE_GATHER) and self._width(config)[1] > 1:
+            flags |= FLAG_PARTS
         return (self.src, self.dst, self.rs, self.cs, self.es, self.rows, self.cols, self.experts, flags, unit_begin)
 
 

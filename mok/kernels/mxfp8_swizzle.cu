@@ -4,8 +4,9 @@
 // (dst, Rp*Cp bytes, Rp = roundup(R,128), Cp = roundup(C,4)):
 //     S[r, c] -> ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4,   padding bytes 0,
 // or copies n already-swizzled bytes (MODE_COPY). Jobs live in a device table; the grid walks the
-// work units of all jobs (a unit = 128 rows x TILES_PER_UNIT 4-column tiles, or one tile more
-// for a columnwise job whose last chunk would be that one tile).
+// work units of all jobs (a unit = 128 rows x TILES_PER_UNIT 4-column tiles, or PARTS slabs of
+// PART_TILES tiles converted side by side; a columnwise job whose last chunk would be one tile
+// gives it to the chunk before).
 //
 // A unit is staged in shared memory: loaded with 16-byte (or 4-, 1-byte) reads, zero-filled outside
 // [R, C], then written as whole 512-byte tiles with one 16-byte store per thread. Transposed inputs
@@ -21,11 +22,26 @@
 #ifndef THREADS
 #define THREADS 128
 #endif
-#define UNIT_COLS (TILES_PER_UNIT * 4)
-#define PITCH (UNIT_COLS + 4)    // shared row pitch: an odd number of words keeps tile reads conflict-free
-#define COL_TILE_PITCH (UNIT_COLS + 12)  // columnwise: room for one extra tile (see decode), still odd
-#define PER_ROW (UNIT_COLS / 16) // 16-byte pieces per unit row
-#define PIECES (ROWS * PER_ROW / THREADS)  // 16-byte pieces per thread
+#define PIECES (ROWS * TILES_PER_UNIT / 4 / THREADS)  // 16-byte pieces per thread
+// Parts: a block of more than 128 threads can also convert PARTS units of one slab each at once,
+// 128 threads and PART_TILES tiles a part, each part as a 128-thread block would (its own shared
+// tile, its own barrier). Columnwise units always do; rowwise units do where the launcher says
+// (FLAG_PARTS: TE's 64-column matrices, which would leave half of a wide unit idle). So a block
+// sized for wide rowwise units (32 tiles x 256 threads: rowwise E=256 1.08 -> 1.03) keeps the
+// 128-thread shape's columnwise speed (benchmarks/KERNEL_NOTES.md, session 7).
+#define PART_THREADS (THREADS < 128 ? THREADS : 128)
+#define PARTS (THREADS / PART_THREADS)
+#define PART_TILES (TILES_PER_UNIT / PARTS)
+static_assert(PARTS * PART_THREADS == THREADS && PARTS * PART_TILES == TILES_PER_UNIT,
+              "a part is 128 threads (or the whole block) and a 128-row slab of PART_TILES tiles");
+// This thread's part, and its index in the part (constants where the block is one part).
+#define PART (PARTS > 1 ? (int)threadIdx.x / PART_THREADS : 0)
+#define PART_THREAD (PARTS > 1 ? (int)threadIdx.x % PART_THREADS : (int)threadIdx.x)
+// The shared row pitch of a unit W tiles wide: an odd number of words keeps tile reads
+// conflict-free; columnwise units have room for one extra tile (see decode).
+#define PITCH_OF(COLS, W) ((W) * 4 + ((COLS) ? 12 : 4))
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+#define TILE_BYTES MAX2(ROWS * PITCH_OF(false, TILES_PER_UNIT), PARTS * ROWS * PITCH_OF(true, PART_TILES))
 // Resident blocks per SM the register allocation is made for: 10 x 128 threads (48 registers a
 // thread) rather than 8 (64): more loads in flight per SM, which hides each block's start (its
 // addresses, and for per-expert jobs the pointer-table load) (benchmarks/KERNEL_NOTES.md, session 6).
@@ -41,6 +57,7 @@ static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns p
                                  // and copies under the default kernel)
 #define FLAG_JOIN_LAST (1 << 17)  // the one-tile last chunk of a columnwise job joins the chunk before
                                   // (decided by the launcher, Job._joins_last)
+#define FLAG_PARTS (1 << 18)      // a rowwise job converted in parts (decided by the launcher, Job._width)
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
 struct Job {
@@ -62,6 +79,7 @@ struct Unit {
   unsigned char* dst;        // the unit's first output tile
   long long rs, cs;  // strides; for MODE_COPY the unit's byte range [rs, cs)
   int mode, vec, r0, c0, rv, cv, ntiles;
+  bool parts;  // converted by parts (this thread's part's unit)
 };
 
 __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, long long u) {
@@ -77,6 +95,7 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   U.vec = (int)((job.flags >> 8) & 0xff);
   U.rs = job.rs;
   U.cs = job.cs;
+  U.parts = PARTS > 1 && (U.mode == MODE_COLS || (job.flags & FLAG_PARTS));
   if (U.mode == MODE_COPY) {
     long long chunk = local;
     U.src = reinterpret_cast<const unsigned char*>(job.src);
@@ -96,23 +115,31 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   const int R = (int)job.rows, C = (int)job.cols;
   const int tiles = (C + 3) / 4;            // Cp / 4
   const int slabs = (R + ROWS - 1) / ROWS;  // Rp / 128
+  const int width = U.parts ? PART_TILES : TILES_PER_UNIT;  // tiles per unit (of a part)
   // A columnwise job whose last chunk would be one tile (TE's 65 columns, M = 2080) gives that
-  // tile to the chunk before it: one unit of TILES_PER_UNIT + 1 tiles, not a block for 512 bytes
+  // tile to the chunk before it: one unit of width + 1 tiles, not a block for 512 bytes
   // (padded columnwise 1.14 / 1.26 -> 1.11 / 1.13; benchmarks/KERNEL_NOTES.md, session 6).
   const bool extra = (job.flags & FLAG_JOIN_LAST) != 0;
-  const int chunks = (tiles + TILES_PER_UNIT - 1) / TILES_PER_UNIT - extra;
+  const int chunks = (tiles + width - 1) / width - extra;
   const long long per_expert = (long long)slabs * chunks;
-  const long long e = local / per_expert;
-  const int rem = (int)(local - e * per_expert);
+  const long long sub = U.parts ? local * PARTS + PART : local;  // this part's
+  if (sub >= per_expert * job.experts) {  // a part past the job's last unit: nothing to do
+    U.src = nullptr;
+    U.dst = nullptr;
+    U.r0 = U.c0 = U.rv = U.cv = U.ntiles = 0;
+    return U;
+  }
+  const long long e = sub / per_expert;
+  const int rem = (int)(sub - e * per_expert);
   const int rb = rem / chunks;
-  const int t0 = (rem % chunks) * TILES_PER_UNIT;
-  U.ntiles = min(TILES_PER_UNIT, tiles - t0);
+  const int t0 = (rem % chunks) * width;
+  U.ntiles = min(width, tiles - t0);
   U.r0 = rb * ROWS;
   U.c0 = t0 * 4;
   U.rv = min(ROWS, R - U.r0);
-  U.cv = min(UNIT_COLS, C - U.c0);
-  if (extra && t0 + TILES_PER_UNIT + 1 == tiles) {
-    U.ntiles = TILES_PER_UNIT + 1;
+  U.cv = min(width * 4, C - U.c0);
+  if (extra && t0 + width + 1 == tiles) {
+    U.ntiles = width + 1;
     U.cv = C - U.c0;
   }
   if (job.flags & FLAG_INDIRECT) {  // separate per-expert tensors of one shape: a pointer table
@@ -147,17 +174,24 @@ __device__ __forceinline__ uint4 partial_words(const unsigned char* in, const in
 }
 
 // ---- fetch: each thread reads its PIECES x 16 bytes of the unit into registers, zero outside
-// [R, C]; every load is issued before any is used. Rows and gather: piece p is item t+THREADS*p,
-// row item/PER_ROW, columns 16*(item%PER_ROW)..+15. Columns: piece 4g+x is column
-// 4*(t/8 + g*THREADS/8)+x, rows 16*(t%8)..+15 (contiguous in memory).
-template <bool COLS>
+// [R, C]; every load is issued before any is used. N threads convert the unit (the block, or a
+// part), W tiles wide; t is the thread's index among them. Rows and gather: piece p is item
+// t+N*p, row item/(W/4), columns 16*(item%(W/4))..+15. Columns: piece 4g+x is column
+// 4*(t/8 + g*N/8)+x, rows 16*(t%8)..+15 (contiguous in memory).
+template <int N>
+__device__ __forceinline__ int thread_in_unit() {
+  return N == THREADS ? (int)threadIdx.x : PART_THREAD;
+}
+
+template <bool COLS, int N, int W>
 __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
-  const int t = threadIdx.x;
+  static_assert(ROWS * W / 4 == PIECES * N, "every thread of a unit reads PIECES 16-byte pieces");
+  const int t = thread_in_unit<N>();
   if (COLS) {
     const int row = (t & 7) * 16;
 #pragma unroll
     for (int p = 0; p < PIECES; ++p) {
-      const int col = ((t >> 3) + (THREADS / 8) * (p >> 2)) * 4 + (p & 3);
+      const int col = ((t >> 3) + (N / 8) * (p >> 2)) * 4 + (p & 3);
       const unsigned char* in = U.src + (long long)(U.c0 + col) * U.cs + U.r0 + row;
       if (col >= U.cv) {  // past the matrix (a unit's last, partial tile): zeros, no loads
         v[p] = make_uint4(0, 0, 0, 0);
@@ -172,9 +206,10 @@ __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
     }
     return;
   }
+  constexpr int PER_ROW = W / 4;  // 16-byte pieces per unit row
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
-    const int item = t + p * THREADS;
+    const int item = t + p * N;
     const int row = item / PER_ROW, col = (item % PER_ROW) * 16;
     const bool full = row < U.rv && col + 16 <= U.cv;
     if (U.mode == MODE_ROWS && full && U.vec == 16) {
@@ -211,16 +246,16 @@ __device__ __forceinline__ void transpose4(const unsigned w0, const unsigned w1,
   out[3] = __byte_perm(t2, t3, 0x7632);
 }
 
-// ---- deposit: the registers into the shared tile, row-major [128][PITCH] ([128][COL_TILE_PITCH]
-// for columnwise units).
-template <bool COLS>
+// ---- deposit: the registers into the unit's shared tile, row-major [128][PITCH_OF(COLS, W)].
+template <bool COLS, int N, int W>
 __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES], unsigned char* tile) {
-  const int t = threadIdx.x;
+  constexpr int P = PITCH_OF(COLS, W);
+  const int t = thread_in_unit<N>();
   if (COLS) {
     const int row = (t & 7) * 16;
 #pragma unroll
     for (int g = 0; g < PIECES / 4; ++g) {
-      const int cg = (t >> 3) + (THREADS / 8) * g;
+      const int cg = (t >> 3) + (N / 8) * g;
       if (cg >= U.ntiles) continue;  // a 4-column group write_tiles never reads (a short unit)
       const uint4* w = v + 4 * g;
       unsigned rows[16];
@@ -229,15 +264,16 @@ __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES],
       transpose4(w[0].z, w[1].z, w[2].z, w[3].z, rows + 8);
       transpose4(w[0].w, w[1].w, w[2].w, w[3].w, rows + 12);
 #pragma unroll
-      for (int y = 0; y < 16; ++y) *reinterpret_cast<unsigned*>(tile + (row + y) * COL_TILE_PITCH + cg * 4) = rows[y];
+      for (int y = 0; y < 16; ++y) *reinterpret_cast<unsigned*>(tile + (row + y) * P + cg * 4) = rows[y];
     }
     return;
   }
+  constexpr int PER_ROW = W / 4;
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
-    const int item = t + p * THREADS;
+    const int item = t + p * N;
     if ((item % PER_ROW) * 16 >= U.ntiles * 4) continue;  // columns write_tiles never reads (a short unit)
-    unsigned* o = reinterpret_cast<unsigned*>(tile + (item / PER_ROW) * PITCH + (item % PER_ROW) * 16);
+    unsigned* o = reinterpret_cast<unsigned*>(tile + (item / PER_ROW) * P + (item % PER_ROW) * 16);
     o[0] = v[p].x;
     o[1] = v[p].y;
     o[2] = v[p].z;
@@ -246,16 +282,37 @@ __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES],
 }
 
 // ---- write: whole 512-byte tiles, one 16-byte store per thread (a warp writes 512 contiguous bytes).
-template <int P>  // the shared row pitch: PITCH (rowwise, gather) or COL_TILE_PITCH
+template <int P, int N>  // the shared row pitch and the threads of the unit
 __device__ __forceinline__ void write_tiles(const Unit& U, const unsigned char* tile) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int t = warp; t < U.ntiles; t += THREADS / 32) {
+  const int lane = threadIdx.x & 31, warp = thread_in_unit<N>() >> 5;
+  for (int t = warp; t < U.ntiles; t += N / 32) {
     uint4 o;
     o.x = *reinterpret_cast<const unsigned*>(tile + (lane) * P + t * 4);
     o.y = *reinterpret_cast<const unsigned*>(tile + (32 + lane) * P + t * 4);
     o.z = *reinterpret_cast<const unsigned*>(tile + (64 + lane) * P + t * 4);
     o.w = *reinterpret_cast<const unsigned*>(tile + (96 + lane) * P + t * 4);
     *reinterpret_cast<uint4*>(U.dst + t * 512 + lane * 16) = o;
+  }
+}
+
+// The barrier of the N threads converting a unit: the block's, or this part's own (named barrier
+// 1 + part), so a part waits for its own loads only.
+template <int N>
+__device__ __forceinline__ void unit_sync() {
+  if (N == THREADS) {
+    __syncthreads();
+  } else {
+#ifdef MOK_EMULATE
+    emu_named_sync(1 + PART, N);
+#else
+    // immediate ids: a register id makes ptxas reserve all 16 of the block's barriers
+    static_assert(PARTS <= 2, "named barriers 1 and 2");
+    if (PART == 0) {
+      asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
+    } else {
+      asm volatile("bar.sync 2, %0;" ::"n"(N) : "memory");
+    }
+#endif
   }
 }
 
@@ -273,25 +330,30 @@ __device__ __forceinline__ void copy_unit(const U_& U) {
 }
 
 // One unit through registers and the shared tile, compiled once per kind of unit (columnwise, or
-// rowwise and gather) and never inlined: each gets its own register allocation and load schedule,
-// so a change to one path cannot slow the other (benchmarks/KERNEL_NOTES.md, session 3).
-template <bool COLS>
+// rowwise and gather; whole-block or by parts) and never inlined: each gets its own register
+// allocation and load schedule, so a change to one path cannot slow the other
+// (benchmarks/KERNEL_NOTES.md, session 3). Every thread of the block calls the same one (parts
+// may have different units, or none).
+template <bool COLS, int N, int W>
 __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
+  constexpr int P = PITCH_OF(COLS, W);
+  if (N != THREADS) tile += PART * (ROWS * P);  // this part's tile
   uint4 v[PIECES];
-  fetch<COLS>(U, v);
-  __syncthreads();  // the previous unit's tile reads are done
-  deposit<COLS>(U, v, tile);
-  if (COLS && U.ntiles > TILES_PER_UNIT) {  // the extra tile, by the same registers
+  fetch<COLS, N, W>(U, v);
+  __syncthreads();  // the block's previous unit's tile reads are done (whatever its parts were)
+  deposit<COLS, N, W>(U, v, tile);
+  if (COLS && U.ntiles > W) {  // the extra tile, by the same registers
     Unit X = U;
-    X.c0 += UNIT_COLS;
-    X.cv -= UNIT_COLS;
-    X.ntiles -= TILES_PER_UNIT;
-    fetch<COLS>(X, v);
-    deposit<COLS>(X, v, tile + UNIT_COLS);
+    X.c0 += W * 4;
+    X.cv -= W * 4;
+    X.ntiles -= W;
+    fetch<COLS, N, W>(X, v);
+    deposit<COLS, N, W>(X, v, tile + W * 4);
   }
-  __syncthreads();
-  write_tiles<COLS ? COL_TILE_PITCH : PITCH>(U, tile);
+  unit_sync<N>();
+  write_tiles<P, N>(U, tile);
 }
+
 
 #if defined(MOK_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // ---- bulk variant (MOK_BULK, sm_90+). Each block walks a contiguous range of units; while it
@@ -627,7 +689,7 @@ mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_unit
 #if defined(MOK_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   bulk_body(jobs, njobs, total_units);
 #else
-  __shared__ __align__(16) unsigned char tile[ROWS * COL_TILE_PITCH];
+  __shared__ __align__(16) unsigned char tile[TILE_BYTES];
   for (long long u = blockIdx.x; u < total_units; u += gridDim.x) {
     const Unit U = decode(jobs, njobs, u);
     if (U.mode == MODE_COPY) {
@@ -635,9 +697,11 @@ mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_unit
       continue;
     }
     if (U.mode == MODE_COLS) {
-      convert_unit<true>(U, tile);
+      convert_unit<true, PART_THREADS, PART_TILES>(U, tile);
+    } else if (PARTS > 1 && U.parts) {
+      convert_unit<false, PART_THREADS, PART_TILES>(U, tile);
     } else {
-      convert_unit<false>(U, tile);
+      convert_unit<false, THREADS, TILES_PER_UNIT>(U, tile);
     }
   }
 #endif
