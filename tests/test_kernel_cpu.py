@@ -232,6 +232,35 @@ def test_configure_keeps_the_shape_set_by_the_environment(monkeypatch: pytest.Mo
     assert (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
 
 
+def test_launches_without_columnwise_jobs_take_the_rowwise_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no shape configured, a launch's shape follows its jobs (the H200 benchmark's fastest
+    for each); a configured shape, or another variant, holds for every launch."""
+    rows = launcher.Job(0, 0, 224, 1, 0, 2048, 224, 4, launcher.MODE_ROWS, 16)
+    cols = rows._replace(rs=1, cs=2048, mode=launcher.MODE_COLS)
+    copy = launcher.Job(0, 0, 0, 0, 0, 4096, 0, 1, launcher.MODE_COPY, 16)
+    group = launcher.JobGroup(cols._replace(experts=1), (0, 16), (0, 16))
+
+    def shape(jobs: list[launcher.Job | launcher.JobGroup]) -> tuple[int, int]:
+        config = launcher.config_for(jobs)
+        return config.tiles_per_unit, config.threads
+
+    monkeypatch.delenv(launcher.SHAPE_ENV, raising=False)
+    try:
+        launcher.configure()
+        assert shape([rows, copy]) == launcher.ROWWISE_SHAPE == (32, 256)
+        assert shape([rows, cols]) == shape([rows, group]) == (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
+        launcher.configure(tiles_per_unit=16, threads=128)
+        assert shape([rows]) == (16, 128)
+        launcher.configure(variant="bulk")
+        assert launcher.config_for([rows]).bulk
+        monkeypatch.setenv(launcher.SHAPE_ENV, "32,256")
+        launcher.configure()
+        assert shape([rows, cols]) == (32, 256)
+    finally:
+        monkeypatch.delenv(launcher.SHAPE_ENV)
+        launcher.configure()
+
+
 def test_misaligned_output_is_refused() -> None:
     base = torch.zeros(2048 + 8, dtype=torch.uint8)
     with pytest.raises(mok.LayoutError, match="16-byte aligned"):

@@ -25,7 +25,11 @@ from mok.layout import padded_shape
 KERNEL_NAME = "mxfp8_swizzle_jobs"
 THREADS = 128
 TILES_PER_UNIT = 16  # 64 scale columns per unit: fastest of the H200 sweep (benchmarks/results)
-SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" overrides the two above (benchmarks, tests)
+# A launch with no columnwise job, unless a shape is configured: 32-tile units in 256-thread
+# blocks, 0.02-0.04 faster than 16 x 128 on every rowwise case of the H200 benchmark, while
+# columnwise jobs lose as much at that shape (benchmarks/KERNEL_NOTES.md, session 7).
+ROWWISE_SHAPE = (32, 256)
+SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" fixes one shape for every launch (benchmarks, tests)
 VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
 # bulk: Hopper bulk copies into double-buffered shared stages, persistent blocks (sm_90+; else default).
 # bulk-fine: the same kernel with smaller units for aligned rows and columns (better balance
@@ -114,12 +118,17 @@ def _env_shape() -> tuple[int | None, int | None]:
     return tiles, threads
 
 
-def _initial_config() -> KernelConfig:
-    return make_config(os.environ.get(VARIANT_ENV) or "default", *_env_shape())
+def _configs(variant: str, tiles: int | None, threads: int | None) -> tuple[KernelConfig, KernelConfig | None]:
+    """(the configuration of launches with a columnwise job, and of the others where they differ:
+    the default variant with no shape given)."""
+    config = make_config(variant, tiles, threads)
+    fixed = tiles is not None or threads is not None or config.bulk
+    return config, None if fixed else make_config(variant, *ROWWISE_SHAPE)
 
 
 _lock = threading.Lock()
-_config = _initial_config()
+_shapes = _configs(os.environ.get(VARIANT_ENV) or "default", *_env_shape())
+_config = _shapes[0]
 TILES_PER_UNIT, THREADS = _config.tiles_per_unit, _config.threads
 _kernels: dict[tuple[int, KernelConfig], tuple[Any, int, KernelConfig]] = {}
 _tables: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, int, int]] = OrderedDict()
@@ -134,16 +143,25 @@ def kernel_source() -> str:
 def configure(*, tiles_per_unit: int | None = None, threads: int | None = None, variant: str | None = None) -> None:
     """Choose the kernel variant (one of :data:`VARIANTS`), block size and (default variant)
     unit width for launches prepared from now on; None picks the defaults (MOK_KERNEL_SHAPE's
-    block size and unit width where it is set, else the fastest of benchmarks/bench_swizzle.py
-    on an H200). Prepared launches keep the kernel they were built with. Each configuration
-    compiles once per device."""
-    global _config, TILES_PER_UNIT, THREADS
+    block size and unit width where it is set, else per launch the fastest of
+    benchmarks/bench_swizzle.py on an H200: see :func:`config_for`). Prepared launches keep the
+    kernel they were built with. Each configuration compiles once per device."""
+    global _shapes, _config, TILES_PER_UNIT, THREADS
     if tiles_per_unit is None and threads is None:
         tiles_per_unit, threads = _env_shape()
-    config = make_config(variant or "default", tiles_per_unit, threads)
+    shapes = _configs(variant or "default", tiles_per_unit, threads)
     with _lock:
-        _config = config
-        TILES_PER_UNIT, THREADS = config.tiles_per_unit, config.threads
+        _shapes, _config = shapes, shapes[0]
+        TILES_PER_UNIT, THREADS = _config.tiles_per_unit, _config.threads
+
+
+def config_for(jobs: Sequence[Job | JobGroup]) -> KernelConfig:
+    """The kernel configuration a launch of ``jobs`` is prepared with: the configured one, or with
+    no shape configured (default variant), :data:`ROWWISE_SHAPE` where no job is columnwise."""
+    config, rowwise = _shapes  # one read: configure may replace both
+    if rowwise is None or any((j.template if isinstance(j, JobGroup) else j).mode == MODE_COLS for j in jobs):
+        return config
+    return rowwise
 
 
 def compile_kernel(arch: str, config: KernelConfig | None = None) -> Any:
@@ -177,11 +195,11 @@ def _effective(config: KernelConfig, capability: tuple[int, int]) -> KernelConfi
     return config if not config.bulk or capability >= BULK_MIN_ARCH else make_config()
 
 
-def _kernel(device: torch.device) -> tuple[Any, int, KernelConfig]:
-    """(compiled kernel, grid limit, its config) for ``device`` under the current configuration;
-    compiled once per device and configuration, thread-safe."""
+def _kernel(device: torch.device, config: KernelConfig | None = None) -> tuple[Any, int, KernelConfig]:
+    """(compiled kernel, grid limit, its config) for ``device`` under ``config`` (the current
+    configuration by default); compiled once per device and configuration, thread-safe."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, _config)
+    key = (index, config or _config)
     hit = _kernels.get(key)
     if hit is not None:
         return hit
@@ -507,7 +525,7 @@ class Launch:
 
         self.device = device
         self._index = device.index if device.index is not None else torch.cuda.current_device()
-        self.kernel, max_grid, self.config = _kernel(device)
+        self.kernel, max_grid, self.config = _kernel(device, config_for(jobs))
         self.table, self.njobs, self.total = _table(device, jobs, self.config)
         self.grid = max(1, min(self.total, max_grid))
         self._launch = launch
