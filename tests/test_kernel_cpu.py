@@ -20,18 +20,24 @@ from tests.spec_oracle import spec_layout
 SOURCE = Path(launcher.__file__).with_name("mxfp8_swizzle.cu")
 
 
-@pytest.mark.parametrize("variant", launcher.VARIANTS)
-@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
-def test_kernel_compiles_with_nvrtc(arch: str, variant: str) -> None:
+# every variant's default build, the default variant's rowwise launch shape, the bulk variant at 128
+CONFIGS = [launcher.make_config(v) for v in launcher.VARIANTS] + [
+    launcher.make_config("default", *launcher.ROWWISE_SHAPE),
+    launcher.make_config("bulk", threads=128),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
+def test_kernel_compiles_with_nvrtc(arch: str, config: launcher.KernelConfig) -> None:
     pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
-    code = launcher.compile_kernel(arch, launcher.make_config(variant))
+    code = launcher.compile_kernel(arch, config)
     assert len(bytes(code.code)) > 1000
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("variant", launcher.VARIANTS)
-def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, variant: str) -> None:
-    config = launcher.make_config(variant)
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, config: launcher.KernelConfig) -> None:
     defines = [f"-D{k}={v}" for k, v in config.macros()]
     done = subprocess.run(
         ["nvcc", "-arch=sm_90", "-c", "-Xptxas", "-v", *defines, str(SOURCE), "-o", str(tmp_path / "k.o")],
@@ -154,6 +160,7 @@ PART_CASES = [
     (2048, 224, 1, 32, 32),  # 56 tiles: columnwise 4 chunks a slab, two a unit; rowwise 32 + 24
     (200, 128, 1, 2, 2),  # 32 tiles: rowwise, one whole-block unit a slab
     (300, 40, 1, 2, 2),  # 10 tiles: 3 slabs, two a unit
+    (300, 160, 1, 5, 6),  # 40 tiles: columnwise 3 chunks a slab, 9 in all; rowwise 32 + 8, one slab
     (100, 3, 1, 1, 1),  # one slab of one tile
 ]
 
@@ -169,14 +176,22 @@ def test_units_of_a_256_thread_block_by_parts(
     rowwise = job._replace(rs=cols, cs=1, mode=launcher.MODE_ROWS)
     assert rowwise.units(config) == row_units
     by_parts = rowwise.row(0, config)[8] & launcher.FLAG_PARTS
-    assert bool(by_parts) == (-(-cols // 4) <= 16), "rowwise by parts exactly where a slab fills half a unit"
+    assert bool(by_parts) == (-(-cols // 4) <= 16), "rowwise by parts exactly where a row fits one part"
     assert not rowwise.row(0, launcher.make_config("default"))[8] & launcher.FLAG_PARTS  # 128 threads: one part
 
 
-@pytest.mark.parametrize(("tiles", "threads"), [(16, 192), (16, 256), (24, 100)])
-def test_unsupported_kernel_shapes_are_refused(tiles: int, threads: int) -> None:
-    with pytest.raises(ValueError, match=f"unsupported kernel shape: tiles_per_unit={tiles}, threads={threads}"):
-        launcher.make_config("default", tiles, threads)
+@pytest.mark.parametrize(
+    ("variant", "tiles", "threads", "found"),
+    [
+        ("default", 16, 192, "block size: threads=192"),
+        ("default", 24, 100, "block size: threads=100"),
+        ("bulk", None, 512, "block size: threads=512"),  # the bulk build compiles the default kernel too
+        ("default", 16, 256, "shape: tiles_per_unit=16, threads=256"),
+    ],
+)
+def test_unsupported_kernel_shapes_are_refused(variant: str, tiles: int | None, threads: int, found: str) -> None:
+    with pytest.raises(ValueError, match=f"unsupported kernel {found}"):
+        launcher.make_config(variant, tiles, threads)
 
 
 @pytest.mark.parametrize(("nbytes", "units"), [(1, 1), (16384, 1), (16385, 2), (16384 * 3 + 1, 4)])

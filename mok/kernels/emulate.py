@@ -197,7 +197,8 @@ def check(
 
 
 def _threads(variant: str) -> list[int]:
-    """Block sizes to emulate: the launcher's default first, then another valid one."""
+    """Block sizes to emulate: the launcher's default first (for the default variant, both shapes
+    it picks per launch), then another valid one."""
     return [256, 128] if variant.startswith("bulk") else [128, 256, 64]
 
 

@@ -26,8 +26,8 @@ KERNEL_NAME = "mxfp8_swizzle_jobs"
 THREADS = 128
 TILES_PER_UNIT = 16  # 64 scale columns per unit: fastest of the H200 sweep (benchmarks/results)
 # A launch with no columnwise job, unless a shape is configured: 32-tile units in 256-thread
-# blocks, 0.02-0.04 faster than 16 x 128 on every rowwise case of the H200 benchmark, while
-# columnwise jobs lose as much at that shape (benchmarks/KERNEL_NOTES.md, session 7).
+# blocks, 0.01-0.06 faster than 16 x 128 on every large rowwise case of the H200 benchmark, while
+# columnwise jobs are 0.00-0.04 slower at that shape (benchmarks/KERNEL_NOTES.md, session 7).
 ROWWISE_SHAPE = (32, 256)
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" fixes one shape for every launch (benchmarks, tests)
 VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
@@ -65,7 +65,8 @@ class KernelConfig:
     @property
     def parts(self) -> int:
         """Default kernel: units a block converts side by side when it converts by parts (one
-        slab each, 128 threads a part; columnwise jobs, and rowwise ones that fill half a unit)."""
+        slab each, 128 threads a part; columnwise jobs, and rowwise ones of at most part_tiles
+        tiles)."""
         return max(1, self.threads // 128)
 
     @property
@@ -91,17 +92,18 @@ def make_config(
     """A checked :class:`KernelConfig`; None picks the variant's default."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}; expected one of {', '.join(VARIANTS)}")
-    if variant.startswith("bulk"):
-        threads = threads or 256
-        if threads % 32 or not 64 <= threads <= 1024:
-            raise ValueError(f"unsupported bulk kernel block size: threads={threads} (a multiple of 32, 64-1024)")
+    bulk = variant.startswith("bulk")
+    threads = threads or (256 if bulk else 128)
+    # the default kernel's parts are 128 threads, at most two a block (the bulk build compiles it too)
+    if threads % 32 or not (64 <= threads <= 128 or threads == 256):
+        raise ValueError(f"unsupported kernel block size: threads={threads} (64, 96, 128 or 256)")
+    if bulk:
         return KernelConfig(variant, threads // 8, threads)  # tiles: the pre-sm_90 fallback's unit
-    threads = threads or 128
     tiles = tiles_per_unit or max(16, threads // 8)
-    if (128 * tiles // 4) % (threads * 4) or threads % 32 or not (threads <= 128 or threads == 256):
+    if (128 * tiles // 4) % (threads * 4):
         raise ValueError(
-            f"unsupported kernel shape: tiles_per_unit={tiles}, threads={threads} (threads: 32-128 in "
-            "multiples of 32, or 256; 128*tiles/4 a multiple of 4*threads)"
+            f"unsupported kernel shape: tiles_per_unit={tiles}, threads={threads} (128*tiles/4 must be a "
+            "multiple of 4*threads)"
         )
     return KernelConfig(variant, tiles, threads)
 
@@ -270,19 +272,17 @@ class Job(NamedTuple):
 
     def _width(self, config: KernelConfig) -> tuple[int, int]:
         """Default kernel: (tiles of a unit's slab, slabs a block converts at once). Columnwise jobs
-        go by parts; a rowwise job too where that takes fewer blocks (TE's 64 columns: half a
-        32-tile unit). Decided here only; the kernel reads FLAG_PARTS."""
-        if config.parts > 1:
-            tiles = -(-self.cols // 4)
-            by_parts = -(-tiles // config.part_tiles) / config.parts
-            if self.mode == MODE_COLS or by_parts < -(-tiles // config.tiles_per_unit):
-                return config.part_tiles, config.parts
+        go by parts; a rowwise job too where its rows fit one part (TE's 64 columns: half a 32-tile
+        unit; the one rowwise width measured by parts). Decided here only; the kernel reads
+        FLAG_PARTS."""
+        if config.parts > 1 and (self.mode == MODE_COLS or -(-self.cols // 4) <= config.part_tiles):
+            return config.part_tiles, config.parts
         return config.tiles_per_unit, 1
 
     def _joins_last(self, config: KernelConfig) -> bool:
         """Whether the default kernel gives this columnwise job's last chunk, when it is one tile
-        (TE's 65 columns), to the chunk before: one unit of tiles_per_unit + 1 tiles instead of a
-        block for 512 bytes. Decided here only; the kernel reads FLAG_JOIN_LAST."""
+        (TE's 65 columns), to the chunk before: one unit (of a part) of part_tiles + 1 tiles
+        instead of a block for 512 bytes. Decided here only; the kernel reads FLAG_JOIN_LAST."""
         tiles, unit = -(-self.cols // 4), config.part_tiles
         return not config.bulk and self.mode == MODE_COLS and tiles > unit and tiles % unit == 1
 

@@ -26,9 +26,10 @@
 // Parts: a block of more than 128 threads can also convert PARTS units of one slab each at once,
 // 128 threads and PART_TILES tiles a part, each part as a 128-thread block would (its own shared
 // tile, its own barrier). Columnwise units always do; rowwise units do where the launcher says
-// (FLAG_PARTS: TE's 64-column matrices, which would leave half of a wide unit idle). So a block
-// sized for wide rowwise units (32 tiles x 256 threads: rowwise E=256 1.08 -> 1.03) keeps the
-// 128-thread shape's columnwise speed (benchmarks/KERNEL_NOTES.md, session 7).
+// (FLAG_PARTS: rows of at most PART_TILES tiles, like TE's 64-column matrices, which would leave
+// half of a wide unit idle). It lets the launcher's 32 x 256 shape for rowwise launches (0.01-0.06
+// faster than 16 x 128) convert any job; columnwise jobs still run 0.00-0.04 slower in it than at
+// 16 x 128, so the launcher gives those launches 16 x 128 (benchmarks/KERNEL_NOTES.md, session 7).
 #define PART_THREADS (THREADS < 128 ? THREADS : 128)
 #define PARTS (THREADS / PART_THREADS)
 #define PART_TILES (TILES_PER_UNIT / PARTS)
@@ -79,7 +80,7 @@ struct Unit {
   unsigned char* dst;        // the unit's first output tile
   long long rs, cs;  // strides; for MODE_COPY the unit's byte range [rs, cs)
   int mode, vec, r0, c0, rv, cv, ntiles;
-  bool parts;  // converted by parts (this thread's part's unit)
+  bool by_parts;  // converted by parts (this thread's part's unit)
 };
 
 __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, long long u) {
@@ -95,7 +96,7 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   U.vec = (int)((job.flags >> 8) & 0xff);
   U.rs = job.rs;
   U.cs = job.cs;
-  U.parts = PARTS > 1 && (U.mode == MODE_COLS || (job.flags & FLAG_PARTS));
+  U.by_parts = PARTS > 1 && (U.mode == MODE_COLS || (job.flags & FLAG_PARTS));
   if (U.mode == MODE_COPY) {
     long long chunk = local;
     U.src = reinterpret_cast<const unsigned char*>(job.src);
@@ -115,14 +116,14 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   const int R = (int)job.rows, C = (int)job.cols;
   const int tiles = (C + 3) / 4;            // Cp / 4
   const int slabs = (R + ROWS - 1) / ROWS;  // Rp / 128
-  const int width = U.parts ? PART_TILES : TILES_PER_UNIT;  // tiles per unit (of a part)
+  const int width = U.by_parts ? PART_TILES : TILES_PER_UNIT;  // tiles per unit (of a part)
   // A columnwise job whose last chunk would be one tile (TE's 65 columns, M = 2080) gives that
   // tile to the chunk before it: one unit of width + 1 tiles, not a block for 512 bytes
   // (padded columnwise 1.14 / 1.26 -> 1.11 / 1.13; benchmarks/KERNEL_NOTES.md, session 6).
   const bool extra = (job.flags & FLAG_JOIN_LAST) != 0;
   const int chunks = (tiles + width - 1) / width - extra;
   const long long per_expert = (long long)slabs * chunks;
-  const long long sub = U.parts ? local * PARTS + PART : local;  // this part's
+  const long long sub = U.by_parts ? local * PARTS + PART : local;  // this part's
   if (sub >= per_expert * job.experts) {  // a part past the job's last unit: nothing to do
     U.src = nullptr;
     U.dst = nullptr;
@@ -691,7 +692,7 @@ __device__ __forceinline__ void bulk_body(const Job* __restrict__ jobs, int njob
 __device__ __forceinline__ void convert(const Unit& U, unsigned char* tile) {
   if (U.mode == MODE_COLS) {
     convert_unit<true, PART_THREADS, PART_TILES>(U, tile);
-  } else if (PARTS > 1 && U.parts) {
+  } else if (PARTS > 1 && U.by_parts) {  // PARTS > 1: no second rowwise body for one-part blocks
     convert_unit<false, PART_THREADS, PART_TILES>(U, tile);
   } else {
     convert_unit<false, THREADS, TILES_PER_UNIT>(U, tile);

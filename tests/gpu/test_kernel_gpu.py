@@ -312,7 +312,7 @@ def _convert_job_small() -> launcher.Job:
 def test_capture_without_warm_up_is_refused() -> None:
     src = torch.randint(0, 256, (1, 384, 12), dtype=torch.uint8, device=CUDA)
     out = torch.empty(mok.layout_shape(384, 12), dtype=torch.uint8, device=CUDA)
-    launcher._kernel(src.device)  # compiled, but this buffer pair was never seen
+    launcher._kernel(src.device, launcher.config_for([launcher.convert_job(src, out)]))  # compiled, never seen
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(mok.LayoutError, match="never converted outside CUDA-graph capture"):
         with torch.cuda.graph(graph):
