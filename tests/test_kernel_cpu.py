@@ -152,7 +152,7 @@ def test_columnwise_one_tile_last_chunk_joins_the_one_before(rows: int, cols: in
 
 # (rows R, scale columns C, experts E) -> (columnwise units, rowwise units) of a 256-thread block
 # with 32-tile units, by hand: columnwise, two slabs of 16 tiles a unit (parts); rowwise, one slab
-# of 32 tiles, or two slabs of 16 where that takes fewer units.
+# of 32 tiles, or two slabs (parts) where a row fits one part's 16 tiles.
 PART_CASES = [
     (7168, 64, 1, 28, 28),  # 56 slabs of 16 tiles: two slabs a unit either way
     (7200, 65, 1, 29, 57),  # 17 tiles (columnwise: the one-tile chunk joins); the last unit one slab
@@ -173,6 +173,7 @@ def test_units_of_a_256_thread_block_by_parts(
     assert (config.parts, config.part_tiles) == (2, 16)
     job = launcher.Job(0, 0, 1, rows, rows * cols, rows, cols, experts, launcher.MODE_COLS, 16)
     assert job.units(config) == col_units
+    assert job.row(0, config)[8] & launcher.FLAG_PARTS  # columnwise: always by parts
     rowwise = job._replace(rs=cols, cs=1, mode=launcher.MODE_ROWS)
     assert rowwise.units(config) == row_units
     by_parts = rowwise.row(0, config)[8] & launcher.FLAG_PARTS

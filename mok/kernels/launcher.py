@@ -43,7 +43,7 @@ COPY_CHUNK = 16384
 MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
 FLAG_INDIRECT = 1 << 16  # src/dst of the job are device arrays of per-expert addresses
 FLAG_JOIN_LAST = 1 << 17  # default kernel: the job's one-tile last chunk joins the chunk before
-FLAG_PARTS = 1 << 18  # default kernel: a rowwise job converted by parts (columnwise jobs always are)
+FLAG_PARTS = 1 << 18  # default kernel: a job converted by parts (Job._width)
 STAGE_NONE, STAGE_SLAB, STAGE_ROWSEG, STAGE_COLSEG = 0, 1, 2, 3  # bulk: how a job's units are staged
 COL_PITCH = 144  # bulk: shared bytes per staged column (mxfp8_swizzle.cu)
 MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
@@ -294,7 +294,7 @@ class Job(NamedTuple):
             flags |= kind << 20 | unit << 24
         if self._joins_last(config):
             flags |= FLAG_JOIN_LAST
-        if not config.bulk and self.mode in (MODE_ROWS, MODE_GATHER) and self._width(config)[1] > 1:
+        if not config.bulk and self.mode != MODE_COPY and self._width(config)[1] > 1:
             flags |= FLAG_PARTS
         return (self.src, self.dst, self.rs, self.cs, self.es, self.rows, self.cols, self.experts, flags, unit_begin)
 

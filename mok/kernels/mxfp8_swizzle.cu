@@ -25,8 +25,8 @@
 #define PIECES (ROWS * TILES_PER_UNIT / 4 / THREADS)  // 16-byte pieces per thread
 // Parts: a block of more than 128 threads can also convert PARTS units of one slab each at once,
 // 128 threads and PART_TILES tiles a part, each part as a 128-thread block would (its own shared
-// tile, its own barrier). Columnwise units always do; rowwise units do where the launcher says
-// (FLAG_PARTS: rows of at most PART_TILES tiles, like TE's 64-column matrices, which would leave
+// tile, its own barrier), where the launcher says (FLAG_PARTS): columnwise jobs, and rowwise ones
+// whose rows fit one part (at most PART_TILES tiles, like TE's 64-column matrices, which would leave
 // half of a wide unit idle). It lets the launcher's 32 x 256 shape for rowwise launches (0.01-0.06
 // faster than 16 x 128) convert any job; columnwise jobs still run 0.00-0.04 slower in it than at
 // 16 x 128, so the launcher gives those launches 16 x 128 (benchmarks/KERNEL_NOTES.md, session 7).
@@ -58,7 +58,7 @@ static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns p
                                  // and copies under the default kernel)
 #define FLAG_JOIN_LAST (1 << 17)  // the one-tile last chunk of a columnwise job joins the chunk before
                                   // (decided by the launcher, Job._joins_last)
-#define FLAG_PARTS (1 << 18)      // a rowwise job converted in parts (decided by the launcher, Job._width)
+#define FLAG_PARTS (1 << 18)      // a job converted by parts (decided by the launcher, Job._width)
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
 struct Job {
@@ -96,7 +96,7 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   U.vec = (int)((job.flags >> 8) & 0xff);
   U.rs = job.rs;
   U.cs = job.cs;
-  U.by_parts = PARTS > 1 && (U.mode == MODE_COLS || (job.flags & FLAG_PARTS));
+  U.by_parts = PARTS > 1 && (job.flags & FLAG_PARTS);
   if (U.mode == MODE_COPY) {
     long long chunk = local;
     U.src = reinterpret_cast<const unsigned char*>(job.src);
