@@ -1,5 +1,5 @@
 """A representative run of the kernel for compute-sanitizer (memcheck, racecheck, synccheck), every
-kernel variant (launcher.VARIANTS) in turn.
+kernel variant (launcher.VARIANTS) in turn, or those named as arguments.
 
     compute-sanitizer --tool memcheck --report-api-errors no python benchmarks/sanitizer_case.py
     compute-sanitizer --tool racecheck python benchmarks/sanitizer_case.py
@@ -13,6 +13,8 @@ Exits non-zero on a mismatch.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -74,7 +76,7 @@ def _one_variant(variant: str, dev: str) -> None:
 
 
 def main() -> None:
-    for variant in launcher.VARIANTS:
+    for variant in sys.argv[1:] or launcher.VARIANTS:  # variants named on the command line, or all
         _one_variant(variant, "cuda")
         print(f"sanitizer case, variant {variant}: all results equal the torch reference")
 

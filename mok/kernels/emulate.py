@@ -125,6 +125,13 @@ def _partial_words(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor,
     return [_convert(buf[:, :, :c]) for c in (6, 7, 33, 34, 71)]
 
 
+def _offsets(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
+    """4-byte aligned rows whose slabs start at every address modulo 16 (a short head before the
+    first 16-byte word), a last slab of 3 rows, a partial last word, and one row inside one word."""
+    buf = torch.randint(0, 256, (3 * 131 * 20 + 16,), dtype=torch.uint8, generator=g)
+    return [_convert(buf[4 : 4 + 3 * 131 * 20].view(3, 131, 20)[:, :, :18]), _convert(buf[4:12].view(1, 1, 8))]
+
+
 def _mixed(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
     """Jobs of odd unit counts, so a block's grid-stride loop mixes rows, columns, copies and experts."""
     cols = torch.randint(0, 256, (1, 7, 200), dtype=torch.uint8, generator=g).transpose(1, 2)  # 2 units
@@ -171,6 +178,7 @@ CASES: list[Case] = [
     ("per-expert tables, 65 columns, E=3 2080x384", _per_expert(3, 2080, 384)),
     ("odd strides, gather, wide rows, copies", _odd),
     ("rowwise 4-byte rows, partial last words", _partial_words),
+    ("rowwise 4-byte rows at every offset modulo 16", _offsets),
     ("mixed layer, odd unit counts", _mixed),
     ("per-expert copies of one size", _expert_copies(False)),
     ("per-expert copies, one misaligned", _expert_copies(True)),

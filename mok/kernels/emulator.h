@@ -35,6 +35,7 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 struct Dim3 { unsigned x; };
 thread_local Dim3 threadIdx, blockIdx;
 Dim3 gridDim;
+using std::max;
 using std::min;
 
 template <class T> inline T __ldg(const T* p) { return *p; }
@@ -105,6 +106,23 @@ inline void mbar_wait(unsigned long long* bar, unsigned parity) {
     std::this_thread::yield();
   }
 }
+// cp.async (16 bytes, global -> shared): checked for alignment and bounds, and landed only at this
+// thread's async_wait, so a read before the wait (or by another thread before a barrier) sees the
+// poisoned shared memory.
+struct EmuCopy { unsigned char* dst; const unsigned char* src; };
+thread_local std::vector<EmuCopy> emu_copies;
+inline void async_copy16(unsigned char* dst, const unsigned char* src) {
+  if (reinterpret_cast<unsigned long long>(dst) % 16 || reinterpret_cast<unsigned long long>(src) % 16)
+    emu_fail("cp.async of 16 bytes misaligned");
+  if (__start_emu_shared && (dst < __start_emu_shared || dst + 16 > __stop_emu_shared))
+    emu_fail("cp.async outside shared memory");
+  emu_copies.push_back({dst, src});
+}
+inline void async_wait() {
+  for (const EmuCopy& c : emu_copies) std::memcpy(c.dst, c.src, 16);
+  emu_copies.clear();
+}
+
 inline void bulk_load(unsigned char* dst, const unsigned char* src, unsigned bytes, unsigned long long* bar) {
   if (bytes == 0 || bytes % 16) emu_fail("bulk copy size not a positive multiple of 16");
   if ((dst - emu_stages) % 16 || reinterpret_cast<unsigned long long>(src) % 16) emu_fail("bulk copy misaligned");

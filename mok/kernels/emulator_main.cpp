@@ -22,6 +22,7 @@ extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid
         if (t == 0 && __start_emu_shared) std::memset(__start_emu_shared, 0x5A, __stop_emu_shared - __start_emu_shared);
         sync.arrive_and_wait();  // shared memory is garbage (as on the device) when the block starts
         mxfp8_swizzle_jobs(jobs, njobs, total);
+        if (!emu_copies.empty()) emu_fail("cp.async never waited for");
         sync.arrive_and_wait();  // the block is done with its shared memory before the next starts
       }
     });

@@ -34,7 +34,10 @@ VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
 # bulk: Hopper bulk copies into double-buffered shared stages, persistent blocks (sm_90+; else default).
 # bulk-fine: the same kernel with smaller units for aligned rows and columns (better balance
 # across blocks when a launch has few slabs; more, smaller copies).
-VARIANTS = ("default", "bulk", "bulk-fine")
+# slab (measuring): rowwise jobs with 4-byte aligned rows (TE's padded rows) staged a whole slab a
+# unit with 16-byte async copies, in 256-thread builds.
+VARIANTS = ("default", "bulk", "bulk-fine", "slab")
+SLAB_BYTES = 30720  # slab variant: shared bytes of a staged slab (5 blocks of 256 threads an SM)
 FINE_TILES = 16  # bulk-fine: most 4-column tiles per unit of a staged aligned job
 BULK_MIN_ARCH = (9, 0)
 STAGE_BYTES = 32768  # bulk: one shared stage (two per block); a rowwise slab of up to 255 bytes a row
@@ -44,6 +47,7 @@ MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
 FLAG_INDIRECT = 1 << 16  # src/dst of the job are device arrays of per-expert addresses
 FLAG_JOIN_LAST = 1 << 17  # default kernel: the job's one-tile last chunk joins the chunk before
 FLAG_PARTS = 1 << 18  # default kernel: a job converted by parts (Job._width)
+FLAG_SLAB = 1 << 19  # default kernel: a rowwise job converted a whole slab a unit (Job._slab)
 STAGE_NONE, STAGE_SLAB, STAGE_ROWSEG, STAGE_COLSEG = 0, 1, 2, 3  # bulk: how a job's units are staged
 COL_PITCH = 144  # bulk: shared bytes per staged column (mxfp8_swizzle.cu)
 MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
@@ -75,6 +79,11 @@ class KernelConfig:
         return self.tiles_per_unit // self.parts
 
     @property
+    def slab_bytes(self) -> int:
+        """Default kernel: shared bytes a slab unit may stage (0: no slab units in this build)."""
+        return SLAB_BYTES if self.variant == "slab" and self.parts > 1 else 0
+
+    @property
     def shared_bytes(self) -> int:
         """Dynamic shared memory per block."""
         return 2 * STAGE_BYTES if self.bulk else 0
@@ -83,6 +92,8 @@ class KernelConfig:
         found = [("TILES_PER_UNIT", str(self.tiles_per_unit)), ("THREADS", str(self.threads))]
         if self.bulk:
             found += [("MOK_BULK", "1"), ("STAGE_BYTES", str(STAGE_BYTES)), ("BULK_BLOCKS", str(BULK_BLOCKS))]
+        if self.slab_bytes:
+            found.append(("SLAB_BYTES", str(self.slab_bytes)))
         return found
 
 
@@ -275,9 +286,18 @@ class Job(NamedTuple):
         go by parts; a rowwise job too where its rows fit one part (TE's 64 columns: half a 32-tile
         unit; the one rowwise width measured by parts). Decided here only; the kernel reads
         FLAG_PARTS."""
+        if self._slab(config):
+            return -(-self.cols // 4), 1
         if config.parts > 1 and (self.mode == MODE_COLS or -(-self.cols // 4) <= config.part_tiles):
             return config.part_tiles, config.parts
         return config.tiles_per_unit, 1
+
+    def _slab(self, config: KernelConfig) -> bool:
+        """Whether the default kernel converts this job a whole 128-row slab a unit: rows aligned
+        to 4 bytes but not 16 (TE's padded rows), in a build with slab units, the slab's bytes
+        (at any address modulo 16) within its shared memory. Decided here only (FLAG_SLAB)."""
+        staged = 15 + 127 * self.rs + 4 * -(-self.cols // 4)
+        return self.mode == MODE_ROWS and self.vec == 4 and 0 < staged <= config.slab_bytes
 
     def _joins_last(self, config: KernelConfig) -> bool:
         """Whether the default kernel gives this columnwise job's last chunk, when it is one tile
@@ -296,6 +316,8 @@ class Job(NamedTuple):
             flags |= FLAG_JOIN_LAST
         if not config.bulk and self.mode != MODE_COPY and self._width(config)[1] > 1:
             flags |= FLAG_PARTS
+        if self._slab(config):
+            flags |= FLAG_SLAB
         return (self.src, self.dst, self.rs, self.cs, self.es, self.rows, self.cols, self.experts, flags, unit_begin)
 
 

@@ -42,7 +42,11 @@ static_assert(PARTS * PART_THREADS == THREADS && PARTS * PART_TILES == TILES_PER
 // conflict-free; columnwise units have room for one extra tile (see decode).
 #define PITCH_OF(COLS, W) ((W) * 4 + ((COLS) ? 12 : 4))
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
-#define TILE_BYTES MAX2(ROWS * PITCH_OF(false, TILES_PER_UNIT), PARTS * ROWS * PITCH_OF(true, PART_TILES))
+#ifndef SLAB_BYTES
+#define SLAB_BYTES 0  // no slab units in this build (FLAG_SLAB)
+#endif
+#define TILE_BYTES \
+  MAX2(SLAB_BYTES, MAX2(ROWS * PITCH_OF(false, TILES_PER_UNIT), PARTS * ROWS * PITCH_OF(true, PART_TILES)))
 // Resident blocks per SM the register allocation is made for: 10 x 128 threads (48 registers a
 // thread) rather than 8 (64): more loads in flight per SM, which hides each block's start (its
 // addresses, and for per-expert jobs the pointer-table load) (benchmarks/KERNEL_NOTES.md, session 6).
@@ -59,6 +63,7 @@ static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns p
 #define FLAG_JOIN_LAST (1 << 17)  // the one-tile last chunk of a columnwise job joins the chunk before
                                   // (decided by the launcher, Job._joins_last)
 #define FLAG_PARTS (1 << 18)      // a job converted by parts (decided by the launcher, Job._width)
+#define FLAG_SLAB (1 << 19)       // a rowwise job converted a whole 128-row slab a unit (Job._slab)
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
 struct Job {
@@ -81,6 +86,7 @@ struct Unit {
   long long rs, cs;  // strides; for MODE_COPY the unit's byte range [rs, cs)
   int mode, vec, r0, c0, rv, cv, ntiles;
   bool by_parts;  // converted by parts (this thread's part's unit)
+  bool slab;      // a whole slab, staged as the contiguous bytes it is (convert_slab)
 };
 
 __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, long long u) {
@@ -97,6 +103,7 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   U.rs = job.rs;
   U.cs = job.cs;
   U.by_parts = PARTS > 1 && (job.flags & FLAG_PARTS);
+  U.slab = SLAB_BYTES > 0 && (job.flags & FLAG_SLAB);
   if (U.mode == MODE_COPY) {
     long long chunk = local;
     U.src = reinterpret_cast<const unsigned char*>(job.src);
@@ -116,7 +123,7 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   const int R = (int)job.rows, C = (int)job.cols;
   const int tiles = (C + 3) / 4;            // Cp / 4
   const int slabs = (R + ROWS - 1) / ROWS;  // Rp / 128
-  const int width = U.by_parts ? PART_TILES : TILES_PER_UNIT;  // tiles per unit (of a part)
+  const int width = U.slab ? tiles : U.by_parts ? PART_TILES : TILES_PER_UNIT;  // tiles per unit (of a part)
   // A columnwise job whose last chunk would be one tile (TE's 65 columns, M = 2080) gives that
   // tile to the chunk before it: one unit of width + 1 tiles, not a block for 512 bytes
   // (padded columnwise 1.14 / 1.26 -> 1.11 / 1.13; benchmarks/KERNEL_NOTES.md, session 6).
@@ -359,6 +366,53 @@ __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
   write_tiles<P, N>(U, tile);
 }
 
+#if SLAB_BYTES > 0
+#ifndef MOK_EMULATE  // emulator.h has its own (each copy lands at the wait)
+// 16 bytes global -> shared without registers (sm_80+), visible to this thread after async_wait.
+__device__ __forceinline__ void async_copy16(unsigned char* dst, const unsigned char* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif
+
+// A slab unit (FLAG_SLAB): all 128 rows and every tile of a rowwise job whose rows are only 4-byte
+// aligned (TE's padded rows: 225 bytes at a 228-byte stride). The slab is ONE contiguous byte range
+// whatever C is, so it is staged as it lies, with aligned 16-byte copies (the short head and tail
+// byte by byte), at the same address modulo 16; output word (r, 4t) is then one aligned 4-byte
+// shared read, masked to [rv, cv). The launcher sees that the slab fits (Job._slab).
+__device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
+  const unsigned char* base = U.src + (long long)U.r0 * U.rs;  // S[r0, 0]
+  const int d = (int)(reinterpret_cast<unsigned long long>(base) & 15);
+  const int end = d + (U.rv - 1) * (int)U.rs + U.cv;  // staged bytes are tile[d, end)
+  const int whole_begin = (d + 15) & ~15, whole_end = end & ~15;
+  const unsigned char* from = base - d;  // tile[i] mirrors from[i]
+  __syncthreads();                       // the block's previous unit's tile reads are done
+  for (int i = whole_begin + 16 * (int)threadIdx.x; i < whole_end; i += 16 * THREADS)
+    async_copy16(tile + i, from + i);
+  if (threadIdx.x < 32) {  // the head [d, whole_begin) and the tail [whole_end, end): < 16 bytes each
+    const bool head = threadIdx.x < 16;
+    const int i = (head ? d : max(whole_end, whole_begin)) + ((int)threadIdx.x & 15);
+    if (i < (head ? min(whole_begin, end) : end)) tile[i] = ld_byte(from + i);
+  }
+  async_wait();
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const unsigned char* s = tile + d;
+  for (int t = threadIdx.x >> 5; t < U.ntiles; t += THREADS / 32) {
+    const int c = 4 * t;
+    const unsigned keep = c + 4 <= U.cv ? ~0u : (1u << 8 * (U.cv - c)) - 1;  // bytes past cv: 0
+    unsigned w[4];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const int r = lane + 32 * g;
+      w[g] = r < U.rv ? *reinterpret_cast<const unsigned*>(s + r * (int)U.rs + c) & keep : 0u;
+    }
+    *reinterpret_cast<uint4*>(U.dst + t * 512 + lane * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+#endif
 
 #if defined(MOK_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // ---- bulk variant (MOK_BULK, sm_90+). Each block walks a contiguous range of units; while it
@@ -692,6 +746,10 @@ __device__ __forceinline__ void bulk_body(const Job* __restrict__ jobs, int njob
 __device__ __forceinline__ void convert(const Unit& U, unsigned char* tile) {
   if (U.mode == MODE_COLS) {
     convert_unit<true, PART_THREADS, PART_TILES>(U, tile);
+#if SLAB_BYTES > 0
+  } else if (U.slab) {
+    convert_slab(U, tile);
+#endif
   } else if (PARTS > 1 && U.by_parts) {  // PARTS > 1: no second rowwise body for one-part blocks
     convert_unit<false, PART_THREADS, PART_TILES>(U, tile);
   } else {
