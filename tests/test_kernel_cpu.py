@@ -24,6 +24,7 @@ SOURCE = Path(launcher.__file__).with_name("mxfp8_swizzle.cu")
 CONFIGS = [launcher.make_config(v) for v in launcher.VARIANTS] + [
     launcher.make_config("default", *launcher.ROWWISE_SHAPE),
     launcher.make_config("bulk", threads=128),
+    launcher.make_config("slab", *launcher.ROWWISE_SHAPE),
 ]
 
 
@@ -53,16 +54,21 @@ def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, config: launch
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
-@pytest.mark.parametrize("variant", ["default", "bulk"])
-def test_emulated_kernel_matches_the_reference(variant: str) -> None:
+@pytest.mark.parametrize(("variant", "threads"), [("default", 128), ("bulk", 128), ("slab", 256)])
+def test_emulated_kernel_matches_the_reference(variant: str, threads: int) -> None:
     """The CPU emulator (mok.kernels.emulate; the full run covers more cases and grids)."""
     from mok.kernels import emulate
 
     cases = dict(emulate.CASES)
-    names = ("rowwise padded E=2 544x7200", "rowwise 4-byte rows, partial last words", "mixed layer, odd unit counts")
+    names = (
+        "rowwise padded E=2 544x7200",
+        "rowwise 4-byte rows, partial last words",
+        "rowwise 4-byte rows at every offset modulo 16",
+        "mixed layer, odd unit counts",
+    )
     for name in names:
         for grid in (0, 3):
-            emulate.check(name, cases[name], 128, grid, variant)
+            emulate.check(name, cases[name], threads, grid, variant)
 
 
 def _ptr_tensor(shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0) -> torch.Tensor:
@@ -179,6 +185,33 @@ def test_units_of_a_256_thread_block_by_parts(
     by_parts = rowwise.row(0, config)[8] & launcher.FLAG_PARTS
     assert bool(by_parts) == (-(-cols // 4) <= 16), "rowwise by parts exactly where a row fits one part"
     assert not rowwise.row(0, launcher.make_config("default"))[8] & launcher.FLAG_PARTS  # 128 threads: one part
+
+
+SLAB_CONFIG = launcher.make_config("slab", *launcher.ROWWISE_SHAPE)
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "rs", "vec", "experts", "slab_units"),
+    [
+        (2080, 225, 228, 4, 256, 256 * 17),  # TE's padded rows: a unit a slab, 57 tiles
+        (300, 18, 20, 4, 1, 3),  # narrow rows too (no parts), a short last slab
+        (1, 5, 0, 4, 1, 1),  # one row
+        (2048, 224, 224, 16, 1, 0),  # 16-byte aligned rows keep 16-byte register loads
+        (2048, 225, 228, 1, 1, 0),  # misaligned: byte loads
+        (128, 241, 244, 4, 1, 0),  # 15 + 127*244 + 244 bytes: more than a slab's shared memory
+    ],
+)
+def test_slab_units_are_4_byte_aligned_rows_whose_slab_fits(
+    rows: int, cols: int, rs: int, vec: int, experts: int, slab_units: int
+) -> None:
+    job = launcher.Job(0, 0, rs, 1, rows * rs, rows, cols, experts, launcher.MODE_ROWS, vec)
+    flags = job.row(0, SLAB_CONFIG)[8]
+    assert bool(flags & launcher.FLAG_SLAB) == (slab_units > 0)
+    if slab_units:
+        assert job.units(SLAB_CONFIG) == slab_units
+        assert not flags & launcher.FLAG_PARTS
+    for other in (launcher.make_config("slab"), launcher.make_config("default", *launcher.ROWWISE_SHAPE)):
+        assert not job.row(0, other)[8] & launcher.FLAG_SLAB  # 128 threads, or no slab build
 
 
 @pytest.mark.parametrize(
