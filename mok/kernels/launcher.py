@@ -34,10 +34,10 @@ VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
 # bulk: Hopper bulk copies into double-buffered shared stages, persistent blocks (sm_90+; else default).
 # bulk-fine: the same kernel with smaller units for aligned rows and columns (better balance
 # across blocks when a launch has few slabs; more, smaller copies).
-# slab (measuring): rowwise jobs with 4-byte aligned rows (TE's padded rows) staged a whole slab a
-# unit with 16-byte async copies, in 256-thread builds.
-VARIANTS = ("default", "bulk", "bulk-fine", "slab")
-SLAB_BYTES = 30720  # slab variant: shared bytes of a staged slab (5 blocks of 256 threads an SM)
+VARIANTS = ("default", "bulk", "bulk-fine")
+# Default kernel, 256-thread builds (ROWWISE_SHAPE): shared bytes a slab unit stages (Job._slab):
+# rows of up to 236 bytes, and still 5 blocks an SM, as the register bound allows.
+SLAB_BYTES = 30720
 FINE_TILES = 16  # bulk-fine: most 4-column tiles per unit of a staged aligned job
 BULK_MIN_ARCH = (9, 0)
 STAGE_BYTES = 32768  # bulk: one shared stage (two per block); a rowwise slab of up to 255 bytes a row
@@ -80,8 +80,10 @@ class KernelConfig:
 
     @property
     def slab_bytes(self) -> int:
-        """Default kernel: shared bytes a slab unit may stage (0: no slab units in this build)."""
-        return SLAB_BYTES if self.variant == "slab" and self.parts > 1 else 0
+        """Default kernel: shared bytes a slab unit may stage (0: no slab units in this build).
+        Only 256-thread builds have them: at 30 KB a block, ten 128-thread blocks would not fit
+        an SM's shared memory."""
+        return SLAB_BYTES if self.variant == "default" and self.parts > 1 else 0
 
     @property
     def shared_bytes(self) -> int:
@@ -295,7 +297,9 @@ class Job(NamedTuple):
     def _slab(self, config: KernelConfig) -> bool:
         """Whether the default kernel converts this job a whole 128-row slab a unit: rows aligned
         to 4 bytes but not 16 (TE's padded rows), in a build with slab units, the slab's bytes
-        (at any address modulo 16) within its shared memory. Decided here only (FLAG_SLAB)."""
+        (at any address modulo 16) within its shared memory. TE's 225-byte rows at a 228-byte
+        stride: 1.18 / 1.21 -> 1.11 / 1.10 of a copy, grouped / per-expert, with every other case
+        unchanged (benchmarks/KERNEL_NOTES.md, session 8). Decided here only (FLAG_SLAB)."""
         staged = 15 + 127 * self.rs + 4 * -(-self.cols // 4)
         return self.mode == MODE_ROWS and self.vec == 4 and 0 < staged <= config.slab_bytes
 

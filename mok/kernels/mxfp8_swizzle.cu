@@ -5,11 +5,13 @@
 //     S[r, c] -> ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4,   padding bytes 0,
 // or copies n already-swizzled bytes (MODE_COPY). Jobs live in a device table; the grid walks the
 // work units of all jobs (a unit = 128 rows x TILES_PER_UNIT 4-column tiles, or PARTS slabs of
-// PART_TILES tiles converted side by side; a columnwise job whose last chunk would be one tile
-// gives it to the chunk before).
+// PART_TILES tiles converted side by side, or in 256-thread builds a whole slab of a job whose rows
+// are 4-byte but not 16-byte aligned; a columnwise job whose last chunk would be one tile gives it
+// to the chunk before).
 //
 // A unit is staged in shared memory: loaded with 16-byte (or 4-, 1-byte) reads, zero-filled outside
-// [R, C], then written as whole 512-byte tiles with one 16-byte store per thread. Transposed inputs
+// [R, C], then written as whole 512-byte tiles with one 16-byte store per thread (a slab unit is
+// staged as it lies in memory, by 16-byte async copies: convert_slab). Transposed inputs
 // (the columnwise buffer [M/32, K] read as its transpose) are read along their contiguous axis and
 // transposed 4x4 bytes in registers.
 //
@@ -43,7 +45,7 @@ static_assert(PARTS * PART_THREADS == THREADS && PARTS * PART_TILES == TILES_PER
 #define PITCH_OF(COLS, W) ((W) * 4 + ((COLS) ? 12 : 4))
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 #ifndef SLAB_BYTES
-#define SLAB_BYTES 0  // no slab units in this build (FLAG_SLAB)
+#define SLAB_BYTES 0  // shared bytes of a slab unit (FLAG_SLAB); 0: none in this build (launcher.py)
 #endif
 #define TILE_BYTES \
   MAX2(SLAB_BYTES, MAX2(ROWS * PITCH_OF(false, TILES_PER_UNIT), PARTS * ROWS * PITCH_OF(true, PART_TILES)))
@@ -381,7 +383,10 @@ __device__ __forceinline__ void async_wait() { asm volatile("cp.async.wait_all;"
 // aligned (TE's padded rows: 225 bytes at a 228-byte stride). The slab is ONE contiguous byte range
 // whatever C is, so it is staged as it lies, with aligned 16-byte copies (the short head and tail
 // byte by byte), at the same address modulo 16; output word (r, 4t) is then one aligned 4-byte
-// shared read, masked to [rv, cv). The launcher sees that the slab fits (Job._slab).
+// shared read, masked to [rv, cv). Against four 4-byte register loads a 16-byte piece: padded
+// rowwise 1.18 / 1.21 -> 1.11 / 1.10 of a copy, DRAM throughput 58 -> 75%, the L1 no longer
+// re-reading lines (benchmarks/KERNEL_NOTES.md, session 8). The launcher sees that the slab fits
+// (Job._slab).
 __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
   const unsigned char* base = U.src + (long long)U.r0 * U.rs;  // S[r0, 0]
   const int d = (int)(reinterpret_cast<unsigned long long>(base) & 15);
