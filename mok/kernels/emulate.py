@@ -120,9 +120,11 @@ def _odd(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
 
 
 def _partial_words(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
-    """4-byte aligned rows whose last word is partial (1-3 bytes), in short and long units."""
+    """4-byte aligned rows whose last word is partial (1-3 bytes), in short and long units, and
+    16-byte aligned ones (a 48-byte stride)."""
     buf = torch.randint(0, 256, (2, 140, 76), dtype=torch.uint8, generator=g)
-    return [_convert(buf[:, :, :c]) for c in (6, 7, 33, 34, 71)]
+    wide = torch.randint(0, 256, (2, 140, 48), dtype=torch.uint8, generator=g)
+    return [_convert(buf[:, :, :c]) for c in (6, 7, 33, 34, 71)] + [_convert(wide[:, :, :c]) for c in (37, 46)]
 
 
 def _offsets(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:

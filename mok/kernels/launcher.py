@@ -34,7 +34,7 @@ VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
 # bulk: Hopper bulk copies into double-buffered shared stages, persistent blocks (sm_90+; else default).
 # bulk-fine: the same kernel with smaller units for aligned rows and columns (better balance
 # across blocks when a launch has few slabs; more, smaller copies).
-VARIANTS = ("default", "bulk", "bulk-fine")
+VARIANTS = ("default", "bulk", "bulk-fine", "slab16")  # slab16: measuring (16-byte rows a slab a unit too)
 # Default kernel, 256-thread builds (ROWWISE_SHAPE): shared bytes a slab unit stages (Job._slab):
 # rows of up to 236 bytes, and still 5 blocks an SM, as the register bound allows.
 SLAB_BYTES = 30720
@@ -83,7 +83,7 @@ class KernelConfig:
         """Default kernel: shared bytes a slab unit may stage (0: no slab units in this build).
         Only 256-thread builds have them: at 30 KB a block, ten 128-thread blocks would not fit
         an SM's shared memory."""
-        return SLAB_BYTES if self.variant == "default" and self.parts > 1 else 0
+        return SLAB_BYTES if self.variant in ("default", "slab16") and self.parts > 1 else 0
 
     @property
     def shared_bytes(self) -> int:
@@ -96,6 +96,8 @@ class KernelConfig:
             found += [("MOK_BULK", "1"), ("STAGE_BYTES", str(STAGE_BYTES)), ("BULK_BLOCKS", str(BULK_BLOCKS))]
         if self.slab_bytes:
             found.append(("SLAB_BYTES", str(self.slab_bytes)))
+        if self.variant == "slab16":
+            found.append(("MOK_SLAB16", "1"))
         return found
 
 
@@ -300,8 +302,9 @@ class Job(NamedTuple):
         (at any address modulo 16) within its shared memory. TE's 225-byte rows at a 228-byte
         stride: 1.18 / 1.21 -> 1.11 / 1.10 of a copy, grouped / per-expert, with every other case
         unchanged (benchmarks/KERNEL_NOTES.md, session 8). Decided here only (FLAG_SLAB)."""
-        staged = 15 + 127 * self.rs + 4 * -(-self.cols // 4)
-        return self.mode == MODE_ROWS and self.vec == 4 and 0 < staged <= config.slab_bytes
+        staged = 15 + 127 * self.rs + 16 * -(-self.cols // 16)
+        vecs = (4, 16) if config.variant == "slab16" else (4,)
+        return self.mode == MODE_ROWS and self.vec in vecs and 0 < staged <= config.slab_bytes
 
     def _joins_last(self, config: KernelConfig) -> bool:
         """Whether the default kernel gives this columnwise job's last chunk, when it is one tile

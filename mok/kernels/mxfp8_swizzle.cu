@@ -405,6 +405,32 @@ __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const unsigned char* s = tile + d;
+#ifdef MOK_SLAB16
+  if (U.vec == 16) {  // 16-byte aligned rows: one 16-byte shared read a row serves four tiles
+    for (int item = threadIdx.x; item < ((U.ntiles + 3) / 4) * 32; item += THREADS) {
+      const int j = item >> 5;
+      uint4 v[4];
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        const int r = lane + 32 * g;
+        v[g] = r < U.rv ? *reinterpret_cast<const uint4*>(s + r * (int)U.rs + 16 * j) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int c = 16 * j + 4 * x;
+        if (c >= U.ntiles * 4) break;
+        const unsigned keep = c + 4 <= U.cv ? ~0u : c >= U.cv ? 0u : (1u << 8 * (U.cv - c)) - 1;
+        const unsigned* w0 = reinterpret_cast<const unsigned*>(&v[0]);
+        const unsigned* w1 = reinterpret_cast<const unsigned*>(&v[1]);
+        const unsigned* w2 = reinterpret_cast<const unsigned*>(&v[2]);
+        const unsigned* w3 = reinterpret_cast<const unsigned*>(&v[3]);
+        *reinterpret_cast<uint4*>(U.dst + (4 * j + x) * 512 + lane * 16) =
+            make_uint4(w0[x] & keep, w1[x] & keep, w2[x] & keep, w3[x] & keep);
+      }
+    }
+    return;
+  }
+#endif
   for (int t = threadIdx.x >> 5; t < U.ntiles; t += THREADS / 32) {
     const int c = 4 * t;
     const unsigned keep = c + 4 <= U.cv ? ~0u : (1u << 8 * (U.cv - c)) - 1;  // bytes past cv: 0
