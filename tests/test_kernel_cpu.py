@@ -62,7 +62,7 @@ def test_emulated_kernel_matches_the_reference(variant: str, threads: int) -> No
     names = (
         "rowwise padded E=2 544x7200",
         "rowwise 4-byte rows, partial last words",
-        "rowwise 4-byte rows at every offset modulo 16",
+        "rowwise 4-byte rows at offsets 4, 0 and 12 modulo 16",
         "mixed layer, odd unit counts",
     )
     for name in names:
@@ -179,7 +179,7 @@ def test_units_of_a_256_thread_block_by_parts(
     job = launcher.Job(0, 0, 1, rows, rows * cols, rows, cols, experts, launcher.MODE_COLS, 16)
     assert job.units(config) == col_units
     assert job.row(0, config)[8] & launcher.FLAG_PARTS  # columnwise: always by parts
-    rowwise = job._replace(rs=cols, cs=1, mode=launcher.MODE_ROWS)
+    rowwise = job._replace(rs=cols, cs=1, mode=launcher.MODE_ROWS, vec=1)  # byte loads: no slab units
     assert rowwise.units(config) == row_units
     by_parts = rowwise.row(0, config)[8] & launcher.FLAG_PARTS
     assert bool(by_parts) == (-(-cols // 4) <= 16), "rowwise by parts exactly where a row fits one part"
@@ -193,9 +193,11 @@ SLAB_CONFIG = launcher.make_config("default", *launcher.ROWWISE_SHAPE)
     ("rows", "cols", "rs", "vec", "experts", "slab_units"),
     [
         (2080, 225, 228, 4, 256, 256 * 17),  # TE's padded rows: a unit a slab, 57 tiles
-        (300, 18, 20, 4, 1, 3),  # narrow rows too (no parts), a short last slab
-        (1, 5, 0, 4, 1, 1),  # one row
-        (2048, 224, 224, 16, 1, 0),  # 16-byte aligned rows keep 16-byte register loads
+        (300, 65, 68, 4, 1, 3),  # 17 tiles, a short last slab
+        (300, 64, 68, 4, 1, 0),  # rows that fit one part's 16 tiles go by parts
+        (1, 100, 0, 4, 1, 1),  # one row
+        (2048, 224, 224, 16, 1, 16),  # 16-byte aligned rows too
+        (2048, 240, 240, 16, 1, 0),  # 15 + 127*240 + 240 bytes: more than a slab's shared memory
         (2048, 225, 228, 1, 1, 0),  # misaligned: byte loads
         (128, 241, 244, 4, 1, 0),  # 15 + 127*244 + 244 bytes: more than a slab's shared memory
     ],

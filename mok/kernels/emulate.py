@@ -121,17 +121,17 @@ def _odd(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
 
 def _partial_words(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
     """4-byte aligned rows whose last word is partial (1-3 bytes), in short and long units, and
-    16-byte aligned ones (a 48-byte stride)."""
+    16-byte aligned ones (a 112-byte stride)."""
     buf = torch.randint(0, 256, (2, 140, 76), dtype=torch.uint8, generator=g)
-    wide = torch.randint(0, 256, (2, 140, 48), dtype=torch.uint8, generator=g)
-    return [_convert(buf[:, :, :c]) for c in (6, 7, 33, 34, 71)] + [_convert(wide[:, :, :c]) for c in (37, 46)]
+    wide = torch.randint(0, 256, (2, 140, 112), dtype=torch.uint8, generator=g)
+    return [_convert(buf[:, :, :c]) for c in (6, 7, 33, 34, 71)] + [_convert(wide[:, :, :c]) for c in (101, 110)]
 
 
 def _offsets(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
-    """4-byte aligned rows whose slabs start at every address modulo 16 (a short head before the
-    first 16-byte word), a last slab of 3 rows, a partial last word, and one row inside one word."""
-    buf = torch.randint(0, 256, (3 * 131 * 20 + 16,), dtype=torch.uint8, generator=g)
-    return [_convert(buf[4 : 4 + 3 * 131 * 20].view(3, 131, 20)[:, :, :18]), _convert(buf[4:12].view(1, 1, 8))]
+    """4-byte aligned rows whose slabs start at several addresses modulo 16 (a short head before
+    the first 16-byte word), a last slab of 3 rows, a partial last word, and a single row."""
+    buf = torch.randint(0, 256, (3 * 131 * 84 + 16,), dtype=torch.uint8, generator=g)
+    return [_convert(buf[4 : 4 + 3 * 131 * 84].view(3, 131, 84)[:, :, :82]), _convert(buf[4:104].view(1, 1, 100))]
 
 
 def _mixed(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
@@ -180,7 +180,7 @@ CASES: list[Case] = [
     ("per-expert tables, 65 columns, E=3 2080x384", _per_expert(3, 2080, 384)),
     ("odd strides, gather, wide rows, copies", _odd),
     ("rowwise 4-byte rows, partial last words", _partial_words),
-    ("rowwise 4-byte rows at every offset modulo 16", _offsets),
+    ("rowwise 4-byte rows at offsets 4, 0 and 12 modulo 16", _offsets),
     ("mixed layer, odd unit counts", _mixed),
     ("per-expert copies of one size", _expert_copies(False)),
     ("per-expert copies, one misaligned", _expert_copies(True)),

@@ -34,9 +34,9 @@ VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
 # bulk: Hopper bulk copies into double-buffered shared stages, persistent blocks (sm_90+; else default).
 # bulk-fine: the same kernel with smaller units for aligned rows and columns (better balance
 # across blocks when a launch has few slabs; more, smaller copies).
-VARIANTS = ("default", "bulk", "bulk-fine", "slab16")  # slab16: measuring (16-byte rows a slab a unit too)
+VARIANTS = ("default", "bulk", "bulk-fine")
 # Default kernel, 256-thread builds (ROWWISE_SHAPE): shared bytes a slab unit stages (Job._slab):
-# rows of up to 236 bytes, and still 5 blocks an SM, as the register bound allows.
+# rows of up to 236 bytes (K <= 7552), and still 5 blocks an SM, as many as the registers allow.
 SLAB_BYTES = 30720
 FINE_TILES = 16  # bulk-fine: most 4-column tiles per unit of a staged aligned job
 BULK_MIN_ARCH = (9, 0)
@@ -83,7 +83,7 @@ class KernelConfig:
         """Default kernel: shared bytes a slab unit may stage (0: no slab units in this build).
         Only 256-thread builds have them: at 30 KB a block, ten 128-thread blocks would not fit
         an SM's shared memory."""
-        return SLAB_BYTES if self.variant in ("default", "slab16") and self.parts > 1 else 0
+        return SLAB_BYTES if self.variant == "default" and self.parts > 1 else 0
 
     @property
     def shared_bytes(self) -> int:
@@ -96,8 +96,6 @@ class KernelConfig:
             found += [("MOK_BULK", "1"), ("STAGE_BYTES", str(STAGE_BYTES)), ("BULK_BLOCKS", str(BULK_BLOCKS))]
         if self.slab_bytes:
             found.append(("SLAB_BYTES", str(self.slab_bytes)))
-        if self.variant == "slab16":
-            found.append(("MOK_SLAB16", "1"))
         return found
 
 
@@ -298,13 +296,15 @@ class Job(NamedTuple):
 
     def _slab(self, config: KernelConfig) -> bool:
         """Whether the default kernel converts this job a whole 128-row slab a unit: rows aligned
-        to 4 bytes but not 16 (TE's padded rows), in a build with slab units, the slab's bytes
-        (at any address modulo 16) within its shared memory. TE's 225-byte rows at a 228-byte
-        stride: 1.18 / 1.21 -> 1.11 / 1.10 of a copy, grouped / per-expert, with every other case
-        unchanged (benchmarks/KERNEL_NOTES.md, session 8). Decided here only (FLAG_SLAB)."""
-        staged = 15 + 127 * self.rs + 16 * -(-self.cols // 16)
-        vecs = (4, 16) if config.variant == "slab16" else (4,)
-        return self.mode == MODE_ROWS and self.vec in vecs and 0 < staged <= config.slab_bytes
+        to at least 4 bytes and wider than a part, in a build with slab units, the slab's bytes (at any address modulo
+        16, read to a 16-byte boundary) within its shared memory. H200, against a copy: TE's padded
+        rows (225 bytes at a 228-byte stride) 1.18 / 1.21 -> 1.11 / 1.10, grouped / per-expert;
+        then 16-byte aligned rows too: per-expert E=256 1.12 -> 1.06, E=32 1.15 / 1.16 ->
+        1.11 / 1.09; every other case within the noise (benchmarks/KERNEL_NOTES.md, session 8).
+        Decided here only (FLAG_SLAB)."""
+        tiles, staged = -(-self.cols // 4), 15 + 127 * self.rs + 16 * -(-self.cols // 16)
+        wide = tiles > config.part_tiles  # narrower rows go by parts (the width measured that way)
+        return self.mode == MODE_ROWS and self.vec >= 4 and wide and 0 < staged <= config.slab_bytes
 
     def _joins_last(self, config: KernelConfig) -> bool:
         """Whether the default kernel gives this columnwise job's last chunk, when it is one tile

@@ -5,9 +5,9 @@
 //     S[r, c] -> ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4,   padding bytes 0,
 // or copies n already-swizzled bytes (MODE_COPY). Jobs live in a device table; the grid walks the
 // work units of all jobs (a unit = 128 rows x TILES_PER_UNIT 4-column tiles, or PARTS slabs of
-// PART_TILES tiles converted side by side, or in 256-thread builds a whole slab of a job whose rows
-// are 4-byte but not 16-byte aligned; a columnwise job whose last chunk would be one tile gives it
-// to the chunk before).
+// PART_TILES tiles converted side by side, or in 256-thread builds a whole slab of a rowwise job
+// whose rows are 4-byte aligned and short enough; a columnwise job whose last chunk would be one
+// tile gives it to the chunk before).
 //
 // A unit is staged in shared memory: loaded with 16-byte (or 4-, 1-byte) reads, zero-filled outside
 // [R, C], then written as whole 512-byte tiles with one 16-byte store per thread (a slab unit is
@@ -379,14 +379,15 @@ __device__ __forceinline__ void async_copy16(unsigned char* dst, const unsigned 
 __device__ __forceinline__ void async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 #endif
 
-// A slab unit (FLAG_SLAB): all 128 rows and every tile of a rowwise job whose rows are only 4-byte
-// aligned (TE's padded rows: 225 bytes at a 228-byte stride). The slab is ONE contiguous byte range
-// whatever C is, so it is staged as it lies, with aligned 16-byte copies (the short head and tail
-// byte by byte), at the same address modulo 16; output word (r, 4t) is then one aligned 4-byte
-// shared read, masked to [rv, cv). Against four 4-byte register loads a 16-byte piece: padded
-// rowwise 1.18 / 1.21 -> 1.11 / 1.10 of a copy, DRAM throughput 58 -> 75%, the L1 no longer
-// re-reading lines (benchmarks/KERNEL_NOTES.md, session 8). The launcher sees that the slab fits
-// (Job._slab).
+// A slab unit (FLAG_SLAB): all 128 rows and every tile of a rowwise job whose rows are 4-byte
+// aligned (TE's padded rows: 225 bytes at a 228-byte stride) or 16-byte aligned. The slab is ONE
+// contiguous byte range whatever C is, so it is staged as it lies, with aligned 16-byte copies (the
+// short head and tail byte by byte), at the same address modulo 16, then read back masked to
+// [rv, cv): a 4-byte shared read an output word, or for 16-byte aligned rows a 16-byte read a row
+// that serves four tiles. Padded rowwise went 1.18 / 1.21 -> 1.11 / 1.10 of a copy (DRAM
+// throughput 58 -> 75%; four 4-byte register loads a piece had the L1 re-read every line), and
+// per-expert rowwise 1.12 -> 1.06, half the blocks each waiting for its expert's addresses
+// (benchmarks/KERNEL_NOTES.md, session 8). The launcher sees that the slab fits (Job._slab).
 __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
   const unsigned char* base = U.src + (long long)U.r0 * U.rs;  // S[r0, 0]
   const int d = (int)(reinterpret_cast<unsigned long long>(base) & 15);
@@ -405,7 +406,6 @@ __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const unsigned char* s = tile + d;
-#ifdef MOK_SLAB16
   if (U.vec == 16) {  // 16-byte aligned rows: one 16-byte shared read a row serves four tiles
     for (int item = threadIdx.x; item < ((U.ntiles + 3) / 4) * 32; item += THREADS) {
       const int j = item >> 5;
@@ -430,8 +430,7 @@ __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
     }
     return;
   }
-#endif
-  for (int t = threadIdx.x >> 5; t < U.ntiles; t += THREADS / 32) {
+  for (int t = threadIdx.x >> 5; t < U.ntiles; t += THREADS / 32) {  // 4-byte aligned rows
     const int c = 4 * t;
     const unsigned keep = c + 4 <= U.cv ? ~0u : (1u << 8 * (U.cv - c)) - 1;  // bytes past cv: 0
     unsigned w[4];
