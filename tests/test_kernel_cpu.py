@@ -299,6 +299,7 @@ def test_launches_without_columnwise_jobs_take_the_rowwise_shape(monkeypatch: py
         launcher.configure()
         assert shape([rows, copy]) == launcher.ROWWISE_SHAPE == (32, 256)
         assert shape([rows, cols]) == shape([rows, group]) == (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
+        assert shape([copy, copy]) == (16, 128)  # copies alone
         launcher.configure(tiles_per_unit=16, threads=128)
         assert shape([rows]) == (16, 128)
         launcher.configure(variant="bulk")
