@@ -419,7 +419,7 @@ __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
       for (int x = 0; x < 4; ++x) {
         const int c = 16 * j + 4 * x;
         if (c >= U.ntiles * 4) break;
-        const unsigned keep = c + 4 <= U.cv ? ~0u : (1u << 8 * (U.cv - c)) - 1;  // c < cv: a tile's
+        const unsigned keep = c + 4 <= U.cv ? ~0u : c >= U.cv ? 0u : (1u << 8 * (U.cv - c)) - 1;
         const unsigned* w0 = reinterpret_cast<const unsigned*>(&v[0]);
         const unsigned* w1 = reinterpret_cast<const unsigned*>(&v[1]);
         const unsigned* w2 = reinterpret_cast<const unsigned*>(&v[2]);
