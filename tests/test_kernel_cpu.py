@@ -28,7 +28,7 @@ CONFIGS = [launcher.make_config(v) for v in launcher.VARIANTS] + [
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90", "sm_100"])
 def test_kernel_compiles_with_nvrtc(arch: str, config: launcher.KernelConfig) -> None:
     pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
     code = launcher.compile_kernel(arch, config)

@@ -370,13 +370,22 @@ __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
 
 #if SLAB_BYTES > 0
 #ifndef MOK_EMULATE  // emulator.h has its own (each copy lands at the wait)
-// 16 bytes global -> shared without registers (sm_80+), visible to this thread after async_wait.
+// 16 bytes global -> shared, visible to this thread after async_wait: without registers on sm_80+
+// (cp.async), through them before.
 __device__ __forceinline__ void async_copy16(unsigned char* dst, const unsigned char* src) {
+#if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
                "l"(src)
                : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
+#endif
 }
-__device__ __forceinline__ void async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
 #endif
 
 // A slab unit (FLAG_SLAB): all 128 rows and every tile of a rowwise job whose rows are 4-byte
@@ -419,7 +428,7 @@ __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
       for (int x = 0; x < 4; ++x) {
         const int c = 16 * j + 4 * x;
         if (c >= U.ntiles * 4) break;
-        const unsigned keep = c + 4 <= U.cv ? ~0u : c >= U.cv ? 0u : (1u << 8 * (U.cv - c)) - 1;
+        const unsigned keep = c + 4 <= U.cv ? ~0u : c >= U.cv ? 0u : (1u << 8 * (U.cv - c)) - 1;  // c < cv: 0u never taken
         const unsigned* w0 = reinterpret_cast<const unsigned*>(&v[0]);
         const unsigned* w1 = reinterpret_cast<const unsigned*>(&v[1]);
         const unsigned* w2 = reinterpret_cast<const unsigned*>(&v[2]);
