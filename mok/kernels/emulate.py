@@ -3,8 +3,9 @@
     python -m mok.kernels.emulate [--variants default bulk] [--threads 128] [--grids 1 0]
 
 Builds mxfp8_swizzle.cu with emulator.h (g++ -std=c++20; one std::thread per CUDA thread, the
-copy engine and mbarriers modelled with their alignment and completion rules) under each
-variant's macros and runs the same job tables the launcher uploads: rowwise 16/4/1-byte rows,
+copy engine, mbarriers and cp.async modelled with their alignment and completion rules; every
+access checked for alignment, every global read for staying inside the launch's source tensors)
+under each variant's macros and runs the same job tables the launcher uploads: rowwise 16/4/1-byte rows,
 padded slabs, wide rows (one copy per row), columnwise views, gather, copies, per-expert pointer
 tables (conversions and copies) and mixed layers. It checks the planning, addressing, staging
 and pipeline logic without a GPU; it says nothing about speed, and a hardware rule the model
@@ -37,11 +38,21 @@ def build(config: launcher.KernelConfig) -> ctypes.CDLL:
     """Compile the emulator for one kernel configuration (cached per process)."""
     out = Path(tempfile.mkdtemp(prefix="mok-emu-")) / f"emu-{config.variant}-{config.threads}.so"
     macros = [f"-D{k}={v}" for k, v in config.macros()]
-    cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", *macros, str(HERE / "emulator_main.cpp"), "-o", str(out)]
-    subprocess.run(cmd, check=True)
+    # alignment checks compiled in, their runtime left out: emulator_main.cpp handles them
+    obj = out.with_suffix(".o")
+    compile_ = ["g++", "-std=c++20", "-O1", "-fPIC", "-fsanitize=alignment", *macros, "-c"]
+    subprocess.run([*compile_, str(HERE / "emulator_main.cpp"), "-o", str(obj)], check=True)
+    subprocess.run(["g++", "-shared", str(obj), "-o", str(out)], check=True)
     lib = ctypes.CDLL(str(out))
     lib.mok_emulate.restype = ctypes.c_int
-    lib.mok_emulate.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
+    lib.mok_emulate.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_longlong,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
     return lib
 
 
@@ -55,9 +66,15 @@ def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], threads: int, grid:
     table = torch.empty(size, dtype=torch.int64)
     table.copy_(torch.tensor(launcher._table_values(rows, arrays, table.data_ptr()), dtype=torch.int64))
     grid = total if grid == 0 else min(grid, total)
-    errors = build(config).mok_emulate(table.data_ptr(), len(rows), total, max(1, grid))
+    readable = torch.tensor([a for s, _, _ in work for a in _span(s)], dtype=torch.int64)
+    errors = build(config).mok_emulate(table.data_ptr(), len(rows), total, max(1, grid), readable.data_ptr(), len(work))
     if errors:
-        raise AssertionError(f"{errors} copy-engine rule violations (see stderr)")
+        raise AssertionError(f"{errors} violations of the emulated hardware's rules (see stderr)")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte addresses of a uint8 tensor's elements: all a kernel may read of it."""
+    return t.data_ptr(), t.data_ptr() + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1
 
 
 def _padded(g: torch.Generator, e: int, r: int, c: int, pr: int, pc: int) -> torch.Tensor:

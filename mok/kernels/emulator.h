@@ -2,7 +2,9 @@
 // std::thread per CUDA thread, std::barrier for __syncthreads, static (block-wide) storage for
 // __shared__ variables, and an mbarrier / bulk-copy model that checks the copy engine's rules
 // (16-byte aligned addresses and sizes, in-bounds shared memory) and completes a phase only when
-// its arrival and every byte have come in.
+// its arrival and every byte have come in; cp.async copies land at the issuing thread's wait.
+// Global reads are checked against the launch's source tensors, and every access for alignment
+// (-fsanitize=alignment, handled in emulator_main.cpp).
 // It tests the addressing, planning, staging and pipeline logic; not timing, not the hardware.
 #pragma once
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #define MOK_EMULATE 1
@@ -30,7 +33,7 @@
 // The linker's bounds of it; weak: a build with no __shared__ variable (bulk) has no such section.
 extern "C" __attribute__((weak)) unsigned char __start_emu_shared[], __stop_emu_shared[];
 
-struct uint4 { unsigned x, y, z, w; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };  // as CUDA's: a misaligned 16-byte access shows
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 struct Dim3 { unsigned x; };
 thread_local Dim3 threadIdx, blockIdx;
@@ -38,7 +41,25 @@ Dim3 gridDim;
 using std::max;
 using std::min;
 
-template <class T> inline T __ldg(const T* p) { return *p; }
+std::atomic<int> emu_errors{0};
+inline void emu_fail(const char* what) {
+  std::fprintf(stderr, "emulator: %s\n", what);
+  emu_errors++;
+}
+// The source bytes a launch may read, [lo, hi) each (registered by emulate.py through
+// mok_emulate): a read outside them would be outside the tensors the kernel was given, which on
+// the device may be unallocated memory.
+std::vector<std::pair<const unsigned char*, const unsigned char*>> emu_readable;
+inline void emu_check_read(const void* p, unsigned long n) {
+  const unsigned char* b = static_cast<const unsigned char*>(p);
+  for (const auto& r : emu_readable)
+    if (b >= r.first && b + n <= r.second) return;
+  emu_fail("read outside the launch's source tensors");
+}
+template <class T> inline T __ldg(const T* p) {
+  emu_check_read(p, sizeof(T));
+  return *p;
+}
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   unsigned long long v = ((unsigned long long)y << 32) | x;
   unsigned r = 0;
@@ -67,15 +88,10 @@ unsigned long long emu_bar_words[2];
 struct EmuBar { long pending = 1, tx = 0; unsigned phase = 0; };
 EmuBar emu_bars[2];
 std::mutex emu_mutex;
-std::atomic<int> emu_errors{0};
 
 inline unsigned char* emulated_stages() { return emu_stages; }
 inline unsigned long long* emulated_bars() { return emu_bar_words; }
 inline EmuBar& emu_bar(unsigned long long* bar) { return emu_bars[bar - emu_bar_words]; }
-inline void emu_fail(const char* what) {
-  std::fprintf(stderr, "emulator: %s\n", what);
-  emu_errors++;
-}
 inline void emu_settle(EmuBar& b) {
   if (b.tx < -(1 << 20) || b.tx > (1 << 20)) emu_fail("tx-count out of range");
   if (b.pending == 0 && b.tx == 0) {
@@ -116,6 +132,7 @@ inline void async_copy16(unsigned char* dst, const unsigned char* src) {
     emu_fail("cp.async of 16 bytes misaligned");
   if (__start_emu_shared && (dst < __start_emu_shared || dst + 16 > __stop_emu_shared))
     emu_fail("cp.async outside shared memory");
+  emu_check_read(src, 16);
   emu_copies.push_back({dst, src});
 }
 inline void async_wait() {
@@ -127,6 +144,7 @@ inline void bulk_load(unsigned char* dst, const unsigned char* src, unsigned byt
   if (bytes == 0 || bytes % 16) emu_fail("bulk copy size not a positive multiple of 16");
   if ((dst - emu_stages) % 16 || reinterpret_cast<unsigned long long>(src) % 16) emu_fail("bulk copy misaligned");
   if (dst < emu_stages || dst + bytes > emu_stages + sizeof(emu_stages)) emu_fail("bulk copy outside shared memory");
+  emu_check_read(src, bytes);
   const long stage = (dst - emu_stages) / STAGE_BYTES;
   if ((dst + bytes - 1 - emu_stages) / STAGE_BYTES != stage) emu_fail("bulk copy crosses a stage");
   if (stage != bar - emu_bar_words) emu_fail("bulk copy completes on the other stage's barrier");

@@ -4,8 +4,18 @@
 #include "emulator.h"
 #include "mxfp8_swizzle.cu"
 
-extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid) {
+// Built with -fsanitize=alignment and linked without its runtime: a misaligned access (which the
+// GPU would fault on) comes here and counts as an error.
+extern "C" void __ubsan_handle_type_mismatch_v1(void*, void*) { emu_fail("misaligned access"); }
+extern "C" void __ubsan_handle_type_mismatch_v1_abort(void*, void*) { emu_fail("misaligned access"); }
+
+// readable: n [lo, hi) address pairs, the source bytes the launch may read (emulator.h).
+extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid, const long long* readable, int n) {
   emu_errors = 0;
+  emu_readable.clear();
+  for (int i = 0; i < n; ++i)
+    emu_readable.emplace_back(reinterpret_cast<const unsigned char*>(readable[2 * i]),
+                              reinterpret_cast<const unsigned char*>(readable[2 * i + 1]));
   gridDim.x = grid;
   std::barrier<> sync(THREADS);
   emu_sync = &sync;
