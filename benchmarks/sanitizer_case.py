@@ -34,6 +34,8 @@ def _cases(g: torch.Generator, dev: str) -> list[torch.Tensor]:
         rand(2, 300, 228)[:, :, :225],  # padded rows (TE's 2080x7200 kind): a 1-byte last piece
         rand(2, 130, 72)[:, :, :71],  # 4-byte rows, a last piece of a word and 3 bytes
         rand(2, 130, 48)[:, :, :38],  # 16-byte rows, a last piece of a word and 2 bytes
+        rand(2 * 131 * 84 + 16)[12 : 12 + 2 * 131 * 84].view(2, 131, 84)[:, :, :82],  # slabs 12 and 8 bytes past 16
+        rand(2, 130, 112)[:, :, :101],  # 16-byte rows a slab a unit, a partial last word
         rand(2, 130, 1040)[:, :, :1000],  # rows wider than one shared stage
         rand(3 * 200 * 13 + 1)[1:].view(3, 200, 13)[:, :, :12],  # misaligned start
         rand(2, 40, 520)[:, :33, :500].transpose(1, 2),  # columnwise, ragged

@@ -198,11 +198,13 @@ SLAB_CONFIG = launcher.make_config("default", *launcher.ROWWISE_SHAPE)
         (1, 100, 0, 4, 1, 1),  # one row
         (2048, 224, 224, 16, 1, 16),  # 16-byte aligned rows too
         (2048, 240, 240, 16, 1, 0),  # 15 + 127*240 + 240 bytes: more than a slab's shared memory
+        (128, 236, 236, 4, 1, 1),  # 30,227 bytes: fits
+        (128, 200, 240, 16, 1, 1),  # 15 + 127*240 + 208 = 30,703 bytes: fits (the stride counts, not C)
         (2048, 225, 228, 1, 1, 0),  # misaligned: byte loads
         (128, 241, 244, 4, 1, 0),  # 15 + 127*244 + 244 bytes: more than a slab's shared memory
     ],
 )
-def test_slab_units_are_4_byte_aligned_rows_whose_slab_fits(
+def test_slab_units_are_aligned_rows_wider_than_a_part_whose_slab_fits(
     rows: int, cols: int, rs: int, vec: int, experts: int, slab_units: int
 ) -> None:
     job = launcher.Job(0, 0, rs, 1, rows * rs, rows, cols, experts, launcher.MODE_ROWS, vec)
@@ -211,6 +213,8 @@ def test_slab_units_are_4_byte_aligned_rows_whose_slab_fits(
     if slab_units:
         assert job.units(SLAB_CONFIG) == slab_units
         assert not flags & launcher.FLAG_PARTS
+    elif vec >= 4 and -(-cols // 4) <= SLAB_CONFIG.part_tiles:
+        assert flags & launcher.FLAG_PARTS  # narrow rows go by parts instead
     for other in (launcher.make_config("default"), launcher.make_config("bulk")):
         assert not job.row(0, other)[8] & launcher.FLAG_SLAB  # 128 threads; the bulk kernel's own plan
 

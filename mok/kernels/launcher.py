@@ -36,7 +36,8 @@ VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
 # across blocks when a launch has few slabs; more, smaller copies).
 VARIANTS = ("default", "bulk", "bulk-fine")
 # Default kernel, 256-thread builds (ROWWISE_SHAPE): shared bytes a slab unit stages (Job._slab):
-# rows of up to 236 bytes (K <= 7552), and still 5 blocks an SM, as many as the registers allow.
+# a slab fits where 15 + 127 * row stride + C rounded up to 16 <= 30720 (TE's unpadded rows: up to
+# 236 bytes, K <= 7552), and still 5 blocks an SM, as many as the registers allow.
 SLAB_BYTES = 30720
 FINE_TILES = 16  # bulk-fine: most 4-column tiles per unit of a staged aligned job
 BULK_MIN_ARCH = (9, 0)

@@ -222,6 +222,10 @@ def _te_columnwise(experts: int, m: int, k: int, g: torch.Generator) -> torch.Te
         (130, 34, 36, 0, 4),  # ... 2 bytes
         (130, 71, 72, 0, 4),  # ... a word and 3 bytes
         (130, 38, 48, 0, 16),  # 16-byte rows, a partial last piece
+        (130, 101, 112, 0, 16),  # 16-byte rows a slab a unit (over 16 tiles), a partial last word
+        (300, 82, 84, 4, 4),  # slabs that start 4 bytes past a 16-byte boundary: a head and a tail
+        (131, 82, 84, 12, 4),  # ... 12 and 8 bytes past, a last slab of 3 rows
+        (1, 100, 100, 12, 4),  # one row a matrix, 12 and 0 bytes past
         (200, 13, 13, 0, 1),
         (260, 12, 12, 4, 4),
         (130, 64, 80, 1, 1),
