@@ -3,7 +3,8 @@
 // __shared__ variables, and an mbarrier / bulk-copy model that checks the copy engine's rules
 // (16-byte aligned addresses and sizes, in-bounds shared memory) and completes a phase only when
 // its arrival and every byte have come in; cp.async copies land at the issuing thread's wait.
-// Global reads are checked against the launch's source tensors, and every access for alignment
+// Source-tensor reads (__ldg, cp.async, bulk copies; not the descriptor tables) are checked
+// against the launch's source tensors, and every access for alignment
 // (-fsanitize=alignment, handled in emulator_main.cpp).
 // It tests the addressing, planning, staging and pipeline logic; not timing, not the hardware.
 #pragma once

@@ -5,9 +5,14 @@
 #include "mxfp8_swizzle.cu"
 
 // Built with -fsanitize=alignment and linked without its runtime: a misaligned access (which the
-// GPU would fault on) comes here and counts as an error.
-extern "C" void __ubsan_handle_type_mismatch_v1(void*, void*) { emu_fail("misaligned access"); }
-extern "C" void __ubsan_handle_type_mismatch_v1_abort(void*, void*) { emu_fail("misaligned access"); }
+// GPU would fault on) comes here and counts as an error (hidden: never a loaded libubsan's). The
+// _abort form (-fno-sanitize-recover builds) must not return.
+#define EMU_HIDDEN extern "C" __attribute__((visibility("hidden")))
+EMU_HIDDEN void __ubsan_handle_type_mismatch_v1(void*, void*) { emu_fail("misaligned access"); }
+EMU_HIDDEN void __ubsan_handle_type_mismatch_v1_abort(void*, void*) {
+  emu_fail("misaligned access");
+  std::abort();
+}
 
 // readable: n [lo, hi) address pairs, the source bytes the launch may read (emulator.h).
 extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid, const long long* readable, int n) {

@@ -175,7 +175,7 @@ def config_for(jobs: Sequence[Job | JobGroup]) -> KernelConfig:
     """The kernel configuration a launch of ``jobs`` is prepared with: the configured one, or with
     no shape configured (default variant), :data:`ROWWISE_SHAPE` where a job converts rows and no
     job is columnwise. Copies alone keep 16 x 128: in one H200 run the kernel's copies were
-    0.02-0.05 faster there in 5 of 7 large cases (whole layers 1.06 / 1.07 of a copy against
+    0.02-0.06 faster there in 5 of 7 large cases (whole layers 1.06 / 1.07 of a copy against
     1.11 / 1.13 at 32 x 256; benchmarks/RESULTS.md, session 8)."""
     config, rowwise = _shapes  # one read: configure may replace both
     modes = {(j.template if isinstance(j, JobGroup) else j).mode for j in jobs}

@@ -239,6 +239,8 @@ def test_rowwise_load_widths(rows: int, cols: int, stride: int, offset: int, vec
     item = _convert(batch)
     job = launcher.convert_job(item[0], item[1])
     assert (job.mode, job.vec) == (launcher.MODE_ROWS, vec)
+    slab = vec >= 4 and cols > 64  # the rows these cases give slab units (in the rowwise launch shape)
+    assert bool(job.row(0, launcher.make_config("default", *launcher.ROWWISE_SHAPE))[8] & launcher.FLAG_SLAB) == slab
     _run_and_check([item])
 
 
