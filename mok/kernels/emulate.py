@@ -5,8 +5,8 @@
 Builds mxfp8_swizzle.cu with emulator.h (g++ -std=c++20; one std::thread per CUDA thread, the
 copy engine, mbarriers and cp.async modelled with their alignment and completion rules; every
 access checked for alignment, every read of a source tensor (loads, cp.async, bulk copies) for
-staying inside the launch's source tensors; the descriptor tables are not checked)
-under each variant's macros and runs the same job tables the launcher uploads: rowwise 16/4/1-byte rows,
+staying inside the launch's source tensors; the descriptor tables are not checked) under each
+variant's macros and runs the same job tables the launcher uploads: rowwise 16/4/1-byte rows,
 padded slabs, wide rows (one copy per row), columnwise views, gather, copies, per-expert pointer
 tables (conversions and copies) and mixed layers. It checks the planning, addressing, staging
 and pipeline logic without a GPU; it says nothing about speed, and a hardware rule the model

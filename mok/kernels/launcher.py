@@ -244,7 +244,7 @@ def _kernel(device: torch.device, config: KernelConfig | None = None) -> tuple[A
 def _bulk_plan(job: Job, fine: bool = False) -> tuple[int, int]:
     """(staging kind, 4-column tiles per unit) of ``job`` under the bulk kernel (mxfp8_swizzle.cu);
     ``fine``: aligned jobs in units of at most FINE_TILES tiles (the bulk-fine variant)."""
-    tiles = -(-job.cols // 4)
+    tiles = job.tiles
     aligned_rows = job.mode == MODE_ROWS and job.vec == 16
     if job.mode == MODE_ROWS and 127 * job.rs + job.cols + 15 <= STAGE_BYTES and not (fine and aligned_rows):
         return STAGE_SLAB, tiles  # a whole 128-row slab is one contiguous range
@@ -279,13 +279,18 @@ class Job(NamedTuple):
     mode: int
     vec: int
 
+    @property
+    def tiles(self) -> int:
+        """4-column tiles of a row of the layout: Cp / 4."""
+        return -(-self.cols // 4)
+
     def units(self, config: KernelConfig | None = None) -> int:
         if self.mode == MODE_COPY:
             return self.experts * -(-self.rows // COPY_CHUNK)
         config = config or _config
         unit, parts = (_bulk_plan(self, config.variant == "bulk-fine")[1], 1) if config.bulk else self._width(config)
-        rp, cp = padded_shape(self.rows, self.cols)
-        slab_units = self.experts * (rp // 128) * (-(-(cp // 4) // unit) - self._joins_last(config))
+        rp = padded_shape(self.rows, self.cols)[0]
+        slab_units = self.experts * (rp // 128) * (-(-self.tiles // unit) - self._joins_last(config))
         return -(-slab_units // parts)
 
     def _width(self, config: KernelConfig) -> tuple[int, int]:
@@ -294,29 +299,29 @@ class Job(NamedTuple):
         unit; the one rowwise width measured by parts). Decided here only; the kernel reads
         FLAG_PARTS."""
         if self._slab(config):
-            return -(-self.cols // 4), 1
-        if config.parts > 1 and (self.mode == MODE_COLS or -(-self.cols // 4) <= config.part_tiles):
+            return self.tiles, 1
+        if config.parts > 1 and (self.mode == MODE_COLS or self.tiles <= config.part_tiles):
             return config.part_tiles, config.parts
         return config.tiles_per_unit, 1
 
     def _slab(self, config: KernelConfig) -> bool:
         """Whether the default kernel converts this job a whole 128-row slab a unit: rows aligned
-        to at least 4 bytes and wider than a part, in a build with slab units, the slab's bytes (at any address modulo
-        16, read to a 16-byte boundary) within its shared memory. H200, against a copy: TE's padded
-        rows (225 bytes at a 228-byte stride) 1.18 / 1.21 -> 1.11 / 1.10, grouped / per-expert;
-        then 16-byte aligned rows too: per-expert E=256 1.12 -> 1.06, E=32 1.15 / 1.16 ->
-        1.11 / 1.09; every other case within the noise (benchmarks/KERNEL_NOTES.md, session 8).
-        Decided here only (FLAG_SLAB)."""
-        tiles, staged = -(-self.cols // 4), 15 + 127 * self.rs + 16 * -(-self.cols // 16)
-        wide = tiles > config.part_tiles  # narrower rows go by parts (the width measured that way)
+        to at least 4 bytes and wider than a part, in a build with slab units, the slab's bytes
+        (at any address modulo 16, read to a 16-byte boundary) within its shared memory. H200,
+        against a copy: TE's padded rows (225 bytes at a 228-byte stride) 1.18 / 1.21 -> 1.11 /
+        1.10, grouped / per-expert; then 16-byte aligned rows too: per-expert E=256 1.12 -> 1.06,
+        E=32 1.15 / 1.16 -> 1.11 / 1.09; every other case within the noise
+        (benchmarks/KERNEL_NOTES.md, session 8). Decided here only (FLAG_SLAB)."""
+        staged = 15 + 127 * self.rs + 16 * -(-self.cols // 16)
+        wide = self.tiles > config.part_tiles  # narrower rows go by parts (the width measured that way)
         return self.mode == MODE_ROWS and self.vec >= 4 and wide and 0 < staged <= config.slab_bytes
 
     def _joins_last(self, config: KernelConfig) -> bool:
         """Whether the default kernel gives this columnwise job's last chunk, when it is one tile
         (TE's 65 columns), to the chunk before: one unit (of a part) of part_tiles + 1 tiles
         instead of a block for 512 bytes. Decided here only; the kernel reads FLAG_JOIN_LAST."""
-        tiles, unit = -(-self.cols // 4), config.part_tiles
-        return not config.bulk and self.mode == MODE_COLS and tiles > unit and tiles % unit == 1
+        unit = config.part_tiles
+        return not config.bulk and self.mode == MODE_COLS and self.tiles > unit and self.tiles % unit == 1
 
     def row(self, unit_begin: int, config: KernelConfig | None = None) -> tuple[int, ...]:
         flags = self.mode | self.vec << 8
