@@ -388,6 +388,11 @@ __device__ __forceinline__ void async_wait() {
 }
 #endif
 
+// Word x (0-3, a constant once unrolled) of a 16-byte value.
+__device__ __forceinline__ unsigned word(const uint4 v, const int x) {
+  return x == 0 ? v.x : x == 1 ? v.y : x == 2 ? v.z : v.w;
+}
+
 // A slab unit (FLAG_SLAB): all 128 rows and every tile of a rowwise job whose rows are 4-byte
 // aligned (TE's padded rows: 225 bytes at a 228-byte stride) or 16-byte aligned. The slab is ONE
 // contiguous byte range whatever C is, so it is staged as it lies, with aligned 16-byte copies (the
@@ -428,13 +433,9 @@ __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
       for (int x = 0; x < 4; ++x) {
         const int c = 16 * j + 4 * x;
         if (c >= U.ntiles * 4) break;
-        const unsigned keep = c + 4 <= U.cv ? ~0u : c >= U.cv ? 0u : (1u << 8 * (U.cv - c)) - 1;  // c < cv: 0u never taken
-        const unsigned* w0 = reinterpret_cast<const unsigned*>(&v[0]);
-        const unsigned* w1 = reinterpret_cast<const unsigned*>(&v[1]);
-        const unsigned* w2 = reinterpret_cast<const unsigned*>(&v[2]);
-        const unsigned* w3 = reinterpret_cast<const unsigned*>(&v[3]);
+        const unsigned keep = c + 4 <= U.cv ? ~0u : (1u << 8 * (U.cv - c)) - 1;  // c < cv; bytes past it: 0
         *reinterpret_cast<uint4*>(U.dst + (4 * j + x) * 512 + lane * 16) =
-            make_uint4(w0[x] & keep, w1[x] & keep, w2[x] & keep, w3[x] & keep);
+            make_uint4(word(v[0], x) & keep, word(v[1], x) & keep, word(v[2], x) & keep, word(v[3], x) & keep);
       }
     }
     return;
