@@ -22,7 +22,7 @@ Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as
                  copy job (since session 5; before, one copy job per expert that each unit
                  binary-searched), the same indirection as g:exp: the per-expert pattern's limit
   g:kcopy@V, g:exp-kcopy@V  the same two copies under variant V (variants after the first)
-                 (with no shape configured, a copy-only launch takes launcher.ROWWISE_SHAPE)
+                 (with no shape configured, a copy-only launch runs at 16 x 128: launcher.config_for)
   g:kernel@V     variant V over the grouped batch [E, R, C] (one launch); V is a launcher variant,
                  or VARIANT:TILESxTHREADS for another block shape (--variants default,default:32x256)
   g:exp@V        variant V over E separate per-expert tensors (one launch, pointer table)

@@ -286,11 +286,12 @@ def test_configure_keeps_the_shape_set_by_the_environment(monkeypatch: pytest.Mo
     assert (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
 
 
-def test_launches_without_columnwise_jobs_take_the_rowwise_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_launches_with_rowwise_jobs_take_the_rowwise_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no shape configured, a launch's shape follows its jobs (the H200 benchmark's fastest
     for each); a configured shape, or another variant, holds for every launch."""
     rows = launcher.Job(0, 0, 224, 1, 0, 2048, 224, 4, launcher.MODE_ROWS, 16)
     cols = rows._replace(rs=1, cs=2048, mode=launcher.MODE_COLS)
+    gather = rows._replace(rs=448, cs=2, mode=launcher.MODE_GATHER, vec=1)
     copy = launcher.Job(0, 0, 0, 0, 0, 4096, 0, 1, launcher.MODE_COPY, 16)
     group = launcher.JobGroup(cols._replace(experts=1), (0, 16), (0, 16))
 
@@ -301,9 +302,10 @@ def test_launches_without_columnwise_jobs_take_the_rowwise_shape(monkeypatch: py
     monkeypatch.delenv(launcher.SHAPE_ENV, raising=False)
     try:
         launcher.configure()
-        assert shape([rows, copy]) == launcher.ROWWISE_SHAPE == (32, 256)
-        assert shape([rows, cols]) == shape([rows, group]) == (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
-        assert shape([copy, copy]) == (16, 128)  # copies alone
+        assert shape([rows, copy]) == shape([rows, cols]) == shape([rows, group]) == launcher.ROWWISE_SHAPE == (32, 256)
+        assert shape([gather]) == shape([gather, cols]) == (32, 256)
+        assert shape([cols, group, copy]) == (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
+        assert shape([copy, copy]) == shape([group]) == (16, 128)  # columnwise jobs and copies alone
         launcher.configure(tiles_per_unit=16, threads=128)
         assert shape([rows]) == (16, 128)
         launcher.configure(variant="bulk")

@@ -25,9 +25,11 @@ from mok.layout import padded_shape
 KERNEL_NAME = "mxfp8_swizzle_jobs"
 THREADS = 128
 TILES_PER_UNIT = 16  # 64 scale columns per unit: fastest of the H200 sweep (benchmarks/results)
-# A launch with no columnwise job, unless a shape is configured: 32-tile units in 256-thread
-# blocks, 0.01-0.06 faster than 16 x 128 on every large rowwise case of the H200 benchmark, while
-# columnwise jobs are 0.00-0.04 slower at that shape (benchmarks/KERNEL_NOTES.md, session 7).
+# A launch with a rowwise (or gather) job, unless a shape is configured: 32-tile units in
+# 256-thread blocks, 0.01-0.06 faster than 16 x 128 on every large rowwise case of the H200
+# benchmark (session 7), and with slab units a whole layer too (per-expert 1.11 -> 1.09, session
+# 9), while launches of columnwise jobs alone are 0.00-0.04 slower at that shape
+# (benchmarks/KERNEL_NOTES.md).
 ROWWISE_SHAPE = (32, 256)
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" fixes one shape for every launch (benchmarks, tests)
 VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
@@ -135,8 +137,8 @@ def _env_shape() -> tuple[int | None, int | None]:
 
 
 def _configs(variant: str, tiles: int | None, threads: int | None) -> tuple[KernelConfig, KernelConfig | None]:
-    """(the configuration of launches with a columnwise job, and of the others where they differ:
-    the default variant with no shape given)."""
+    """(the configuration of launches of columnwise jobs and copies alone, and of the others where
+    they differ: the default variant with no shape given)."""
     config = make_config(variant, tiles, threads)
     fixed = tiles is not None or threads is not None or config.bulk
     return config, None if fixed else make_config(variant, *ROWWISE_SHAPE)
@@ -173,13 +175,15 @@ def configure(*, tiles_per_unit: int | None = None, threads: int | None = None, 
 
 def config_for(jobs: Sequence[Job | JobGroup]) -> KernelConfig:
     """The kernel configuration a launch of ``jobs`` is prepared with: the configured one, or with
-    no shape configured (default variant), :data:`ROWWISE_SHAPE` where a job converts rows and no
-    job is columnwise. Copies alone keep 16 x 128: in one H200 run the kernel's copies were
+    no shape configured (default variant), :data:`ROWWISE_SHAPE` where a job is rowwise or a
+    gather, columnwise jobs beside it included (a whole layer: its rowwise jobs get slab units).
+    Columnwise jobs and copies alone keep 16 x 128: in two H200 runs the kernel's copies were
     0.02-0.06 faster there in 5 of 7 large cases (whole layers 1.06 / 1.07 of a copy against
-    1.11 / 1.13 at 32 x 256; benchmarks/RESULTS.md, session 8)."""
+    1.11 / 1.13 at 32 x 256), columnwise conversions up to 0.03 (benchmarks/RESULTS.md, sessions
+    8 and 9)."""
     config, rowwise = _shapes  # one read: configure may replace both
     modes = {(j.template if isinstance(j, JobGroup) else j).mode for j in jobs}
-    if rowwise is None or MODE_COLS in modes or modes <= {MODE_COPY}:
+    if rowwise is None or modes <= {MODE_COLS, MODE_COPY}:
         return config
     return rowwise
 
