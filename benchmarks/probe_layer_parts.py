@@ -54,7 +54,8 @@ def main() -> None:
     dev, variants = torch.device("cuda"), args.variants.split(",")
     clock = Clock(dev, args.repeats)
     fns: dict[tuple[str, str], object] = {}
-    for name, (grouped, separate, buffers) in parts(dev).items():
+    found = parts(dev)  # kept for the whole run: a graph's replay holds addresses, not tensors
+    for name, (grouped, separate, buffers) in found.items():
         nbytes = sum(s.numel() for s, _ in grouped)
         src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)

@@ -294,6 +294,7 @@ def test_launches_with_rowwise_jobs_take_the_rowwise_shape(monkeypatch: pytest.M
     gather = rows._replace(rs=448, cs=2, mode=launcher.MODE_GATHER, vec=1)
     copy = launcher.Job(0, 0, 0, 0, 0, 4096, 0, 1, launcher.MODE_COPY, 16)
     group = launcher.JobGroup(cols._replace(experts=1), (0, 16), (0, 16))
+    row_group = launcher.JobGroup(rows._replace(experts=1), (0, 16), (0, 16))  # per-expert tensors
 
     def shape(jobs: list[launcher.Job | launcher.JobGroup]) -> tuple[int, int]:
         config = launcher.config_for(jobs)
@@ -303,7 +304,7 @@ def test_launches_with_rowwise_jobs_take_the_rowwise_shape(monkeypatch: pytest.M
     try:
         launcher.configure()
         assert shape([rows, copy]) == shape([rows, cols]) == shape([rows, group]) == launcher.ROWWISE_SHAPE == (32, 256)
-        assert shape([gather]) == shape([gather, cols]) == (32, 256)
+        assert shape([gather]) == shape([gather, cols]) == shape([row_group]) == shape([row_group, group]) == (32, 256)
         assert shape([cols, group, copy]) == (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
         assert shape([copy, copy]) == shape([group]) == (16, 128)  # columnwise jobs and copies alone
         launcher.configure(tiles_per_unit=16, threads=128)
@@ -314,7 +315,7 @@ def test_launches_with_rowwise_jobs_take_the_rowwise_shape(monkeypatch: pytest.M
         launcher.configure()
         assert shape([rows, cols]) == (32, 256)
     finally:
-        monkeypatch.delenv(launcher.SHAPE_ENV)
+        monkeypatch.delenv(launcher.SHAPE_ENV, raising=False)
         launcher.configure()
 
 

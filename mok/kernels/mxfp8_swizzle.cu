@@ -31,7 +31,8 @@
 // whose rows fit one part (at most PART_TILES tiles, like TE's 64-column matrices, which would leave
 // half of a wide unit idle). It lets the launcher's 32 x 256 shape for rowwise launches (0.01-0.06
 // faster than 16 x 128) convert any job; columnwise jobs still run 0.00-0.04 slower in it than at
-// 16 x 128, so the launcher gives those launches 16 x 128 (benchmarks/KERNEL_NOTES.md, session 7).
+// 16 x 128, so the launcher gives launches of columnwise jobs alone 16 x 128 (a layer, rowwise jobs
+// beside them, takes 32 x 256 for their slab units: benchmarks/KERNEL_NOTES.md, sessions 7 and 9).
 #define PART_THREADS (THREADS < 128 ? THREADS : 128)
 #define PARTS (THREADS / PART_THREADS)
 #define PART_TILES (TILES_PER_UNIT / PARTS)
