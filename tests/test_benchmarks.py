@@ -1,0 +1,31 @@
+"""The device-time benchmark stays runnable and keeps the JSON issue 15 asked for: its dry run
+(CPU, tiny shapes, the torch backend) builds every job and writes every key a GPU run would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = {"case", "g:kernel/copy", "g:exp/copy", "kernel/exp", "TE multi", "TE discrete", "runs", "median", "spread"}
+
+
+def test_bench_swizzle_dry_run_writes_the_agreed_keys(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "benchmarks/bench_swizzle.py", "--dry-run", "--no-te", "--runs", "2"]
+    cmd += ["--variants", "default,default:32x256", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(out.read_text())
+    assert found["meta"]["runs"] == 2 and found["meta"]["variants"] == "default,default:32x256"
+    rows = found["rows"]
+    assert [r["case"].split()[0] for r in rows].count("layer") == 1 and len(rows) == 10
+    for row in rows:
+        assert KEYS <= row.keys(), f"{row['case']}: missing {KEYS - row.keys()}"
+        assert len(row["runs"]) == 2
+        assert row["equal"] == {"default": True, "default:32x256": True}
+        assert row["g:kernel/copy"] == row["median"]["g:kernel@default/copy"] > 0
