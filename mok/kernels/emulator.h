@@ -36,8 +36,6 @@ extern "C" __attribute__((weak)) unsigned char __start_emu_shared[], __stop_emu_
 
 struct alignas(16) uint4 { unsigned x, y, z, w; };  // as CUDA's: a misaligned 16-byte access shows
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
-struct alignas(8) uint2 { unsigned x, y; };
-inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 struct Dim3 { unsigned x; };
 thread_local Dim3 threadIdx, blockIdx;
 Dim3 gridDim;
@@ -138,26 +136,9 @@ inline void async_copy16(unsigned char* dst, const unsigned char* src) {
   emu_check_read(src, 16);
   emu_copies.push_back({dst, src});
 }
-thread_local std::vector<std::vector<EmuCopy>> emu_groups;  // committed, oldest first
-inline void emu_land(const std::vector<EmuCopy>& copies) {
-  for (const EmuCopy& c : copies) std::memcpy(c.dst, c.src, 16);
-}
-inline void async_wait() {  // cp.async.wait_all: committed or not
-  for (const auto& g : emu_groups) emu_land(g);
-  emu_groups.clear();
-  emu_land(emu_copies);
+inline void async_wait() {
+  for (const EmuCopy& c : emu_copies) std::memcpy(c.dst, c.src, 16);
   emu_copies.clear();
-}
-inline void async_commit() {
-  emu_groups.push_back(emu_copies);
-  emu_copies.clear();
-}
-template <int N>
-inline void async_wait_group() {  // all but the newest N committed groups land; uncommitted copies do not
-  while (emu_groups.size() > static_cast<size_t>(N)) {
-    emu_land(emu_groups.front());
-    emu_groups.erase(emu_groups.begin());
-  }
 }
 
 inline void bulk_load(unsigned char* dst, const unsigned char* src, unsigned bytes, unsigned long long* bar) {

@@ -36,7 +36,7 @@ VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
 # bulk: Hopper bulk copies into double-buffered shared stages, persistent blocks (sm_90+; else default).
 # bulk-fine: the same kernel with smaller units for aligned rows and columns (better balance
 # across blocks when a launch has few slabs; more, smaller copies).
-VARIANTS = ("default", "bulk", "bulk-fine", "halves")  # halves: measuring (slab rows 0-63 written while 64-127 come in)
+VARIANTS = ("default", "bulk", "bulk-fine")
 # Default kernel, 256-thread builds (ROWWISE_SHAPE): shared bytes a slab unit stages (Job._slab):
 # a slab fits where 15 + 127 * row stride + C rounded up to 16 <= 30720 (TE's unpadded rows: up to
 # 236 bytes, K <= 7552), and still 5 blocks an SM, as many as the registers allow.
@@ -86,7 +86,7 @@ class KernelConfig:
         """Default kernel: shared bytes a slab unit may stage (0: no slab units in this build).
         Only 256-thread builds have them: at 30 KB a block, ten 128-thread blocks would not fit
         an SM's shared memory."""
-        return SLAB_BYTES if self.variant in ("default", "halves") and self.parts > 1 else 0
+        return SLAB_BYTES if self.variant == "default" and self.parts > 1 else 0
 
     @property
     def shared_bytes(self) -> int:
@@ -99,8 +99,6 @@ class KernelConfig:
             found += [("MOK_BULK", "1"), ("STAGE_BYTES", str(STAGE_BYTES)), ("BULK_BLOCKS", str(BULK_BLOCKS))]
         if self.slab_bytes:
             found.append(("SLAB_BYTES", str(self.slab_bytes)))
-        if self.variant == "halves":
-            found.append(("MOK_SLAB_HALVES", "1"))
         return found
 
 

@@ -387,18 +387,6 @@ __device__ __forceinline__ void async_wait() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void async_commit() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Wait until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void async_wait_group() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
 #endif
 
 // Word x (0-3, a constant once unrolled) of a 16-byte value.
@@ -415,29 +403,31 @@ __device__ __forceinline__ unsigned word(const uint4 v, const int x) {
 // throughput 58 -> 75%; four 4-byte register loads a piece had the L1 re-read every line), and
 // per-expert rowwise 1.12 -> 1.06, half the blocks each waiting for its expert's addresses
 // (benchmarks/KERNEL_NOTES.md, session 8). The launcher sees that the slab fits (Job._slab).
-// NG (2 or 4) words as one store's value.
-template <int NG> struct Words;
-template <> struct Words<2> {
-  using type = uint2;
-  static __device__ __forceinline__ uint2 pack(const unsigned* w) { return make_uint2(w[0], w[1]); }
-};
-template <> struct Words<4> {
-  using type = uint4;
-  static __device__ __forceinline__ uint4 pack(const unsigned* w) { return make_uint4(w[0], w[1], w[2], w[3]); }
-};
-
-// Rows lane + 32 g, g in [G0, G0 + NG), of every tile of a staged slab (s: its S[r0, 0]): the NG
-// words of each lane's 16-byte output row that those rows fill, masked to [rv, cv).
-template <int G0, int NG>
-__device__ __forceinline__ void write_slab_rows(const Unit& U, const unsigned char* s, const int lane) {
-  using Store = typename Words<NG>::type;
+__device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
+  const unsigned char* base = U.src + (long long)U.r0 * U.rs;  // S[r0, 0]
+  const int d = (int)(reinterpret_cast<unsigned long long>(base) & 15);
+  const int end = d + (U.rv - 1) * (int)U.rs + U.cv;  // staged bytes are tile[d, end)
+  const int whole_begin = (d + 15) & ~15, whole_end = end & ~15;
+  const unsigned char* from = base - d;  // tile[i] mirrors from[i]
+  __syncthreads();                       // the block's previous unit's tile reads are done
+  for (int i = whole_begin + 16 * (int)threadIdx.x; i < whole_end; i += 16 * THREADS)
+    async_copy16(tile + i, from + i);
+  if (threadIdx.x < 32) {  // the head [d, whole_begin) and the tail [whole_end, end): < 16 bytes each
+    const bool head = threadIdx.x < 16;
+    const int i = (head ? d : max(whole_end, whole_begin)) + ((int)threadIdx.x & 15);
+    if (i < (head ? min(whole_begin, end) : end)) tile[i] = ld_byte(from + i);
+  }
+  async_wait();
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const unsigned char* s = tile + d;
   if (U.vec == 16) {  // 16-byte aligned rows: one 16-byte shared read a row serves four tiles
     for (int item = threadIdx.x; item < ((U.ntiles + 3) / 4) * 32; item += THREADS) {
       const int j = item >> 5;
-      uint4 v[NG];
+      uint4 v[4];
 #pragma unroll
-      for (int g = 0; g < NG; ++g) {
-        const int r = lane + 32 * (G0 + g);
+      for (int g = 0; g < 4; ++g) {
+        const int r = lane + 32 * g;
         v[g] = r < U.rv ? *reinterpret_cast<const uint4*>(s + r * (int)U.rs + 16 * j) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
@@ -445,10 +435,8 @@ __device__ __forceinline__ void write_slab_rows(const Unit& U, const unsigned ch
         const int c = 16 * j + 4 * x;
         if (c >= U.ntiles * 4) break;
         const unsigned keep = c + 4 <= U.cv ? ~0u : (1u << 8 * (U.cv - c)) - 1;  // c < cv; bytes past it: 0
-        unsigned w[4];
-#pragma unroll
-        for (int g = 0; g < NG; ++g) w[g] = word(v[g], x) & keep;
-        *reinterpret_cast<Store*>(U.dst + (4 * j + x) * 512 + lane * 16 + 4 * G0) = Words<NG>::pack(w);
+        *reinterpret_cast<uint4*>(U.dst + (4 * j + x) * 512 + lane * 16) =
+            make_uint4(word(v[0], x) & keep, word(v[1], x) & keep, word(v[2], x) & keep, word(v[3], x) & keep);
       }
     }
     return;
@@ -458,51 +446,12 @@ __device__ __forceinline__ void write_slab_rows(const Unit& U, const unsigned ch
     const unsigned keep = c + 4 <= U.cv ? ~0u : (1u << 8 * (U.cv - c)) - 1;  // bytes past cv: 0
     unsigned w[4];
 #pragma unroll
-    for (int g = 0; g < NG; ++g) {
-      const int r = lane + 32 * (G0 + g);
+    for (int g = 0; g < 4; ++g) {
+      const int r = lane + 32 * g;
       w[g] = r < U.rv ? *reinterpret_cast<const unsigned*>(s + r * (int)U.rs + c) & keep : 0u;
     }
-    *reinterpret_cast<Store*>(U.dst + t * 512 + lane * 16 + 4 * G0) = Words<NG>::pack(w);
+    *reinterpret_cast<uint4*>(U.dst + t * 512 + lane * 16) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-}
-
-__device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
-  const unsigned char* base = U.src + (long long)U.r0 * U.rs;  // S[r0, 0]
-  const int d = (int)(reinterpret_cast<unsigned long long>(base) & 15);
-  const int end = d + (U.rv - 1) * (int)U.rs + U.cv;  // staged bytes are tile[d, end)
-  const int whole_begin = (d + 15) & ~15, whole_end = end & ~15;
-  const unsigned char* from = base - d;  // tile[i] mirrors from[i]
-  __syncthreads();  // the block's previous unit's tile reads are done
-#ifdef MOK_SLAB_HALVES
-  // the copies up to the end of row min(rv, 64) - 1 are the first group (a one-row job's rs is any)
-  const int split = min(whole_end, max(whole_begin, (d + (min(U.rv, 64) - 1) * (int)U.rs + U.cv + 15) & ~15));
-  for (int i = whole_begin + 16 * (int)threadIdx.x; i < split; i += 16 * THREADS) async_copy16(tile + i, from + i);
-  async_commit();
-  for (int i = split + 16 * (int)threadIdx.x; i < whole_end; i += 16 * THREADS) async_copy16(tile + i, from + i);
-  async_commit();
-#else
-  for (int i = whole_begin + 16 * (int)threadIdx.x; i < whole_end; i += 16 * THREADS)
-    async_copy16(tile + i, from + i);
-#endif
-  if (threadIdx.x < 32) {  // the head [d, whole_begin) and the tail [whole_end, end): < 16 bytes each
-    const bool head = threadIdx.x < 16;
-    const int i = (head ? d : max(whole_end, whole_begin)) + ((int)threadIdx.x & 15);
-    if (i < (head ? min(whole_begin, end) : end)) tile[i] = ld_byte(from + i);
-  }
-  const int lane = threadIdx.x & 31;
-  const unsigned char* s = tile + d;
-#ifdef MOK_SLAB_HALVES
-  async_wait_group<1>();  // rows 0-63 written while rows 64-127 still come in
-  __syncthreads();
-  write_slab_rows<0, 2>(U, s, lane);
-  async_wait_group<0>();
-  __syncthreads();
-  write_slab_rows<2, 2>(U, s, lane);
-#else
-  async_wait();
-  __syncthreads();
-  write_slab_rows<0, 4>(U, s, lane);
-#endif
 }
 #endif
 
