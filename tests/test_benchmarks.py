@@ -29,3 +29,11 @@ def test_bench_swizzle_dry_run_writes_the_agreed_keys(tmp_path: Path) -> None:
         assert len(row["runs"]) == 2
         assert row["equal"] == {"default": True, "default:32x256": True}
         assert row["g:kernel/copy"] == row["median"]["g:kernel@default/copy"] > 0
+        columns = [f"g:{w}@{v}/copy" for v in ("default", "default:32x256") for w in ("kernel", "exp")]
+        columns += [
+            "g:kcopy/copy",
+            "g:exp-kcopy/copy",
+            "g:kcopy@default:32x256/copy",
+            "g:exp-kcopy@default:32x256/copy",
+        ]
+        assert all(row["median"][c] > 0 for c in columns), f"{row['case']}: {set(columns) - row['median'].keys()}"
