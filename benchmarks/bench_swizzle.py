@@ -282,6 +282,20 @@ def _with_reset(fn: Fn, before: Fn) -> Fn:
     return fn
 
 
+LayerPart = tuple[str, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def layer_parts(e: int, ffn: int, hidden: int, device: torch.device) -> list[LayerPart]:
+    """The four job kinds of one MoE layer, fc1 [2*ffn, hidden] and fc2 [hidden, ffn], rowwise and
+    columnwise: (name, grouped logical scales, their TE buffer, each expert's (scales, TE buffer))."""
+    found = []
+    for fc, (m, k) in (("fc1", (2 * ffn, hidden)), ("fc2", (hidden, ffn))):
+        for kind in ("rowwise", "columnwise"):
+            batch, buf = logical(kind, e, m, k, device)
+            found.append((f"{fc} {kind}", batch, buf, [logical(kind, 1, m, k, device) for _ in range(e)]))
+    return found
+
+
 def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     """fc1 and fc2 of one MoE layer, rowwise and columnwise, grouped and per-expert, one launch."""
     dev = clock.device
@@ -289,15 +303,11 @@ def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     grouped: list[tuple[torch.Tensor, torch.Tensor]] = []
     separate: list[tuple[torch.Tensor, torch.Tensor]] = []
     buffers, expert_buffers = [], []
-    for m, k in ((2 * ffn, hidden), (hidden, ffn)):
-        for kind in ("rowwise", "columnwise"):
-            batch, buf = logical(kind, e, m, k, dev)
-            buffers.append(buf)
-            grouped.append((batch, _out(batch)))
-            for _ in range(e):
-                one, own = logical(kind, 1, m, k, dev)
-                separate.append((one, _out(one)))
-                expert_buffers.append(own)
+    for _, batch, buf, experts in layer_parts(e, ffn, hidden, dev):
+        buffers.append(buf)
+        grouped.append((batch, _out(batch)))
+        separate += [(one, _out(one)) for one, _ in experts]
+        expert_buffers += [own for _, own in experts]
     case = Case(f"layer E={e} fc1+fc2 row+col", sum(2 * b.numel() for b, _ in grouped))
     src = torch.randint(0, 256, (case.nbytes // 2,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)

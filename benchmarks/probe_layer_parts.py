@@ -17,7 +17,7 @@ import argparse
 import statistics
 
 import torch
-from bench_swizzle import LAYER, Clock, _launch, _out, configure, logical  # this folder is on sys.path
+from bench_swizzle import LAYER, Clock, _launch, _out, configure, layer_parts  # this folder is on sys.path
 
 from mok.kernels import launcher
 from mok.layout import swizzle_reference
@@ -27,17 +27,13 @@ Pairs = list[tuple[torch.Tensor, torch.Tensor]]
 
 def parts(dev: torch.device) -> dict[str, tuple[Pairs, Pairs, list[torch.Tensor]]]:
     """name -> (grouped pairs, per-expert pairs, per-expert TE buffers)."""
-    e, ffn, hidden = LAYER
     found: dict[str, tuple[Pairs, Pairs, list[torch.Tensor]]] = {}
-    for fc, (m, k) in (("fc1", (2 * ffn, hidden)), ("fc2", (hidden, ffn))):
-        for kind in ("rowwise", "columnwise"):
-            batch, _ = logical(kind, e, m, k, dev)
-            separate, buffers = [], []
-            for _ in range(e):
-                one, own = logical(kind, 1, m, k, dev)
-                separate.append((one, _out(one)))
-                buffers.append(own.view(-1))
-            found[f"{fc} {kind}"] = ([(batch, _out(batch))], separate, buffers)
+    for name, batch, _, experts in layer_parts(*LAYER, dev):
+        found[name] = (
+            [(batch, _out(batch))],
+            [(one, _out(one)) for one, _ in experts],
+            [b.view(-1) for _, b in experts],
+        )
     grouped, separate, buffers = [], [], []
     for g, s, b in found.values():
         grouped, separate, buffers = grouped + g, separate + s, buffers + b
