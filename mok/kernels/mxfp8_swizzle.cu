@@ -389,6 +389,11 @@ __device__ __forceinline__ void async_wait() {
 }
 #endif
 
+// The bytes of the output word at column c (c < cv) that lie inside the matrix; those past cv are 0.
+__device__ __forceinline__ unsigned keep_below(const int cv, const int c) {
+  return c + 4 <= cv ? ~0u : (1u << 8 * (cv - c)) - 1;
+}
+
 // Word x (0-3, a constant once unrolled) of a 16-byte value.
 __device__ __forceinline__ unsigned word(const uint4 v, const int x) {
   return x == 0 ? v.x : x == 1 ? v.y : x == 2 ? v.z : v.w;
@@ -434,7 +439,7 @@ __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
       for (int x = 0; x < 4; ++x) {
         const int c = 16 * j + 4 * x;
         if (c >= U.ntiles * 4) break;
-        const unsigned keep = c + 4 <= U.cv ? ~0u : (1u << 8 * (U.cv - c)) - 1;  // c < cv; bytes past it: 0
+        const unsigned keep = keep_below(U.cv, c);
         *reinterpret_cast<uint4*>(U.dst + (4 * j + x) * 512 + lane * 16) =
             make_uint4(word(v[0], x) & keep, word(v[1], x) & keep, word(v[2], x) & keep, word(v[3], x) & keep);
       }
@@ -443,7 +448,7 @@ __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
   }
   for (int t = threadIdx.x >> 5; t < U.ntiles; t += THREADS / 32) {  // 4-byte aligned rows
     const int c = 4 * t;
-    const unsigned keep = c + 4 <= U.cv ? ~0u : (1u << 8 * (U.cv - c)) - 1;  // bytes past cv: 0
+    const unsigned keep = keep_below(U.cv, c);
     unsigned w[4];
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
