@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mok.checks import check_int, check_sequence
+from mok.checks import check_int, check_sequence, describe
 from mok.errors import ExpertWeightError, RefreshError
 from mok.formats import Direction
 from mok.plan import RefreshPlan, ScaleSlots, ScaleSource, plan_scales
@@ -101,9 +101,21 @@ class Side:
     amax: tuple[torch.Tensor, ...] | None
 
 
+def _view_shape(shape: object) -> tuple[int, ...]:
+    """``shape`` checked: a sequence of ints >= 0 (a -1 would let torch infer, not check, a size)."""
+    dims = check_sequence("shape", shape, "ints (the view's sizes)")
+    return tuple(check_int(f"shape[{i}]", d) for i, d in enumerate(dims))
+
+
 def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dtype, name: str) -> torch.Tensor:
     """A dense view of ``storage`` as ``shape``/``dtype`` sharing its memory (uint8 may be
-    reinterpreted as a 1-byte float8 dtype). Raises, naming ``name``, rather than copying."""
+    reinterpreted as a 1-byte float8 dtype). Raises, naming ``name``, rather than copying.
+    The view is detached: kernels read it by address, outside autograd."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str naming the storage; found {describe(name)}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name}: dtype: expected a torch.dtype; found {describe(dtype)}")
+    shape = _view_shape(shape)
     if not isinstance(storage, torch.Tensor):
         raise ExpertWeightError(f"{name}: expected a torch.Tensor; found {type(storage).__name__}")
     if storage.dtype != dtype and not (storage.dtype == torch.uint8 and dtype.itemsize == 1):

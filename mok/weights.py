@@ -1,45 +1,44 @@
 """Drop-in for Megatron-Core's MOK weights module (``...moe.megakernel.mok.weights``).
 
-The same names, parameters and results as that module, each a thin layer over mok's public
-API (``grouped_weight_view``, ``split_weight_view``, ``swizzle_mxfp8_scales``, ``storage_view``,
-``prepare_shared_expert_config``) and te_compat's probes, so a Megatron user changes one import.
-What differs, on purpose: every expert's scales convert in ONE launch (upstream converts one
-expert at a time), padded shapes work (upstream raises), scales TE already swizzled are never
-swizzled twice, errors are mok's/te_compat's exceptions naming expert and attribute (upstream
-raises RuntimeError), CPU tensors work (the torch reference), and a refresh whose payload TE
-moved raises RefreshError instead of handing back a payload a captured graph would not see.
+The same names, signatures, results and exception types as that module, and the same
+composition: the views call this module's ``_parameter_storage_attr``, ``_storage_view``,
+``_single_grouped_mxfp8_scale_view`` and ``_swizzle_mxfp8_scale``, looked up in the module's
+globals at call time, so a caller (or its test) that replaces one sees the calls upstream makes.
+Any object that carries the storage is accepted (a TE tensor or a duck-typed stand-in); with
+``use_mxfp8=True`` the caller asserts MXFP8, and the storage found decides.
 
-Storage names (``name=``, ``member_attr=``) may be TE's own attribute names of any release in
-te_compat's table, public or private, or te_compat's logical names: te_compat translates them.
+While those four functions are this module's own and the weights are TE tensors te_compat knows,
+the views take mok's fast paths instead: every expert and both directions in one kernel launch,
+and a refresh that reruns the prepared launch after a bulk check that TE moved nothing.
+
+On top of upstream: padded shapes work, scales TE already swizzled are never swizzled twice,
+storage names may be TE's attribute names of any release or te_compat's logical names, and CPU
+tensors work (the torch reference). Every error is a ``RuntimeError``, as upstream's are, and
+also mok's or te_compat's own error class, naming the parameter, expert and what was expected.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from mok import (
-    ExpertWeightError,
-    GroupedExpertWeights,
-    LayoutError,
-    RefreshError,
-    SplitExpertWeights,
-    grouped_weight_view,
-    padded_shape,
-    prepare_shared_expert_config,
-    shared_expert,
-    split_weight_view,
-    storage_view,
-    swizzle_mxfp8_scales,
-)
-from mok.layout import MXFP8_BLOCK, grouped_scales
-from te_compat import TensorKind, grouped_storage, storage_attr, tensor_kind
-from te_compat.names import logical_storage_name
+from mok import shared_expert
+from mok.checks import check_bool, check_int, check_sequence, describe
+from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
+from mok.formats import MXFP8
+from mok.grouped import grouped_weight_view
+from mok.layout import MXFP8_BLOCK, columnwise_scales, grouped_scales, rowwise_scales
+from mok.per_expert import split_weight_view
+from mok.shared_expert import prepare_shared_expert_config
+from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
+from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
+from te_compat import TECompatError, TensorKind, grouped_storage, known_storage_name, storage_field, tensor_kind
 
 __all__ = [
     "_SHARED_EXPERT_BF16_WARNING_EMITTED",
@@ -54,23 +53,22 @@ __all__ = [
     "prepare_shared_expert_config",
 ]
 
-T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 _FLAG = "_SHARED_EXPERT_BF16_WARNING_EMITTED"
+# The functions upstream's views are composed of; a caller may replace any of them.
+_SEAMS = ("_parameter_storage_attr", "_storage_view", "_single_grouped_mxfp8_scale_view", "_swizzle_mxfp8_scale")
+_OWN: dict[str, object] = {}  # this module's own versions of _SEAMS (filled at the end)
 
 # Declared, never bound: reads go to __getattr__ below (PEP 562 is consulted only for names the
 # module does not define), so the value is always mok.shared_expert's live state.
 _SHARED_EXPERT_BF16_WARNING_EMITTED: bool
 
 
-def _warning_emitted() -> bool:
-    """Whether prepare_shared_expert_config has warned in this process."""
-    return shared_expert.bf16_warning_emitted()
-
-
 def __getattr__(name: str) -> bool:
     """PEP 562: upstream's module global, read live from mok.shared_expert."""
     if name == _FLAG:
-        return _warning_emitted()
+        return shared_expert.bf16_warning_emitted()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -80,7 +78,7 @@ class _WeightsModule(types.ModuleType):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == _FLAG:
-            shared_expert._warned = bool(value)
+            shared_expert._warned = check_bool(f"{__name__}.{_FLAG}", value)
             return
         super().__setattr__(name, value)
 
@@ -94,47 +92,141 @@ class _WeightsModule(types.ModuleType):
 sys.modules[__name__].__class__ = _WeightsModule
 
 
+# ------------------------------------------------------------------------------ upstream's errors
+
+_CONVERTED = (MokError, TECompatError, TypeError, ValueError)
+_RUNTIME_TWINS: dict[type[BaseException], type[BaseException]] = {}
+
+
+def _runtime_twin(cls: type[BaseException]) -> type[BaseException]:
+    """``cls`` as a RuntimeError too (same name and module): ``except RuntimeError`` catches it, as
+    it catches upstream's errors, and ``except cls`` still does."""
+    twin = _RUNTIME_TWINS.get(cls)
+    if twin is None:
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}
+        twin = _RUNTIME_TWINS[cls] = type(cls.__name__, (cls, RuntimeError), namespace)
+    return twin
+
+
+def _upstream_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Raise every refusal of ``fn`` as a RuntimeError as well as its own class."""
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except _CONVERTED as exc:
+            if isinstance(exc, RuntimeError):
+                raise
+            raise _runtime_twin(type(exc))(*exc.args) from exc
+
+    return call
+
+
+def _seam(name: str) -> Any:
+    """The module's current ``name``: its own function, or the caller's replacement."""
+    return globals()[name]
+
+
+def _seams_are_own(names: Sequence[str] = _SEAMS) -> bool:
+    module = globals()
+    return all(module[n] is _OWN[n] for n in names)
+
+
 # ------------------------------------------------------------------------------ storage names
 
 
-def _logical(name: str, kind: TensorKind | None) -> str:
-    """te_compat's logical name for ``name``: ``kind``'s own attribute names first, then any
-    kind's (a member's private scale name passed for its grouped parent means the same storage)."""
-    try:
-        return logical_storage_name(name, kind)
-    except ValueError:
-        return logical_storage_name(name)
+def _te_kind(obj: object) -> TensorKind | None:
+    """te_compat's kind of a TE class its table covers; None for plain tensors and other objects."""
+    if isinstance(obj, torch.Tensor) or type(obj).__module__.startswith("transformer_engine."):
+        kind = tensor_kind(obj)
+        return None if kind in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED) else kind
+    return None
 
 
+def _logical(name: str, kind: TensorKind) -> str | None:
+    """te_compat's logical name of ``name`` for ``kind``: one of the kind's own attribute or logical
+    names, or another kind's attribute naming storage this kind has too (a member's private scale
+    name passed for its grouped parent); None for a name te_compat does not know for ``kind``."""
+    own = known_storage_name(name, kind)
+    if own is not None:
+        return own
+    other = known_storage_name(name)
+    return None if other is None else known_storage_name(other, kind)
+
+
+def _attribute(obj: object, name: str) -> Any:
+    """Upstream's lookup: ``name``, then ``_name`` (a name given with its underscore only as
+    given), on the object, then on its ``.data``; None when none holds a value."""
+    candidates = (name,) if name.startswith("_") else (name, f"_{name}")
+    for holder in (obj, getattr(obj, "data", None)):
+        if holder is None:
+            continue
+        for candidate in candidates:
+            value = getattr(holder, candidate, None)
+            if value is not None:
+                return value
+    return None
+
+
+@_upstream_errors
 def _parameter_storage_attr(param: torch.nn.Parameter, name: str) -> torch.Tensor | None:
-    """TE storage ``name`` of ``param`` (on it or on its ``.data``), never materialised.
+    """The storage object ``name`` of ``param`` itself (on it or on its ``.data``), never
+    materialised, or None where there is none.
 
-    ``name`` is a TE attribute name of any release or a logical name. A plain tensor holds no
-    TE storage: None (what upstream's callers take to mean "use the parameter itself").
+    Any object works as upstream's does (public name, then private, then both on ``.data``).
+    On a TE tensor te_compat's table translates ``name`` (a TE attribute of any release, or a
+    logical name) into the attribute the installed release uses.
     """
-    kind = tensor_kind(param)
-    if kind is TensorKind.PLAIN:
-        logical_storage_name(name)  # an unknown name still raises
-        return None
-    return storage_attr(param, _logical(name, kind))
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str naming a storage attribute; found {describe(name)}")
+    kind = _te_kind(param)
+    logical = None if kind is None else _logical(name, kind)
+    if logical is not None:
+        return storage_field(param, logical)  # type: ignore[no-any-return]
+    return _attribute(param, name)  # type: ignore[no-any-return]
 
 
+@_upstream_errors
 def _storage_view(storage: torch.Tensor, shape: tuple[int, ...], *, dtype: torch.dtype, name: str) -> torch.Tensor:
-    """Zero-copy dense view of ``storage`` as ``shape``/``dtype`` (mok.storage_view: uint8 may be
-    read as float8; raises ExpertWeightError naming ``name`` rather than copying)."""
-    return storage_view(storage, shape, dtype=dtype, name=name)
+    """Zero-copy dense view of ``storage`` as ``shape``/``dtype`` (mok.storage_view's checks: uint8
+    may be read as any 1-byte dtype; raises naming ``name`` rather than copying). A view in the
+    storage's own dtype stays in autograd, as upstream's ``Tensor.view`` does."""
+    view = storage_view(storage, shape, dtype=dtype, name=name)
+    if storage.requires_grad and storage.dtype == dtype:
+        return storage.view(view.shape)
+    return view
 
 
+def _scale_shape(shape: object) -> tuple[int, int, int]:
+    dims = check_sequence("shape", shape, "three ints (experts, rows, columns)")
+    if len(dims) != 3:
+        raise LayoutError(f"shape: expected three ints (experts, rows, columns); found {tuple(dims)}")
+    experts, a, b = (check_int(f"shape[{i}]", d, minimum=1) for i, d in enumerate(dims))
+    return experts, a, b
+
+
+@_upstream_errors
 def _single_grouped_mxfp8_scale_view(
     param: torch.nn.Parameter, member_attr: str, shape: tuple[int, ...], *, name: str
 ) -> torch.Tensor:
-    """``[E, a, b]`` view of a grouped parameter's expert-major scale buffer (no copy).
+    """``[E, a, b]`` view of a grouped parameter's expert-major scale storage (no copy).
 
-    ``member_attr`` names the rowwise or columnwise scales (a member's attribute, the group's,
-    or a logical name); ``shape`` is the logical scale shape: ``(E, rows, columns/32)`` rowwise,
-    ``(E, rows/32, columns)`` columnwise, as upstream. TE pads each expert's matrix; the view
-    skips the padding (strided when padded, contiguous when aligned).
+    ``member_attr`` names the rowwise or columnwise scales as a member's attribute (any release's,
+    or the group's, or a logical name); ``shape`` is the logical scale shape, ``(E, rows,
+    columns/32)`` rowwise or ``(E, rows/32, columns)`` columnwise. A TE GroupedTensor's own flat
+    buffer is viewed with TE's per-expert padding skipped; any other object's members (its
+    ``quantized_tensors``) must hold their scales packed expert-major in one storage.
     """
+    if not isinstance(member_attr, str) or not isinstance(name, str):
+        raise TypeError(f"member_attr and name: expected str; found {describe(member_attr)}, {describe(name)}")
+    dims = _scale_shape(shape)
+    if _te_kind(param) is TensorKind.GROUPED:
+        return _te_grouped_scales(param, member_attr, dims, name)
+    return _member_scales(param, member_attr, dims, name)
+
+
+def _te_grouped_scales(param: object, member_attr: str, shape: tuple[int, int, int], name: str) -> torch.Tensor:
     gs = grouped_storage(param)
     if not gs.quantized:
         raise ExpertWeightError(f"{name}: expected a quantized (MXFP8) grouped parameter; found one with no quantizer")
@@ -144,24 +236,69 @@ def _single_grouped_mxfp8_scale_view(
             "_native_single_grouped_weight_view exposes (or copies) them as they are"
         )
     logical = _logical(member_attr, TensorKind.GROUPED)
-    buffer = storage_attr(param, logical)
+    buffer: torch.Tensor | None = None if logical is None else storage_field(param, logical)
     if buffer is None or (buffer is not gs.rowwise_scale_inv and buffer is not gs.columnwise_scale_inv):
         found = "no such tensor" if buffer is None else "another tensor"
         raise ExpertWeightError(
             f"{name}: member_attr {member_attr!r} (logical {logical!r}) should name the rowwise or columnwise "
             f"scales of the grouped parameter; found {found}"
         )
-    if len(shape) != 3 or shape[0] != gs.num_tensors:
-        raise LayoutError(f"{name}: expected shape (experts={gs.num_tensors}, rows, columns); found {tuple(shape)}")
-    experts, a, b = shape
-    # TE pads rowwise [a, b] to the layout's padding; columnwise [a, b] so that its transpose is.
-    padded_rows, padded_cols = padded_shape(a, b) if buffer is gs.rowwise_scale_inv else padded_shape(b, a)[::-1]
-    return grouped_scales(buffer, experts, padded_rows, padded_cols, name)[:, :a, :b]
+    direction = MXFP8.rowwise if buffer is gs.rowwise_scale_inv else MXFP8.columnwise
+    rows, columns = _expert_shape(gs.tensor_shapes, name)
+    want = (gs.num_tensors, rows, columns // MXFP8_BLOCK)
+    if direction is MXFP8.columnwise:
+        want = (gs.num_tensors, rows // MXFP8_BLOCK, columns)
+    if shape != want:
+        raise LayoutError(
+            f"{name}: expected the {direction.name} scale shape {want} of {gs.num_tensors} experts of shape "
+            f"({rows}, {columns}); found {shape}"
+        )
+    padded = MXFP8.te_scale_shape(direction, rows, columns)
+    return grouped_scales(buffer, shape[0], *padded, name)[:, : shape[1], : shape[2]]
+
+
+def _expert_shape(shapes: Sequence[Sequence[int]], name: str) -> tuple[int, int]:
+    """The one (rows, columns) every expert of a group has."""
+    found = {tuple(s) for s in shapes}
+    if len(found) != 1 or len(next(iter(found))) != 2:
+        raise ExpertWeightError(f"{name}: expected experts of one 2-D shape; found {sorted(found)}")
+    rows, columns = next(iter(found))
+    return rows, columns
+
+
+def _member_scales(param: object, member_attr: str, shape: tuple[int, int, int], name: str) -> torch.Tensor:
+    """Upstream's view: the members' scales, packed expert-major in one storage, as one tensor."""
+    members = _seam("_parameter_storage_attr")(param, "quantized_tensors")
+    count = 0 if members is None else len(members)
+    if members is None or count != shape[0]:
+        raise ExpertWeightError(
+            f"{name}: expected {shape[0]} grouped members (quantized_tensors of {type(param).__name__}); found {count}"
+        )
+    scales = [_seam("_parameter_storage_attr")(m, member_attr) for m in members]
+    first, per_expert = scales[0], shape[1] * shape[2]
+    for expert, scale in enumerate(scales):
+        if not isinstance(scale, torch.Tensor):
+            raise ExpertWeightError(f"{name}: member {expert} has no {member_attr}; found {describe(scale)}")
+        packed = (
+            tuple(scale.shape) == shape[1:]
+            and scale.is_contiguous()
+            and scale.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            and scale.storage_offset() == first.storage_offset() + expert * per_expert
+        )
+        if not packed:
+            raise ExpertWeightError(
+                f"{name}: member {expert} scale is not packed expert-major: expected shape {shape[1:]} at element "
+                f"{first.storage_offset() + expert * per_expert} of member 0's storage; found shape "
+                f"{tuple(scale.shape)} at element {scale.storage_offset()}"
+            )
+    flat: torch.Tensor = first.as_strided((shape[0] * per_expert,), (1,), first.storage_offset())
+    return flat.view(shape)
 
 
 # ------------------------------------------------------------------------------ layout
 
 
+@_upstream_errors
 def _swizzle_mxfp8_scale(
     logical_scale: torch.Tensor, *, rows: int, columns: int, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -169,8 +306,9 @@ def _swizzle_mxfp8_scale(
     ``[E*Rp/128, Cp/4, 32, 16]`` (``Rp = roundup(rows, 128)``, ``Cp = roundup(columns/32, 4)``;
     for aligned shapes upstream's ``[E*rows/128, columns/128, 32, 16]``). Padded shapes work.
     With ``out`` the layout is written there in place (same address) and ``out`` returned."""
+    rows, columns = check_sizes(rows=rows, columns=columns)
     if not isinstance(logical_scale, torch.Tensor) or logical_scale.dim() != 3:
-        found = tuple(logical_scale.shape) if isinstance(logical_scale, torch.Tensor) else type(logical_scale).__name__
+        found = tuple(logical_scale.shape) if isinstance(logical_scale, torch.Tensor) else describe(logical_scale)
         raise LayoutError(f"logical_scale: expected a 3-D tensor [E, rows, columns/32]; found {found}")
     if columns % MXFP8_BLOCK:
         raise LayoutError(f"columns: expected a multiple of {MXFP8_BLOCK} (one scale per block); found {columns}")
@@ -180,7 +318,16 @@ def _swizzle_mxfp8_scale(
             f"logical_scale: expected shape {want} for rows={rows}, columns={columns}; "
             f"found {tuple(logical_scale.shape)}"
         )
-    return swizzle_mxfp8_scales(logical_scale, out=out)
+    converted: torch.Tensor = swizzle_mxfp8_scales(logical_scale, out=out)
+    return converted
+
+
+def _member(obj: object, name: str, what: str) -> Any:
+    """Storage ``name`` of ``obj``, found through _parameter_storage_attr; a named error if none."""
+    value = _seam("_parameter_storage_attr")(obj, name)
+    if value is None:
+        raise ExpertWeightError(f"{what}: expected {name} storage on the {type(obj).__name__}; found none")
+    return value
 
 
 # ------------------------------------------------------------------------------ grouped
@@ -203,9 +350,26 @@ class GroupedWeightTuple(tuple[Any, ...]):
         return self
 
 
-def _plain_bf16(weight: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
-    """A plain BF16 ``(E, rows, columns)`` weight is its own view (upstream returns it as is)."""
-    if tuple(weight.shape) != shape or weight.dtype != torch.bfloat16 or not weight.is_contiguous():
+def _check_grouped_shape(weight: object, shape: tuple[int, int, int]) -> None:
+    """Upstream's only check of the weight itself: its shape (a TE group's, read through te_compat:
+    TE 2.13's ``shape`` is the list of member shapes)."""
+    if _te_kind(weight) is TensorKind.GROUPED:
+        gs = grouped_storage(weight)
+        found: object = (gs.num_tensors, *_expert_shape(gs.tensor_shapes, "grouped weight"))
+    else:
+        found = getattr(weight, "shape", None)
+        found = tuple(found) if isinstance(found, Sequence) else found
+    if found != shape:
+        raise ExpertWeightError(f"grouped weight: expected shape {shape}; found {found} ({type(weight).__name__})")
+
+
+def _grouped_bf16(weight: Any, shape: tuple[int, int, int]) -> Any:
+    """TE's high-precision payload (``rowwise_data``) when the weight has one, else the weight."""
+    _check_grouped_shape(weight, shape)
+    storage = _seam("_parameter_storage_attr")(weight, "rowwise_data")
+    if storage is not None:
+        return _seam("_storage_view")(storage, shape, dtype=torch.bfloat16, name="single-grouped BF16 rowwise")
+    if weight.dtype != torch.bfloat16 or not weight.is_contiguous():
         raise ExpertWeightError(
             f"grouped weight: expected a contiguous torch.bfloat16 tensor of shape {shape}; found "
             f"{weight.dtype} {tuple(weight.shape)}{'' if weight.is_contiguous() else ' (not contiguous)'}"
@@ -213,16 +377,48 @@ def _plain_bf16(weight: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tens
     return weight
 
 
-def _grouped_bf16(weight: torch.nn.Parameter, dims: tuple[int, int, int]) -> torch.Tensor:
-    if tensor_kind(weight) is TensorKind.PLAIN:
-        return _plain_bf16(weight, dims)
+def _grouped_fast(weight: object, dims: tuple[int, int, int], cached_view: GroupedWeightTuple | None) -> Any:
+    """mok.grouped_weight_view: both directions in one launch; a refresh reruns it when TE
+    reassigned nothing."""
+    cached = None if cached_view is None else cached_view.expert_view
     experts, rows, columns = dims
-    data = grouped_weight_view(weight, num_experts=experts, rows=rows, columns=columns, use_mxfp8=False).row_data
-    if data.dtype != torch.bfloat16:
-        raise ExpertWeightError(f"grouped weight: expected torch.bfloat16 storage; found {data.dtype}")
-    return data
+    view = grouped_weight_view(weight, num_experts=experts, rows=rows, columns=columns, use_mxfp8=True, cached=cached)
+    if cached_view is not None:
+        return cached_view
+    if view.col_data is None or view.col_scales is None:
+        raise ExpertWeightError("grouped weight: the 5-tuple needs columnwise data and scales; the weight has none")
+    return GroupedWeightTuple(view)
 
 
+def _grouped_composed(weight: object, dims: tuple[int, int, int], cached_view: Any) -> tuple[Any, ...]:
+    """Upstream's composition of the grouped view, through the module's own (or replaced) functions."""
+    _check_grouped_shape(weight, dims)
+    experts, rows, columns = dims
+    view, scale_view, swizzle = (
+        _seam(n) for n in ("_storage_view", "_single_grouped_mxfp8_scale_view", "_swizzle_mxfp8_scale")
+    )
+    fp8 = torch.float8_e4m3fn
+    row_data = view(
+        _member(weight, "rowwise_data", "grouped weight"), dims, dtype=fp8, name="single-grouped MXFP8 rowwise"
+    )
+    col_data = view(
+        _member(weight, "columnwise_data", "grouped weight"), dims, dtype=fp8, name="single-grouped MXFP8 columnwise"
+    )
+    row_scale = scale_view(weight, "_rowwise_scale_inv", (experts, rows, columns // 32), name="single-grouped rowwise")
+    col_scale = scale_view(
+        weight, "_columnwise_scale_inv", (experts, rows // 32, columns), name="single-grouped columnwise"
+    ).transpose(-2, -1)  # the [columns, rows/32] transpose: the dgrad GEMM reads [M, K] as [K, M]
+    row_out, col_out = (None, None) if cached_view is None else (cached_view[1], cached_view[3])
+    return (
+        row_data,
+        swizzle(row_scale, rows=rows, columns=columns, out=row_out),
+        col_data,
+        swizzle(col_scale, rows=columns, columns=rows, out=col_out),
+        True,
+    )
+
+
+@_upstream_errors
 def _native_single_grouped_weight_view(
     weight: torch.nn.Parameter,
     *,
@@ -232,29 +428,21 @@ def _native_single_grouped_weight_view(
     use_mxfp8: bool,
     cached_view: Any = None,
 ) -> Any:
-    """View over one grouped parameter ``(E, rows, columns)``: mok.grouped_weight_view.
+    """View over one grouped parameter ``(E, rows, columns)``.
 
-    BF16: the ``[E, rows, columns]`` payload (a view of TE's buffer, or a plain weight itself;
-    ``cached_view`` is not needed). MXFP8: a :class:`GroupedWeightTuple`, payloads as
-    float8_e4m3fn views, scales in the layout (columnwise: of the ``[columns, rows/32]``
-    transpose). ``cached_view`` (that tuple) refreshes items 1 and 3 in place and is returned.
+    BF16: a view of TE's ``rowwise_data`` (a high-precision GroupedTensor's payload), or the
+    weight itself. MXFP8: ``(row_data, row_scales, column_data, column_scales, True)``, payloads
+    as float8_e4m3fn views, scales in the layout (columnwise: of the ``[columns, rows/32]``
+    transpose). ``cached_view`` (an earlier result) has items 1 and 3 refreshed in place.
     """
-    if not use_mxfp8:
-        return _grouped_bf16(weight, (num_experts, rows, columns))
-    if cached_view is not None and not isinstance(cached_view, GroupedWeightTuple):
-        raise RefreshError(
-            "cached_view: expected the tuple _native_single_grouped_weight_view returned (it carries the "
-            f"view it refreshes); found {type(cached_view).__name__}. Build a new view (cached_view=None)"
-        )
-    cached = None if cached_view is None else cached_view.expert_view
-    view = grouped_weight_view(
-        weight, num_experts=num_experts, rows=rows, columns=columns, use_mxfp8=True, cached=cached
-    )
-    if cached_view is not None:
-        return cached_view
-    if view.col_data is None or view.col_scales is None:
-        raise ExpertWeightError("grouped weight: the 5-tuple needs columnwise data and scales; the weight has none")
-    return GroupedWeightTuple(view)
+    experts, rows, columns = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
+    dims = (experts, rows, columns)
+    if not check_bool("use_mxfp8", use_mxfp8):
+        return _grouped_bf16(weight, dims)
+    fast = _te_kind(weight) is TensorKind.GROUPED and _seams_are_own()
+    if fast and (cached_view is None or isinstance(cached_view, GroupedWeightTuple)):
+        return _grouped_fast(weight, dims, cached_view)
+    return _grouped_composed(weight, dims, cached_view)
 
 
 # ------------------------------------------------------------------------------ per expert
@@ -264,11 +452,10 @@ def _native_single_grouped_weight_view(
 class SplitRoutedWeight:
     """Upstream's split view (fields of MOK's ``SplitRoutedWeight``) over one parameter per expert.
 
-    The ``*storage_table`` fields are NOT MOK's descriptor tables: they are the int64 device
-    pointer tables of mok.SplitExpertWeights (one address per expert: ``row_data_ptrs``,
-    ``row_scale_ptrs``, ``col_data_ptrs``, ``col_scale_ptrs``). ``expert_view`` is that public
-    view, kept so ``cached_view=`` refreshes it in place (same addresses, one launch).
-    BF16 views have ``data`` and ``storage_table`` only.
+    The ``*storage_table`` fields are NOT MOK's descriptor tables: they are int64 device pointer
+    tables (one address per expert, on the experts' device). ``expert_view`` is the public
+    mok.SplitExpertWeights behind a view of TE tensors, kept so ``cached_view=`` reruns its
+    prepared refresh. BF16 views have ``data`` and ``storage_table`` only.
     """
 
     data: torch.Tensor
@@ -285,13 +472,111 @@ class SplitRoutedWeight:
     expert_view: SplitExpertWeights | None = field(default=None, repr=False)
 
 
-def _need(value: T | None, what: str) -> T:
+_MXFP8_MEMBERS = ("rowwise_data", "columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
+
+
+def _expert_params(params: object) -> tuple[Any, ...]:
+    found = check_sequence("params", params, "per-expert parameters")
+    if not found:
+        raise ExpertWeightError("params: expected at least one per-expert parameter; found an empty sequence")
+    for e, p in enumerate(found):
+        if p is None:
+            raise ExpertWeightError(f"params[{e}]: expected a parameter; found None")
+    return found
+
+
+def _all_te_mxfp8(params: Sequence[object]) -> bool:
+    """Every expert a TE MXFP8 tensor (one kind check per class, not per expert)."""
+    return all(_te_kind(p) is TensorKind.MXFP8 for p in {type(p): p for p in params}.values())
+
+
+def _expert_members(e: int, param: object) -> dict[str, Any]:
+    """The four MXFP8 storages of one expert, through _parameter_storage_attr."""
+    found = {name: _seam("_parameter_storage_attr")(param, name) for name in _MXFP8_MEMBERS}
+    missing = [name for name, value in found.items() if value is None]
+    if missing:
+        raise ExpertWeightError(
+            f"expert {e}: expected MXFP8 storage {', '.join(_MXFP8_MEMBERS)} on the {type(param).__name__} "
+            f"(shape {tuple(getattr(param, 'shape', ()))}); missing {', '.join(missing)}"
+        )
+    return found
+
+
+def _logical_pair(e: int, members: dict[str, Any], rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One expert's logical rowwise scales ``[rows, columns/32]`` and the ``[columns, rows/32]``
+    transpose of its columnwise ones, cut from TE's (padded) buffers without a copy."""
+    return (
+        rowwise_scales(members["_rowwise_scale_inv"], rows, columns, f"expert {e} rowwise scales"),
+        columnwise_scales(members["_columnwise_scale_inv"], rows, columns, f"expert {e} columnwise scales"),
+    )
+
+
+def _convert(
+    logical: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: int, columns: int, outs: Any
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every expert's two scale matrices in the layout (into ``outs``, (row, column) output
+    sequences, when refreshing). The module's own _swizzle_mxfp8_scale converts them all in one
+    launch; a replacement is called as upstream calls it, once per expert and direction."""
+    if _seams_are_own(("_swizzle_mxfp8_scale",)):
+        matrices = [r for r, _ in logical] + [c for _, c in logical]
+        converted = swizzle_mxfp8_scales_many(matrices, outs=None if outs is None else [*outs[0], *outs[1]])
+        return converted[: len(logical)], converted[len(logical) :]
+    swizzle = _seam("_swizzle_mxfp8_scale")
+    if outs is None:  # upstream converts every rowwise matrix, then every columnwise one
+        return (
+            [swizzle(r.unsqueeze(0), rows=rows, columns=columns) for r, _ in logical],
+            [swizzle(c.unsqueeze(0), rows=columns, columns=rows) for _, c in logical],
+        )
+    for (r, c), row_out, col_out in zip(logical, *outs, strict=True):  # a refresh: expert by expert
+        swizzle(r.unsqueeze(0), rows=rows, columns=columns, out=row_out)
+        swizzle(c.unsqueeze(0), rows=columns, columns=rows, out=col_out)
+    return list(outs[0]), list(outs[1])
+
+
+def _split_bf16(params: Sequence[Any], shape: tuple[int, int]) -> SplitRoutedWeight:
+    payloads = []
+    for e, param in enumerate(params):
+        storage = _seam("_parameter_storage_attr")(param, "rowwise_data")
+        payload = param if storage is None else storage
+        payloads.append(_seam("_storage_view")(payload, shape, dtype=torch.bfloat16, name=f"expert {e} BF16 rowwise"))
+    return SplitRoutedWeight(data=payloads[0], storage_table=ptr_table(payloads, same_device(payloads)))
+
+
+def _split_composed(params: Sequence[Any], rows: int, columns: int) -> SplitRoutedWeight:
+    """Upstream's composition of the MXFP8 split view, through the module's own (or replaced) functions."""
+    view, fp8 = _seam("_storage_view"), torch.float8_e4m3fn
+    row_data, col_data, logical = [], [], []
+    for e, param in enumerate(params):
+        members = _expert_members(e, param)
+        row_data.append(view(members["rowwise_data"], (rows, columns), dtype=fp8, name=f"expert {e} MXFP8 rowwise"))
+        col_data.append(
+            view(members["columnwise_data"], (rows, columns), dtype=fp8, name=f"expert {e} MXFP8 columnwise")
+        )
+        logical.append(_logical_pair(e, members, rows, columns))
+    row_scales, col_scales = _convert(logical, rows, columns, None)
+    device = same_device(row_data)
+    return SplitRoutedWeight(
+        data=row_data[0],
+        storage_table=ptr_table(row_data, device),
+        scale=row_scales[0],
+        scale_storage_table=ptr_table(row_scales, device),
+        scale_tensors=tuple(row_scales),
+        transposed_data=col_data[0],
+        transposed_scale=col_scales[0],
+        transposed_storage_table=ptr_table(col_data, device),
+        transposed_scale_storage_table=ptr_table(col_scales, device),
+        transposed_scale_tensors=tuple(col_scales),
+        native_columnwise=True,
+    )
+
+
+def _need(value: R | None, what: str) -> R:
     if value is None:
         raise ExpertWeightError(f"split weights: the view needs {what}; the experts hold none")
     return value
 
 
-def _split_mxfp8(view: SplitExpertWeights) -> SplitRoutedWeight:
+def _split_fast(view: SplitExpertWeights) -> SplitRoutedWeight:
     row_scales = _need(view.row_scales, "rowwise scales")
     col_data = _need(view.col_data, "columnwise data")
     col_scales = _need(view.col_scales, "columnwise scales")
@@ -311,13 +596,40 @@ def _split_mxfp8(view: SplitExpertWeights) -> SplitRoutedWeight:
     )
 
 
-def _split_bf16(view: SplitExpertWeights) -> SplitRoutedWeight:
-    for e, data in enumerate(view.row_data):
-        if data.dtype != torch.bfloat16:
-            raise ExpertWeightError(f"expert {e}: expected a torch.bfloat16 parameter; found {data.dtype}")
-    return SplitRoutedWeight(data=view.row_data[0], storage_table=view.row_data_ptrs, expert_view=view)
+def _cached_outputs(cached_view: object, experts: int) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
+    """Upstream's refresh contract: ``scale_tensors`` and ``transposed_scale_tensors``, one per expert."""
+    row = getattr(cached_view, "scale_tensors", None)
+    col = getattr(cached_view, "transposed_scale_tensors", None)
+    if row is None or col is None:
+        raise RefreshError(
+            "cached_view: expected an earlier split view, with scale_tensors and transposed_scale_tensors "
+            f"(per-expert layout buffers); found {type(cached_view).__name__} without them"
+        )
+    row = check_sequence("cached_view.scale_tensors", row, "layout buffers", item_type=torch.Tensor)
+    col = check_sequence("cached_view.transposed_scale_tensors", col, "layout buffers", item_type=torch.Tensor)
+    if len(row) != experts or len(col) != experts:
+        raise RefreshError(
+            f"cached_view: expected {experts} rowwise and columnwise scale buffers, one per parameter; "
+            f"found {len(row)} and {len(col)}"
+        )
+    return row, col
 
 
+def _split_refresh(params: Sequence[Any], rows: int, columns: int, cached_view: Any) -> Any:
+    expert_view = cached_view.expert_view if isinstance(cached_view, SplitRoutedWeight) else None
+    if expert_view is not None and _seams_are_own() and _all_te_mxfp8(params):
+        split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, cached=expert_view)
+        return cached_view
+    outs = _cached_outputs(cached_view, len(params))
+    logical = []
+    for e, param in enumerate(params):
+        scales = {n: _member(param, n, f"expert {e}") for n in _MXFP8_MEMBERS[2:]}
+        logical.append(_logical_pair(e, scales, rows, columns))
+    _convert(logical, rows, columns, outs)
+    return cached_view
+
+
+@_upstream_errors
 def _native_split_weight_view(
     params: Sequence[torch.nn.Parameter],
     *,
@@ -326,19 +638,30 @@ def _native_split_weight_view(
     use_mxfp8: bool,
     cached_view: Any = None,
 ) -> Any:
-    """A :class:`SplitRoutedWeight` over one ``(rows, columns)`` parameter per expert:
-    mok.split_weight_view, every expert's scales in one launch. ``cached_view`` (an earlier
-    result) is refreshed in place and returned: same scale addresses, fresh values."""
-    if cached_view is None:
-        view = split_weight_view(params, rows=rows, columns=columns, use_mxfp8=use_mxfp8)
-        return _split_mxfp8(view) if use_mxfp8 else _split_bf16(view)
-    if not use_mxfp8:
-        raise RefreshError("cached_view: BF16 split weights are plain views of the parameters; nothing to refresh")
-    cached = getattr(cached_view, "expert_view", None)
-    if not isinstance(cached, SplitExpertWeights):
-        raise RefreshError(
-            "cached_view: expected the SplitRoutedWeight _native_split_weight_view returned (it carries "
-            f"the view it refreshes); found {type(cached_view).__name__}. Build a new view (cached_view=None)"
-        )
-    split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, cached=cached)
-    return cached_view
+    """A :class:`SplitRoutedWeight` over one ``(rows, columns)`` parameter per expert, every
+    expert's scales in one launch. ``cached_view`` (any object with ``scale_tensors`` and
+    ``transposed_scale_tensors``, per-expert layout buffers) is refreshed in place and returned:
+    same scale addresses, fresh values.
+
+    Thread safety: concurrent refreshes of one view, and refreshes of different views, are safe
+    (each writes the same bytes into buffers it owns); a refresh racing a thread that makes TE
+    reassign the experts' buffers is not (the view may read a buffer TE has just replaced).
+    """
+    params = _expert_params(params)
+    rows, columns = check_sizes(rows=rows, columns=columns)
+    mxfp8 = check_bool("use_mxfp8", use_mxfp8)
+    if cached_view is not None:
+        if not mxfp8:
+            raise RefreshError(
+                "cached_view: expected None for BF16 split weights (plain views of the parameters: nothing to "
+                f"refresh); found {describe(cached_view)}"
+            )
+        return _split_refresh(params, rows, columns, cached_view)
+    if not mxfp8:
+        return _split_bf16(params, (rows, columns))
+    if _seams_are_own() and _all_te_mxfp8(params):
+        return _split_fast(split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True))
+    return _split_composed(params, rows, columns)
+
+
+_OWN.update({name: globals()[name] for name in _SEAMS})

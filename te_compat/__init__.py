@@ -15,7 +15,7 @@ from te_compat.errors import (
     UnsupportedTensorError,
 )
 from te_compat.gemm_layout import GemmLayoutEntry, GemmLayoutReport, GemmLayoutStatus, request_gemm_layout_scales
-from te_compat.names import logical_storage_name
+from te_compat.names import known_storage_name, logical_storage_name
 from te_compat.probe import StorageReader, storage_attr, storage_field, storage_fingerprint, storage_reader, tensor_kind
 from te_compat.snapshots import (
     BlockwiseStorage,
@@ -75,6 +75,7 @@ __all__ = [
     "grouped_storage",
     "has_cuda_core",
     "hybrid_storage",
+    "known_storage_name",
     "logical_storage_name",
     "mxfp8_storage",
     "nvfp4_storage",

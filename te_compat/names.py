@@ -73,3 +73,12 @@ def logical_storage_name(attr: str, kind: TensorKind | None = None) -> str:
         f"in the release table; known attributes: {', '.join(sorted(_inverse(kind)))}; logical names: "
         f"{', '.join(sorted(_logical_names(kind)))}"
     )
+
+
+def known_storage_name(attr: str, kind: TensorKind | None = None) -> str | None:
+    """:func:`logical_storage_name`, or None where ``attr`` is neither a TE storage attribute nor
+    a logical name of ``kind`` (any kind: None). An ambiguous name still raises."""
+    attr = str(attr)
+    if attr in _inverse(kind) or attr in _logical_names(kind):
+        return logical_storage_name(attr, kind)
+    return None

@@ -22,6 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 import mok
 import te_compat
+from mok import MokError
 from mok.checks import check_bool, check_index, check_int, check_pairs, check_sequence
 from mok.layout import check_no_overlap
 from te_compat import TECompatError
@@ -29,7 +30,7 @@ from tests import te_objects as T
 from tests.spec_oracle import roundup, spec_layout, spec_offset
 
 Installer = Callable[..., None]
-ALLOWED = (TECompatError, TypeError, ValueError)
+ALLOWED = (TECompatError, MokError, TypeError, ValueError)
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 E8M0 = torch.float8_e8m0fnu
 
