@@ -132,7 +132,7 @@ def _grouped_bf16(weight: object, dims: tuple[int, int, int], cached: object) ->
     if gs.quantized:
         raise ExpertWeightError("grouped weight is quantized (it has a quantizer); pass use_mxfp8=True or format=")
     data = gs.need(StorageName.ROWWISE_DATA)
-    view = storage_view(data, dims, dtype=data.dtype, name="grouped rowwise data")
+    view = storage_view(data, dims, dtype=torch.bfloat16, name="grouped rowwise data")
     return GroupedExpertWeights(*dims, use_mxfp8=False, row_data=view, format="bf16")
 
 

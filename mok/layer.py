@@ -6,14 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from mok.backend import preference
-from mok.errors import ExpertWeightError, LayoutError, RefreshError
+from mok.errors import MokError, RefreshError
 from mok.formats import FORMATS
 from mok.grouped import plan_grouped
 from mok.per_expert import guarded_names, plan_split, watched
 from mok.plan import RefreshPlan
 from mok.swizzle import ScaleWork
 from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, check_cached, param_list
-from te_compat import on_refresh
+from te_compat import TECompatError, on_refresh
 
 LayerEntry = tuple[object, ExpertWeights]
 
@@ -35,7 +35,7 @@ def _plan_entry(i: int, entry: LayerEntry) -> tuple[list[object], list[ScaleWork
             "expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; "
             f"found {type(cached).__name__}"
         )
-    except (RefreshError, ExpertWeightError, LayoutError) as exc:
+    except (MokError, TECompatError, TypeError, ValueError) as exc:  # every refusal names its entry
         raise type(exc)(f"refresh_layer entry {i}: {exc}") from exc
 
 

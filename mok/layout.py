@@ -9,7 +9,10 @@ Padding bytes are 0. A batch ``[E, R, C]`` pads each expert on its own, expert-m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import operator
+import os
+from typing import NamedTuple
 
 import torch
 
@@ -49,6 +52,36 @@ def layout_shape(rows: int, cols: int, experts: int = 1) -> tuple[int, int, int,
     """Shape of the layout of ``experts`` logical ``[rows, cols]`` matrices."""
     rp, cp = padded_shape(rows, cols)
     return check_int("experts", experts, minimum=1) * rp // ROW_BLOCK, cp // COL_BLOCK, 32, 16
+
+
+def _capacity(device: torch.device) -> int | None:
+    """Bytes of memory ``device`` has in all (None where unknown: a meta tensor has none to run out of)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return None
+
+
+def empty_layout(rows: int, cols: int, experts: int, device: torch.device, what: str) -> torch.Tensor:
+    """A new layout buffer for ``experts`` logical ``[rows, cols]`` matrices. A request larger than
+    the device's memory is refused before allocating, and a failed allocation is named, both
+    with the bytes required."""
+    shape = layout_shape(rows, cols, experts)
+    need = math.prod(shape)
+    capacity = _capacity(device)
+    if capacity is not None and need > capacity:
+        raise LayoutError(
+            f"{what}: the layout of {experts} x [{rows}, {cols}] scales needs {need} bytes; "
+            f"expected at most the {capacity} bytes {device} has in all"
+        )
+    try:
+        return torch.empty(shape, dtype=torch.uint8, device=device)
+    except RuntimeError as exc:  # torch.OutOfMemoryError on CUDA, the CPU allocator's RuntimeError
+        raise LayoutError(
+            f"{what}: the layout of {experts} x [{rows}, {cols}] scales needs {need} bytes; allocating them on "
+            f"{device} failed ({type(exc).__name__})"
+        ) from exc
 
 
 Geometry = tuple[tuple[int, int, int], tuple[int, int, int]]  # sizes and strides of logical [E, R, C]
@@ -111,20 +144,72 @@ def check_out(out: torch.Tensor, batch: torch.Tensor, name: str = "out") -> None
         raise LayoutError(
             f"{name} cannot hold the layout of scales {tuple(batch.shape)}: expected " + ", ".join(problems)
         )
-    if out.untyped_storage().data_ptr() == batch.untyped_storage().data_ptr():
-        raise LayoutError(
-            f"{name} shares storage with the input scales; the layout cannot be written over its own input"
-        )
+
+
+class _Box(NamedTuple):
+    """Ranges of the layout's six indices ``[e, r/128, (r%128)/32, r%32, c/4, c%4]`` over which a
+    logical ``[E, R, C]`` matrix and its layout are two strided views of each other."""
+
+    blocks: slice  # r // 128
+    groups: slice  # (r % 128) // 32
+    lanes: slice  # r % 32
+    tiles: slice  # c // 4
+    columns: slice  # c % 4
+
+
+def _row_sets(rows: int) -> list[tuple[slice, slice, slice]]:
+    """``range(rows)`` as at most three (block, group, lane) products: whole 128-row blocks, the
+    whole 32-row groups of the last block, and the rows of its last group."""
+    blocks, rest = divmod(rows, ROW_BLOCK)
+    groups, lanes = divmod(rest, 32)
+    sets = [(slice(0, blocks), slice(0, 4), slice(0, 32))] if blocks else []
+    if groups:
+        sets.append((slice(blocks, blocks + 1), slice(0, groups), slice(0, 32)))
+    if lanes:
+        sets.append((slice(blocks, blocks + 1), slice(groups, groups + 1), slice(0, lanes)))
+    return sets
+
+
+def _boxes(rows: int, cols: int) -> list[_Box]:
+    tiles, last = divmod(cols, COL_BLOCK)
+    col_sets = [(slice(0, tiles), slice(0, 4))] if tiles else []
+    if last:
+        col_sets.append((slice(tiles, tiles + 1), slice(0, last)))
+    return [_Box(*r, *c) for r in _row_sets(rows) for c in col_sets]
+
+
+def _logical_box(t: torch.Tensor, box: _Box) -> torch.Tensor:
+    """The elements of logical ``[E, R, C]`` ``t`` (any strides) in ``box``, as a 6-D view."""
+    es, rs, cs = t.stride()
+    sizes = [t.shape[0]] + [s.stop - s.start for s in box]
+    strides = (es, ROW_BLOCK * rs, 32 * rs, rs, COL_BLOCK * cs, cs)
+    starts = (0, *(s.start for s in box))
+    return t.as_strided(sizes, strides, t.storage_offset() + sum(map(operator.mul, starts, strides)))
+
+
+def _layout_box(layout: torch.Tensor, experts: int, rows: int, cols: int, box: _Box) -> torch.Tensor:
+    """The same elements in the layout buffer, indexed as :func:`_logical_box` indexes them."""
+    rp, cp = padded_shape(rows, cols)
+    six = layout.view(experts, rp // ROW_BLOCK, cp // COL_BLOCK, 32, 4, 4).permute(0, 1, 4, 3, 2, 5)
+    return six[(slice(None), *box)]
 
 
 def swizzle_reference(batch: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Torch reference: ``[E, R, C]`` uint8 (any strides) into ``out`` (validated by the caller)."""
+    """Torch reference: ``[E, R, C]`` uint8 (any strides) into layout ``out`` (validated by the
+    caller), padding zeroed. A few strided copies, no temporary: memory peaks at ``out``."""
     e, r, c = batch.shape
-    rp, cp = padded_shape(r, c)
-    padded = torch.zeros((e, rp, cp), dtype=torch.uint8, device=batch.device)
-    padded[:, :r, :c] = batch
-    tiles = padded.view(e, rp // 128, 4, 32, cp // 4, 4).permute(0, 1, 4, 3, 2, 5)
-    out.view(e, rp // 128, cp // 4, 32, 4, 4).copy_(tiles)
+    out.zero_()
+    for box in _boxes(r, c):
+        _layout_box(out, e, r, c, box).copy_(_logical_box(batch, box))
+    return out
+
+
+def unswizzle_reference(layout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The exact inverse of :func:`swizzle_reference`: layout ``layout`` back into logical
+    ``[E, R, C]`` ``out`` (any strides, validated by the caller), the padding dropped."""
+    e, r, c = out.shape
+    for box in _boxes(r, c):
+        _logical_box(out, box).copy_(_layout_box(layout, e, r, c, box))
     return out
 
 
@@ -183,61 +268,3 @@ def te_columnwise_padding(rows: int, cols: int) -> tuple[int, int]:
     """TE's allocation of columnwise scales: [roundup(rows/32,4), roundup(cols,128)]."""
     rows, cols = _dims(rows, cols)
     return _roundup(rows // MXFP8_BLOCK, 4), _roundup(cols, 128)
-
-
-def _byte_span(t: torch.Tensor) -> tuple[int, int]:
-    """``[first, last + 1)``: the addresses of the bytes a (non-empty) view can touch."""
-    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-
-
-def _bytes_of(t: torch.Tensor) -> torch.Tensor:
-    """Every byte address a view covers (int64, on the CPU; only shapes and strides are read)."""
-    offsets = torch.zeros((), dtype=torch.int64)
-    for size, stride in zip(t.shape, t.stride(), strict=True):
-        offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
-    starts = t.data_ptr() + offsets.flatten() * t.element_size()
-    return (starts.unsqueeze(-1) + torch.arange(t.element_size(), dtype=torch.int64)).flatten()
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor, span_a: tuple[int, int], span_b: tuple[int, int]) -> bool:
-    if a.device != b.device or span_a[0] >= span_b[1] or span_b[0] >= span_a[1]:
-        return False
-    if a.is_contiguous() and b.is_contiguous():  # each covers its whole span: the spans meet
-        return True
-    return bool(torch.isin(_bytes_of(a), _bytes_of(b)).any())  # strided views may interleave
-
-
-def check_no_overlap(
-    outs: Sequence[torch.Tensor],
-    inputs: Sequence[torch.Tensor],
-    what: str,
-    *,
-    out_label: str = "outs",
-    input_label: str = "inputs",
-) -> None:
-    """Raise LayoutError when an output shares a byte with another output or with an input.
-
-    A conversion writing such an output would overwrite an input, or one result with another,
-    without any error. Exact: the bytes each view covers (offset, sizes, strides) are compared,
-    so disjoint views of one buffer pass. Inputs may overlap each other.
-    """
-    spans = [
-        (_byte_span(t), is_out, i, t)
-        for is_out, tensors in ((True, outs), (False, inputs))
-        for i, t in enumerate(tensors)
-        if t.numel() > 0
-    ]
-    spans.sort(key=lambda item: item[0][0])
-    open_spans: list[tuple[tuple[int, int], bool, int, torch.Tensor]] = []
-    for span, is_out, i, t in spans:
-        open_spans = [o for o in open_spans if o[0][1] > span[0]]
-        for other_span, other_is_out, j, other in open_spans:
-            if (is_out or other_is_out) and _overlap(t, other, span, other_span):
-                (_, a, ia), (_, b, ib) = sorted([(not is_out, is_out, i), (not other_is_out, other_is_out, j)])
-                raise LayoutError(
-                    f"{what}: {out_label if a else input_label}[{ia}] overlaps "
-                    f"{out_label if b else input_label}[{ib}] in memory; "
-                    f"expected every output in a buffer of its own, apart from every input"
-                )
-        open_spans.append((span, is_out, i, t))

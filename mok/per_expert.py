@@ -230,7 +230,7 @@ def _split_bf16(params: Sequence[object], rows: int, columns: int, cached: objec
         assert isinstance(p, torch.Tensor)
         if tuple(p.shape) != (rows, columns):
             raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(p.shape)}")
-        views.append(storage_view(p, (rows, columns), dtype=p.dtype, name=f"expert {e} weight"))
+        views.append(storage_view(p, (rows, columns), dtype=torch.bfloat16, name=f"expert {e} weight"))
     device = same_device(views)
     return SplitExpertWeights(len(views), rows, columns, False, tuple(views), ptr_table(views, device), format="bf16")
 

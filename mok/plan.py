@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 import torch
 
 from mok.errors import LayoutError, RefreshError
-from mok.layout import Geometry, check_no_overlap, check_out, layout_shape, logical_view, padded_shape
+from mok.layout import Geometry, check_out, empty_layout, layout_shape, logical_view, padded_shape
+from mok.overlap import check_no_overlap
 from mok.swizzle import PreparedWork, ScaleWork
 from te_compat import storage_reader, storage_values
 
@@ -68,7 +69,7 @@ def _te_layout(source: ScaleSource, shape: tuple[int, ...]) -> torch.Tensor:
 def _allocate(sources: Sequence[ScaleSource], r: int, c: int) -> tuple[torch.Tensor, ...]:
     """One buffer for every source's layout, split per source (expert-major)."""
     counts = [s.shape[0] for s in sources]
-    whole = torch.empty(layout_shape(r, c, sum(counts)), dtype=torch.uint8, device=sources[0].te_buffer.device)
+    whole = empty_layout(r, c, sum(counts), sources[0].te_buffer.device, sources[0].name)
     per_expert_tiles = layout_shape(r, c)[0]
     return tuple(torch.split(whole, [n * per_expert_tiles for n in counts]))
 

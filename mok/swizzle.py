@@ -16,15 +16,8 @@ import torch
 from mok.backend import backend_for
 from mok.checks import check_sequence
 from mok.errors import LayoutError
-from mok.layout import (
-    Geometry,
-    as_batch,
-    check_no_overlap,
-    check_out,
-    layout_shape,
-    logical_view,
-    swizzle_reference,
-)
+from mok.layout import Geometry, as_batch, check_out, empty_layout, logical_view, swizzle_reference
+from mok.overlap import check_no_overlap
 
 
 class ScaleWork(NamedTuple):
@@ -100,9 +93,10 @@ def swizzle_mxfp8_scales(
     batch = as_batch(scales)
     if out is None:
         experts, rows, cols = batch.shape
-        out = torch.empty(layout_shape(rows, cols, experts), dtype=torch.uint8, device=batch.device)
+        out = empty_layout(rows, cols, experts, batch.device, "swizzle_mxfp8_scales")
     else:
         check_out(out, batch)
+        check_no_overlap([out], [batch], "swizzle_mxfp8_scales", out_label="out", input_label="scales")
     run_work([ScaleWork(batch, out)], backend)
     return out
 
@@ -130,7 +124,7 @@ def swizzle_mxfp8_scales_many(
         if b.device != device:
             raise LayoutError(f"scales[{i}] is on {b.device}; expected every matrix on {device}")
     if outs is None:
-        outs = [torch.empty(layout_shape(b.shape[1], b.shape[2]), dtype=torch.uint8, device=device) for b in batches]
+        outs = [empty_layout(b.shape[1], b.shape[2], 1, device, f"scales[{i}]") for i, b in enumerate(batches)]
     else:
         outs = check_sequence("outs", outs, "layout buffers", item_type=torch.Tensor)
         if len(outs) != len(batches):

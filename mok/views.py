@@ -248,7 +248,7 @@ def same_device(tensors: Sequence[torch.Tensor]) -> torch.device:
 
 
 def param_list(params: object) -> list[object]:
-    params = list(check_sequence("params", params, "expert parameters"))
+    params = list(check_sequence("params", params, "expert parameters (tensors)", item_type=torch.Tensor))
     if not params:
         raise ExpertWeightError("split_weight_view: expected at least one expert parameter; found none")
     return list(params)

@@ -24,7 +24,7 @@ import mok
 import te_compat
 from mok import MokError
 from mok.checks import check_bool, check_index, check_int, check_pairs, check_sequence
-from mok.layout import check_no_overlap
+from mok.overlap import check_no_overlap
 from te_compat import TECompatError
 from tests import te_objects as T
 from tests.spec_oracle import roundup, spec_layout, spec_offset
@@ -655,3 +655,158 @@ def test_no_overlap_is_exact() -> None:
         check_no_overlap([words.view(torch.uint8)[5:6]], [words[1:]], "t")  # a byte inside word 1
     with pytest.raises(mok.LayoutError, match=r"scales\[2\] overlaps|overlaps scales\[2\]"):
         check_no_overlap([buf[:16]], [buf[100:200], buf[300:400], buf[8:9]], "t", input_label="scales")
+
+
+# ---------------------------------------------------------------------------------------------
+# Round 3: memory shared through other storages, dtype mixes, string flags, huge requests.
+
+
+def _byte_set(t: torch.Tensor) -> set[int]:
+    """Every byte address ``t`` covers, by plain iteration (an independent expectation)."""
+    k, found = t.element_size(), set()
+    for index in np.ndindex(*t.shape):
+        start = t.data_ptr() + k * sum(i * s for i, s in zip(index, t.stride(), strict=True))
+        found.update(range(start, start + k))
+    return found
+
+
+@st.composite
+def shared_memory_pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """Logical scales (any strides) and a layout buffer over one numpy buffer, each through a
+    torch storage of its own (numpy, frombuffer or DLPack), at any offsets."""
+    buf = np.random.default_rng(draw(st.integers(0, 99))).integers(0, 256, 4096, dtype=np.uint8)
+    r, c = draw(st.integers(1, 40)), draw(st.integers(1, 6))
+    rs, cs = draw(st.sampled_from([(c, 1), (1, r), (c + 3, 1), (2 * c, 2)]))
+    off = draw(st.integers(0, 900))
+    wrap = draw(st.sampled_from(["numpy", "frombuffer", "dlpack"]))
+    base = {
+        "numpy": lambda: torch.from_numpy(buf),
+        "frombuffer": lambda: torch.frombuffer(buf, dtype=torch.uint8),
+        "dlpack": lambda: torch.from_dlpack(buf),
+    }[wrap]()
+    scales = base.as_strided((r, c), (rs, cs), off)
+    layout = int(np.prod(mok.layout_shape(r, c)))
+    out_at = draw(st.integers(0, 4096 - layout))
+    out = torch.from_numpy(buf[out_at : out_at + layout]).view(mok.layout_shape(r, c))
+    return scales, out, buf
+
+
+@PROPERTY
+@given(pair=shared_memory_pairs())
+def test_out_sharing_memory_through_another_storage(pair: tuple[torch.Tensor, torch.Tensor, np.ndarray]) -> None:
+    scales, out, buf = pair
+    overlapping = bool(_byte_set(scales) & _byte_set(out))
+    want = spec_layout(scales.clone())
+    before = buf.copy()
+    ok, result = attempt(mok.swizzle_mxfp8_scales, scales, out=out)
+    assert ok != overlapping, f"overlapping={overlapping}: {result!r}"
+    if ok:
+        assert torch.equal(result, want) and torch.equal(scales, spec_unlayout(want, scales.shape))
+    else:
+        assert isinstance(result, mok.LayoutError) and (buf == before).all()
+
+
+def spec_unlayout(layout: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Logical scales back from a layout, by the spec's offset formula (tests/spec_oracle.py)."""
+    r, c = shape
+    flat = layout.flatten()
+    return torch.tensor(
+        [[int(flat[spec_offset(i, j, roundup(c, 4))]) for j in range(c)] for i in range(r)], dtype=torch.uint8
+    )
+
+
+def test_meta_outputs_never_overlap() -> None:
+    scales = [torch.empty(128, 4, dtype=torch.uint8, device="meta") for _ in range(2)]
+    outs = [torch.empty(1, 1, 32, 16, dtype=torch.uint8, device="meta") for _ in range(2)]
+    got = mok.swizzle_mxfp8_scales_many(scales, outs=outs)
+    assert [g is o for g, o in zip(got, outs, strict=True)] == [True, True]
+
+
+def test_interleaved_views_are_told_apart_without_a_byte_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two interleaved 16 MiB views (every other byte of one buffer): decided from their strides
+    alone, without building a byte mask or an address list."""
+    buf = torch.zeros(32 * 2**20, dtype=torch.uint8)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: pytest.fail("built a byte mask"))
+    monkeypatch.setattr(mok.overlap, "_addresses", lambda t: pytest.fail("listed addresses"))
+    check_no_overlap([buf[0::2]], [buf[1::2]], "interleaved")
+    monkeypatch.undo()
+    with pytest.raises(mok.LayoutError, match=r"interleaved: outs\[0\] overlaps inputs\[0\]"):
+        check_no_overlap([buf[0::2]], [buf[2::4]], "interleaved")
+
+
+@pytest.mark.parametrize(
+    ("make", "found"),
+    [
+        (lambda: [torch.zeros(256, 128)], "torch.float32"),
+        (lambda: [torch.zeros(256, 128, dtype=torch.int8)], "torch.int8"),
+        (
+            lambda: [torch.zeros(256, 128, dtype=torch.bfloat16), torch.zeros(256, 128, dtype=torch.float16)],
+            "torch.float16",
+        ),
+    ],
+    ids=["float32", "int8", "bf16 beside fp16"],
+)
+def test_bf16_split_views_refuse_other_dtypes(make: Callable[[], list[torch.Tensor]], found: str) -> None:
+    with pytest.raises(mok.ExpertWeightError, match=f"expected dtype torch.bfloat16; found {found}"):
+        mok.split_weight_view(make(), rows=256, columns=128, format="bf16")
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8", "nvfp4", "hybrid"])
+@pytest.mark.parametrize("bad", [None, "weight", 3])
+def test_every_sequence_error_names_the_index(fmt: str, bad: object, installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    first = torch.zeros(ROWS, COLUMNS, dtype=torch.bfloat16) if fmt == "bf16" else _params()[0]
+    with pytest.raises(ALLOWED, match=r"params\[1\]|expert 1"):
+        mok.split_weight_view([first, bad], rows=ROWS, columns=COLUMNS, format=fmt)
+
+
+def test_refresh_layer_names_the_entry_of_every_refusal(installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
+    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    with pytest.raises(ALLOWED, match="^refresh_layer entry 0: "):
+        mok.LayerRefresh([(_params(), v)])()  # a list of experts beside a grouped view
+
+
+@pytest.mark.parametrize("value", ["no", "False", 0, 1, None])
+def test_the_warning_flag_takes_only_bools(value: object) -> None:
+    from mok import weights
+
+    before = weights._SHARED_EXPERT_BF16_WARNING_EMITTED
+    with pytest.raises(TypeError, match="_SHARED_EXPERT_BF16_WARNING_EMITTED: expected a bool"):
+        weights._SHARED_EXPERT_BF16_WARNING_EMITTED = value
+    assert weights._SHARED_EXPERT_BF16_WARNING_EMITTED is before
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "match"),
+    [
+        ((-1, -12), torch.float32, r"shape\[0\]: expected an int >= 0; found -1"),
+        (("3", 4), torch.float32, r"shape\[0\]: expected an int >= 0; found '3'"),
+        ((3, 4), "uint8", "dtype: expected a torch.dtype; found 'uint8'"),
+        (12, torch.float32, "shape: expected a sequence"),
+    ],
+)
+def test_storage_view_arguments(shape: object, dtype: object, match: str) -> None:
+    with pytest.raises(TypeError if "'" in match or "sequence" in match else ValueError, match=match):
+        mok.storage_view(torch.zeros(12), shape, dtype=dtype, name="w")  # type: ignore[arg-type]
+
+
+def test_huge_requests_fail_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
+    huge = torch.zeros(1, 4, dtype=torch.uint8).expand(2**33, 4)  # a 32 GiB layout from 4 bytes
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: pytest.fail("allocated"))
+    with pytest.raises(mok.LayoutError, match=r"needs 34359738368 bytes; expected at most the \d+ bytes cpu has"):
+        mok.swizzle_mxfp8_scales(huge)
+
+
+def test_the_reference_allocates_nothing_beyond_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    scales = torch.randint(0, 256, (3, 300, 7), dtype=torch.uint8)
+    out = torch.full(mok.layout_shape(300, 7, 3), 0xEE, dtype=torch.uint8)
+    want = spec_layout(scales)
+    for name in ("empty", "zeros", "full", "empty_like", "zeros_like", "empty_strided"):
+        monkeypatch.setattr(torch, name, lambda *a, **k: pytest.fail("allocated a temporary"))
+    monkeypatch.setattr(torch.Tensor, "clone", lambda *a, **k: pytest.fail("cloned"))
+    monkeypatch.setattr(torch.Tensor, "contiguous", lambda *a, **k: pytest.fail("made contiguous"))
+    mok.layout.swizzle_reference(scales, out)
+    monkeypatch.undo()
+    assert torch.equal(out, want)

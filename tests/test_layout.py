@@ -144,10 +144,44 @@ def test_bad_out(out: torch.Tensor, message: str) -> None:
     assert torch.equal(out, before)  # nothing written on a rejected call
 
 
+OVERLAP = "swizzle_mxfp8_scales: out\\[0\\] overlaps scales\\[0\\] in memory"
+
+
 def test_out_aliasing_input_is_refused() -> None:
     buf = torch.zeros(512, dtype=torch.uint8)
-    with pytest.raises(LayoutError, match="shares storage"):
+    with pytest.raises(LayoutError, match=OVERLAP):
         swizzle_mxfp8_scales(buf.view(128, 4), out=buf.view(1, 1, 32, 16))
+
+
+def _numpy_pair(offset: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """Scales and an output over one numpy buffer, each through its own torch storage."""
+    b = np.arange(1024, dtype=np.uint8)
+    return torch.from_numpy(b[:512]).view(128, 4), torch.from_numpy(b[offset : offset + 512]).view(1, 1, 32, 16), b
+
+
+@pytest.mark.parametrize("offset", [256, 511, 100])
+def test_out_overlapping_input_through_another_storage_is_refused(offset: int) -> None:
+    s, out, b = _numpy_pair(offset)
+    assert s.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()  # two storages, one memory
+    before = b.copy()
+    with pytest.raises(LayoutError, match=OVERLAP):
+        swizzle_mxfp8_scales(s, out=out)
+    assert (b == before).all()
+    framed = torch.frombuffer(bytearray(1024), dtype=torch.uint8)
+    with pytest.raises(LayoutError, match=OVERLAP):
+        swizzle_mxfp8_scales(
+            framed[:512].view(128, 4),
+            out=torch.frombuffer(framed.numpy(), dtype=torch.uint8, offset=100, count=512).view(1, 1, 32, 16),
+        )
+
+
+def test_out_beside_input_in_one_storage_is_accepted() -> None:
+    s, out, _ = _numpy_pair(512)  # the next 512 bytes: disjoint
+    assert torch.equal(swizzle_mxfp8_scales(s, out=out), spec_layout(s))
+    buf = torch.randint(0, 256, (1024,), dtype=torch.uint8)
+    scales, dst = buf[:512].view(128, 4), buf[512:].view(1, 1, 32, 16)
+    want = spec_layout(scales.clone())
+    assert torch.equal(swizzle_mxfp8_scales(scales, out=dst), want)
 
 
 def test_cuda_backend_refuses_cpu_tensors() -> None:

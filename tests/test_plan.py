@@ -233,6 +233,12 @@ def test_grouped_nvfp4_view(rows: int, cols: int, installed_te: Installer) -> No
     assert v.col_data is not None and v.col_data.shape == (3, cols, rows // 2)
     assert torch.equal(v.row_scales, spec_layout(torch.stack([s[:rows, : cols // 16] for s in rows_s])))
     assert torch.equal(v.col_scales, spec_layout(torch.stack([s[:cols, : rows // 16] for s in cols_s])))
+    # facts.md: the group's amax is "amax" (rowwise) and "columnwise_amax"; a kernel reads each
+    # direction's own for its GEMM
+    assert v.row_amax is g.amax and v.col_amax is g.columnwise_amax
+    g.columnwise_amax = g.columnwise_amax.clone()  # TE reassigned the amax: a refresh re-plans and refuses
+    with pytest.raises(mok.RefreshError, match="grouped columnwise amax moved"):
+        grouped_weight_view(g, num_experts=3, rows=rows, columns=cols, format="nvfp4", cached=v)
 
 
 def test_layer_mixes_mxfp8_and_nvfp4_in_one_plan(installed_te: Installer) -> None:
@@ -295,7 +301,8 @@ def test_cached_buffers_over_te_scales_are_refused(installed_te: Installer) -> N
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     # a cached view whose layout buffer is expert 1's own TE scale buffer: writing would corrupt TE
-    for owner, match in ((1, "expert 1 rowwise scales shares storage with the input"), (0, r"overlaps inputs\[0\]")):
+    for owner in (1, 0):
+        match = rf"rowwise scales: cached buffers\[1\] overlaps inputs\[{owner}\]"
         te_buffer = ps[owner]._rowwise_scale_inv
         scales = (v.row_scales[0], te_buffer.view(1, 2, 32, 16))
         bad = mok.SplitExpertWeights(2, R, C, True, v.row_data, v.row_data_ptrs, scales)
