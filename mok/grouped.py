@@ -150,7 +150,13 @@ def grouped_weight_view(
     """Views over one grouped Parameter ``(E, rows, columns)`` (TE 2.13 ``data`` and 2.14+
     ``rowwise_data`` naming, via te_compat). ``format``: "bf16", "mxfp8" or "nvfp4" (default
     from the seed's ``use_mxfp8``). With ``cached`` (a previous result), refresh its scale
-    buffers in place and return it. One kernel launch on the cuda backend."""
+    buffers in place and return it. One kernel launch on the cuda backend.
+
+    Threads: refreshes of different views, and concurrent refreshes of one view, are safe (each
+    writes every byte of the view's own buffers once, with its final value). A refresh racing
+    another thread that makes TE reassign these weights' buffers is not: the check can pass just
+    before TE moves a buffer, and the launch then reads the old one. Order the two yourself.
+    """
     fmt = _format(format, use_mxfp8)
     if fmt == "hybrid":
         raise ValueError("format='hybrid': TE's hybrid weights are per-expert tensors; use split_weight_view")

@@ -106,6 +106,11 @@ def refresh_layer(entries: Sequence[LayerEntry], *, backend: str | None = None) 
     ``entries`` pairs each weight with its cached view: ``(grouped_parameter, GroupedExpertWeights)``
     or ``(list_of_expert_parameters, SplitExpertWeights)``, any mix. The layer's prepared plan is
     kept per set of views (a bounded cache); keep a :class:`LayerRefresh` to own it yourself.
+
+    Threads: refreshes of different views, and concurrent refreshes of one view, are safe (each
+    writes every byte of the view's own buffers once, with its final value). A refresh racing
+    another thread that makes TE reassign these weights' buffers is not: the check can pass just
+    before TE moves a buffer, and the launch then reads the old one. Order the two yourself.
     """
     layer = LayerRefresh(entries, backend=backend)
     if not layer.entries:

@@ -194,11 +194,33 @@ def _layout_box(layout: torch.Tensor, experts: int, rows: int, cols: int, box: _
     return six[(slice(None), *box)]
 
 
+def _padding_boxes(rows: int, cols: int) -> list[_Box]:
+    """The layout's padding, as at most three boxes: the last tile's columns past ``cols``, then
+    the last block's rows past ``rows`` (the rest of a partial 32-row group, the groups after)."""
+    rp, cp = padded_shape(rows, cols)
+    all_rows, all_cols = (
+        (slice(0, rp // ROW_BLOCK), slice(0, 4), slice(0, 32)),
+        (slice(0, cp // COL_BLOCK), slice(0, 4)),
+    )
+    boxes = [_Box(*all_rows, slice(cp // 4 - 1, cp // 4), slice(cols % 4, 4))] if cols % 4 else []
+    last = slice(rp // ROW_BLOCK - 1, rp // ROW_BLOCK)
+    groups, lanes = divmod(rows - (rp - ROW_BLOCK), 32)
+    if lanes:
+        boxes.append(_Box(last, slice(groups, groups + 1), slice(lanes, 32), *all_cols))
+        groups += 1
+    if groups < 4:
+        boxes.append(_Box(last, slice(groups, 4), slice(0, 32), *all_cols))
+    return boxes
+
+
 def swizzle_reference(batch: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Torch reference: ``[E, R, C]`` uint8 (any strides) into layout ``out`` (validated by the
-    caller), padding zeroed. A few strided copies, no temporary: memory peaks at ``out``."""
+    caller), padding zeroed. A few strided copies, no temporary: memory peaks at ``out``. Each
+    byte is written once, with its final value, so two conversions into one buffer never leave
+    it wrong for a moment (concurrent refreshes of one view are safe)."""
     e, r, c = batch.shape
-    out.zero_()
+    for box in _padding_boxes(r, c):
+        _layout_box(out, e, r, c, box).zero_()
     for box in _boxes(r, c):
         _layout_box(out, e, r, c, box).copy_(_logical_box(batch, box))
     return out

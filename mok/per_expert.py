@@ -252,6 +252,11 @@ def split_weight_view(
     ``cached`` (a previous result), refresh its scale buffers in place (same addresses) after
     checking that no payload moved, and return it: when TE reassigned no storage since, the
     prepared launch simply runs again. All experts convert in one kernel launch (cuda backend).
+
+    Threads: refreshes of different views, and concurrent refreshes of one view, are safe (each
+    writes every byte of the view's own buffers once, with its final value). A refresh racing
+    another thread that makes TE reassign these weights' buffers is not: the check can pass just
+    before TE moves a buffer, and the launch then reads the old one. Order the two yourself.
     """
     fmt = _format(format, use_mxfp8)
     rows, columns = check_sizes(rows=rows, columns=columns)

@@ -434,6 +434,7 @@ def _native_single_grouped_weight_view(
     weight itself. MXFP8: ``(row_data, row_scales, column_data, column_scales, True)``, payloads
     as float8_e4m3fn views, scales in the layout (columnwise: of the ``[columns, rows/32]``
     transpose). ``cached_view`` (an earlier result) has items 1 and 3 refreshed in place.
+    Threads: as mok.grouped_weight_view.
     """
     experts, rows, columns = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
     dims = (experts, rows, columns)
@@ -643,9 +644,8 @@ def _native_split_weight_view(
     ``transposed_scale_tensors``, per-expert layout buffers) is refreshed in place and returned:
     same scale addresses, fresh values.
 
-    Thread safety: concurrent refreshes of one view, and refreshes of different views, are safe
-    (each writes the same bytes into buffers it owns); a refresh racing a thread that makes TE
-    reassign the experts' buffers is not (the view may read a buffer TE has just replaced).
+    Threads: as mok.split_weight_view (refreshes of one view or of different views are safe; a
+    refresh racing TE's reassignment of these weights' buffers is not).
     """
     params = _expert_params(params)
     rows, columns = check_sizes(rows=rows, columns=columns)
