@@ -1,0 +1,342 @@
+"""The tables of benchmarks/RESULTS.md and of the README's Performance section, made from result files.
+
+    python benchmarks/results_tables.py            # check: every marked table matches its files
+    python benchmarks/results_tables.py --write    # rewrite every marked table from its files
+
+A document marks a generated table with a line ``<!-- table KIND FILE... -->`` before it and
+``<!-- end table -->`` after it; the FILEs are relative to the document's folder. What is made
+between the two is a line naming the run (machine, date, versions, command, files), then the
+table. After a new benchmark run, put the new file names in the markers and run ``--write``.
+Kinds and their files:
+
+  device          a bench_swizzle.py JSON: every case against a same-run copy, grouped and per-expert
+  shape           the same JSON: the first variant against the second (an A/B of the launch shape)
+  te              the same JSON: the rowwise cases against TE's discrete-weights swizzle (graph replays)
+  layer-parts     a .txt holding probe_layer_parts.py's output: a layer's four job kinds at both shapes
+  host            bench_host.py JSONs (--source te): first views and refreshes; a second file adds
+                  its E=256 column (another process)
+  host-te         a bench_host.py JSON: eager rowwise calls against TE's swizzles, same run
+  readme-device   a bench_swizzle.py JSON: the README's few device rows
+  readme-host     a bench_host.py JSON: the README's few host rows
+
+Needs no GPU and no torch (tests/test_docs.py runs the check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "benchmarks" / "RESULTS.md", ROOT / "README.md"]
+BEGIN = re.compile(r"^<!-- table (\S+)((?: \S+)+) -->$")
+END = "<!-- end table -->"
+# issue 15's targets: device time over a same-run copy of the same bytes
+TARGETS = {"rowwise": 1.10, "columnwise": 1.15, "layer": 1.10}
+HOST_ROWS = [  # (label, case suffix, key)
+    ("first view, rowwise + columnwise", "row+col", "split first view"),
+    ("first view, rowwise", "row", "split first view"),
+    ("checked refresh (`cached=`), rowwise + columnwise", "row+col", "split refresh"),
+    ("checked refresh, rowwise", "row", "split refresh"),
+    ("layer refresh (`mok.LayerRefresh`, fc1 + fc2), rowwise + columnwise", "row+col", "layer refresh"),
+    ("refresh of scales TE wrote in the GEMM layout (the check alone), rowwise", "row", "split refresh, TE-swizzled"),
+    ("one grouped weight: first view, rowwise + columnwise", "row+col", "grouped first view"),
+    ("one grouped weight: refresh, rowwise + columnwise", "row+col", "grouped refresh"),
+]
+
+
+def _meta(path: Path) -> dict[str, Any]:
+    """A result file's run: a JSON's ``meta``, or a bench_swizzle.py text's ``key=value`` line."""
+    if path.suffix == ".json":
+        meta: dict[str, Any] = json.loads(path.read_text())["meta"]
+        return meta
+    line = next(x for x in path.read_text().splitlines() if x.startswith("date="))
+    return dict(re.findall(r"([\w.]+)=(.*?)(?= [\w.]+=|$)", line))
+
+
+def _device_run(meta: dict[str, Any]) -> str:
+    te = meta.get("te")
+    return (
+        f"{meta['gpu']} ({meta['sms']} SMs), {meta['date'][:16].replace('T', ' ')} UTC, torch {meta['torch']}, "
+        f"CUDA {meta['cuda']}, cuda.core {meta['cuda.core']}, "
+        + ("TE not installed" if te in (None, "None") else f"TE {te}")
+    )
+
+
+def caption(kind: str, files: list[str], paths: list[Path]) -> str:
+    """The line above a table: the run (machine, date, versions), the command and the files."""
+    meta = _meta(paths[0])
+    label = ("Files: " if len(files) > 1 else "File: ") + " and ".join(f"`{f}`" for f in files) + "."
+    if kind.startswith("host") or kind == "readme-host":
+        run = f"host of the {meta['gpu']} machine, {meta['date']}, torch {meta['torch']}, Python {meta['python']}"
+        twice = ", run twice (two processes)" if len(files) > 1 else ""
+        return f"Run: {run}, TE {meta['te']}. Command: `bench_host.py --source {meta['source']}`{twice}. {label}"
+    if kind == "layer-parts":
+        text = paths[0].read_text()
+        runs = re.search(r"of (\d+) runs", text)
+        header = next(x for x in text.splitlines() if x.startswith("part "))
+        variants = ",".join(dict.fromkeys(c.split("@")[1] for c in header.split()[3:]))
+        flags = f"--runs {runs.group(1) if runs else '?'} --variants {variants}"
+        return f"Run: {_device_run(meta)}. Command: `probe_layer_parts.py {flags}`. {label}"
+    flags = f"--runs {meta['runs']} --repeats {meta['repeats']} --variants {meta['variants']}"
+    flags += " --no-te" if meta.get("te") in (None, "None") else ""
+    return f"Run: {_device_run(meta)}. Command: `bench_swizzle.py {flags}`. {label}"
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = json.loads(path.read_text())["rows"]
+    return rows
+
+
+def _variants(path: Path) -> list[str]:
+    variants: list[str] = json.loads(path.read_text())["meta"]["variants"].split(",")
+    return variants
+
+
+def _ratio(row: dict[str, Any], key: str, spread: bool = False) -> str:
+    value = row["median"].get(key)
+    if value is None:
+        return "-"
+    if not spread:
+        return f"{value:.2f}"
+    low, high = row["spread"][key]
+    return f"{value:.2f} [{low:.2f}-{high:.2f}]"
+
+
+def _us(value: float | None) -> str:
+    if value is None or isinstance(value, str):
+        return "-"
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.1f}"
+
+
+def _label(case: str) -> str:
+    """A bench_swizzle case name as the tables show it."""
+    if case.startswith("layer"):
+        return case.replace(" row+col", ", rowwise + columnwise, one launch")
+    m, k = (int(v) for v in case.split()[-1].split("x"))
+    return f"{case} (TE-padded)" if m % 128 or k % 128 else case
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in body]
+
+
+def device(path: Path) -> list[str]:
+    d = _variants(path)[0]
+    body = []
+    for r in _rows(path):
+        kind = r["case"].split()[0]
+        e = int(r["case"].split()[1].removeprefix("E="))
+        target = TARGETS[kind] if kind != "rowwise" or e >= 32 else None
+        body.append(
+            [
+                _label(r["case"]),
+                "-" if target is None else f"{target:.2f}",
+                _us(r["median"]["g:copy"]),
+                _ratio(r, f"g:kernel@{d}/copy", True),
+                _ratio(r, f"g:exp@{d}/copy", True),
+                _ratio(r, "g:kcopy/copy"),
+                _ratio(r, "g:exp-kcopy/copy"),
+                "yes" if all(r["equal"].values()) else "NO",
+            ]
+        )
+    header = ["case", "target", "copy (us)", "grouped", "per-expert", "kernel's copy, grouped"]
+    return _table([*header, "kernel's copy, per-expert", "byte-identical"], body)
+
+
+def shape(path: Path) -> list[str]:
+    first, second = _variants(path)[:2]
+    body = []
+    for r in _rows(path):
+        taken = "16 x 128" if r["case"].startswith("columnwise") else "32 x 256"
+        cells = [_ratio(r, f"g:{w}@{v}/copy", True) for w in ("kernel", "exp") for v in (first, second)]
+        body.append([_label(r["case"]), taken, *cells])
+    header = ["case", f"shape under `{first}`", f"grouped, `{first}`", f"grouped, `{second}`"]
+    return _table([*header, f"per-expert, `{first}`", f"per-expert, `{second}`"], body)
+
+
+def te(path: Path) -> list[str]:
+    d = _variants(path)[0]
+    body = []
+    for r in _rows(path):
+        m = r["median"]
+        if "g:TE discrete" not in m:
+            continue
+        body.append(
+            [
+                _label(r["case"]),
+                _us(m["g:copy"]),
+                _us(m[f"g:kernel@{d}"]),
+                _us(m[f"g:exp@{d}"]),
+                _us(m["g:TE discrete"]),
+                f"{m['g:TE discrete'] / m[f'g:exp@{d}']:.2f}",
+            ]
+        )
+    header = ["case (rowwise)", "copy (us)", "mok, grouped (us)", "mok, per-expert (us)", "TE discrete (us)"]
+    return _table([*header, "TE discrete / mok per-expert"], body)
+
+
+def layer_parts(path: Path) -> list[str]:
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("part "))
+    columns = lines[start].split()[3:]  # after "part", "copy", "us"
+    shapes = sorted({c.split("@")[1] for c in columns}, key=lambda s: int(s.split(":")[1].split("x")[0]))
+    body = []
+    for line in lines[start + 1 :]:
+        found = re.match(r"^(\w+(?: \w+)?)\s+([\d.]+)\s+(.*)$", line)
+        if not found:
+            break
+        medians = dict(zip(columns, re.findall(r"([\d.]+) \[", found.group(3)), strict=True))
+        cells = [f"{float(medians[f'{w}@{s}']):.2f}" for w in ("g", "exp", "exp-kcopy") for s in shapes]
+        body.append([found.group(1), found.group(2), *cells])
+    names = [s.split(":")[1].replace("x", " x ") for s in shapes]
+    header = ["part", "copy (us)", *(f"{w}, {n}" for w in ("grouped", "per-expert") for n in names)]
+    return _table([*header, *(f"kernel's per-expert copy, {n}" for n in names)], body)
+
+
+def _host_results(path: Path) -> dict[str, dict[str, Any]]:
+    return {r["case"]: r for r in json.loads(path.read_text())["results"]}
+
+
+def host(path: Path, second: Path | None = None) -> list[str]:
+    results = _host_results(path)
+    experts = sorted({int(c.split()[0].removeprefix("E=")) for c in results})
+    shape_ = next(iter(results)).split()[1]
+    other = _host_results(second) if second else None
+    body = []
+    for label, suffix, key in HOST_ROWS:
+        cells = [_us(results[f"E={e} {shape_} {suffix}"].get(key)) for e in experts]
+        if other is not None:
+            cells.append(_us(other[f"E={experts[-1]} {shape_} {suffix}"].get(key)))
+        body.append([label, *cells])
+    header = [f"per-expert weights of {shape_}, host us", *(f"E={e}" for e in experts)]
+    return _table(header + ([f"E={experts[-1]}, second process"] if other else []), body)
+
+
+def host_te(path: Path) -> list[str]:
+    results = _host_results(path)
+    body = []
+    for case, r in results.items():
+        if "TE discrete" not in r:
+            continue
+        e = case.split()[0]
+        for how, suffix in (("one call, then a synchronisation", ""), ("calls back to back", " pipelined")):
+            checked, unchecked = r[f"kernel/exp{suffix}"], r[f"kernel/exp unchecked{suffix}"]
+            discrete, multi = r.get(f"TE discrete{suffix}"), r.get(f"TE multi{suffix}")
+            ratios = [
+                f"{discrete / checked:.2f}" if discrete else "-",
+                f"{discrete / unchecked:.2f}" if discrete else "-",
+                f"{multi / checked:.1f}" if multi else "-",
+            ]
+            body.append([f"{e}, {how}", _us(checked), _us(unchecked), _us(discrete), _us(multi), *ratios])
+    header = ["rowwise, eager, us per call", "mok checked", "mok `run_unchecked`", "TE discrete", "TE multi"]
+    return _table([*header, "TE discrete / checked", "TE discrete / unchecked", "TE multi / checked"], body)
+
+
+README_CASES = {  # bench_swizzle case -> the README's label
+    "rowwise E=256 2048x7168": "rowwise, E=256 2048x7168",
+    "rowwise E=256 2080x7200": "rowwise, E=256 2080x7200 (TE's padded rows)",
+    "columnwise E=256 2048x7168": "columnwise, E=256 2048x7168",
+    "columnwise E=256 2080x7200": "columnwise, E=256 2080x7200 (TE-padded)",
+    "layer E=256 fc1+fc2 row+col": "a MoE layer's fc1 + fc2, rowwise + columnwise, E=256, one launch",
+}
+
+
+def readme_device(path: Path) -> list[str]:
+    d = _variants(path)[0]
+    rows = {r["case"]: r for r in _rows(path)}
+    body = [
+        [label, _ratio(rows[c], f"g:kernel@{d}/copy"), _ratio(rows[c], f"g:exp@{d}/copy")]
+        for c, label in README_CASES.items()
+    ]
+    m = rows["rowwise E=256 2048x7168"]["median"]
+    te = f"TE 2.18+'s discrete-weights swizzle of the per-expert tensors: {_us(m.get('g:TE discrete'))} us"
+    body.append([f"rowwise, E=256 2048x7168, microseconds ({te})", _us(m[f"g:kernel@{d}"]), _us(m[f"g:exp@{d}"])])
+    return _table(["device time against a copy of the same bytes", "grouped", "per-expert"], body)
+
+
+def readme_host(path: Path) -> list[str]:
+    results = _host_results(path)
+    both, row = results["E=256 2048x7168 row+col"], results["E=256 2048x7168 row"]
+    body = [
+        [
+            "host time alone, rowwise + columnwise / rowwise",
+            f"{_us(both['split refresh'])} / {_us(row['split refresh'])}",
+            "-",
+            "-",
+        ],
+        [
+            "rowwise, one call then a synchronisation",
+            _us(row["kernel/exp"]),
+            _us(row["kernel/exp unchecked"]),
+            _us(row.get("TE discrete")),
+        ],
+        [
+            "rowwise, calls back to back",
+            _us(row["kernel/exp pipelined"]),
+            _us(row["kernel/exp unchecked pipelined"]),
+            _us(row.get("TE discrete pipelined")),
+        ],
+    ]
+    header = ["256 per-expert weights of 2048x7168, us", "mok checked refresh", "mok `run_unchecked`", "TE discrete"]
+    return _table(header, body)
+
+
+KINDS: dict[str, Callable[..., list[str]]] = {
+    "device": device,
+    "shape": shape,
+    "te": te,
+    "layer-parts": layer_parts,
+    "host": host,
+    "host-te": host_te,
+    "readme-device": readme_device,
+    "readme-host": readme_host,
+}
+
+
+def regenerate(document: Path) -> tuple[str, list[str]]:
+    """(the document with every marked table made again from its files, the markers that differed)."""
+    lines = document.read_text().splitlines()
+    out: list[str] = []
+    differ: list[str] = []
+    i = 0
+    while i < len(lines):
+        out.append(lines[i])
+        begin = BEGIN.match(lines[i])
+        i += 1
+        if not begin:
+            continue
+        end = lines.index(END, i)
+        kind, files = begin.group(1), begin.group(2).split()
+        paths = [document.parent / f for f in files]
+        made = [caption(kind, files, paths), "", *KINDS[kind](*paths), ""]
+        if made != lines[i:end]:
+            differ.append(f"{document.name}: {lines[i - 1]}")
+        out.extend(made)
+        i = end
+    return "\n".join(out) + "\n", differ
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the marked tables")
+    args = parser.parse_args()
+    stale = []
+    for document in DOCUMENTS:
+        text, differ = regenerate(document)
+        stale += differ
+        if args.write and differ:
+            document.write_text(text)
+    for marker in stale:
+        print(f"{'rewrote' if args.write else 'differs from its files'}: {marker}")
+    sys.exit(1 if stale and not args.write else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The benchmark documents and their result files agree: benchmarks/results/ holds only files a
+current document cites, each listed in its index with the documents that cite it; every result
+file a current document names exists; the generated tables match their files; the current
+documents describe the present (no numbered work sessions: those are in benchmarks/history/)."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+RESULTS = BENCH / "results"
+INDEX = RESULTS / "README.md"
+# a result file as documents name it: results/NAME, history/results/NAME or benchmarks/...; NAME may
+# hold {a,b} alternatives or a * pattern
+CITATION = re.compile(r"(?<![\w/.-])(?:benchmarks/)?(history/)?results/((?:[\w.+-]|\{[^}\s]*\}|\*)+)")
+
+
+def documents() -> list[Path]:
+    """Every current Markdown document: the repository's, without the work logs in history/."""
+    found = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [s for s in subfolders if not s.startswith(".") and s not in ("history", "__pycache__")]
+        found += [Path(folder) / f for f in files if f.endswith(".md")]
+    return sorted(found)
+
+
+def expand(name: str) -> list[str]:
+    """``a{b,c}d`` -> ``[abd, acd]``, every brace in turn."""
+    found = re.search(r"\{([^}]*)\}", name)
+    if not found:
+        return [name]
+    head, tail = name[: found.start()], name[found.end() :]
+    return [n for option in found.group(1).split(",") for n in expand(head + option + tail)]
+
+
+def citations(document: Path) -> list[tuple[Path, str]]:
+    """(folder, file name or pattern) of every result file ``document`` names."""
+    found = []
+    for match in CITATION.finditer(document.read_text()):
+        folder = BENCH / "history" / "results" if match.group(1) else RESULTS
+        found += [(folder, name) for name in expand(match.group(2).rstrip("."))]
+    return found
+
+
+def cited_by() -> dict[str, set[str]]:
+    """File in benchmarks/results/ -> the current documents (but the index) that name it."""
+    found: dict[str, set[str]] = {}
+    for document in documents():
+        if document == INDEX:
+            continue
+        for folder, pattern in citations(document):
+            if folder == RESULTS:
+                for name in fnmatch.filter(os.listdir(RESULTS), pattern):
+                    found.setdefault(name, set()).add(document.relative_to(ROOT).as_posix())
+    return found
+
+
+def index() -> dict[str, set[str]]:
+    """The index's rows: file -> the documents its last column names."""
+    rows = {}
+    for line in INDEX.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[3]))
+    return rows
+
+
+def test_the_current_documents_are_found() -> None:
+    names = {d.relative_to(ROOT).as_posix() for d in documents()}
+    assert {"README.md", "benchmarks/RESULTS.md", "benchmarks/KERNEL_NOTES.md", "benchmarks/results/README.md"} <= names
+    assert not any(n.startswith("benchmarks/history/") for n in names)
+
+
+def test_every_result_file_is_indexed_and_cited() -> None:
+    files = {f for f in os.listdir(RESULTS) if f != "README.md"}
+    rows, cited = index(), cited_by()
+    assert files - rows.keys() == set(), "files in benchmarks/results/ missing from its README.md index"
+    assert rows.keys() - files == set(), "the index names files that are not in benchmarks/results/"
+    uncited = sorted(files - cited.keys())
+    assert not uncited, f"cited by no current document (move them to benchmarks/history/results/): {uncited}"
+    wrong = {f: (rows[f], cited[f]) for f in files if rows[f] != cited[f]}
+    assert not wrong, f"the index's 'cited by' column (first) differs from the documents that cite (second): {wrong}"
+
+
+def test_every_cited_result_file_exists() -> None:
+    missing = []
+    for document in documents():
+        for folder, pattern in citations(document):
+            if not fnmatch.filter(os.listdir(folder), pattern):
+                missing.append(f"{document.relative_to(ROOT)}: {folder.relative_to(ROOT)}/{pattern}")
+    assert not missing, f"documents cite result files that do not exist: {missing}"
+
+
+def test_generated_tables_match_their_result_files() -> None:
+    spec = importlib.util.spec_from_file_location("results_tables", BENCH / "results_tables.py")
+    assert spec is not None and spec.loader is not None
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    marked = 0
+    for document in tables.DOCUMENTS:
+        _, differ = tables.regenerate(document)
+        assert not differ, f"{differ}: run python benchmarks/results_tables.py --write"
+        marked += document.read_text().count("<!-- table ")
+    assert marked >= 6
+
+
+def test_benchmark_documents_describe_the_present() -> None:
+    for document in (BENCH / "RESULTS.md", BENCH / "KERNEL_NOTES.md", INDEX):
+        sessions = re.findall(r"\bsessions? \d+", document.read_text(), flags=re.IGNORECASE)
+        assert not sessions, f"{document.relative_to(ROOT)} names work sessions {sessions}: history/ keeps those"
