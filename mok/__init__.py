@@ -5,18 +5,21 @@ mok reads Transformer Engine objects only through te_compat.
 
 from mok.backend import BackendChoice, kernel_backend
 from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
+from mok.formats import Format
 from mok.grouped import grouped_weight_view
 from mok.layer import LayerRefresh, refresh_layer
 from mok.layout import columnwise_scales, layout_offset, layout_shape, padded_shape, rowwise_scales
 from mok.per_expert import split_weight_view
-from mok.plan import RefreshPlan
+from mok.refresh import RefreshPlan
 from mok.shared_expert import prepare_shared_expert_config
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
-from mok.views import GroupedExpertWeights, SplitExpertWeights, storage_view
+from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, ViewDirection, storage_view
 
 __all__ = [
     "BackendChoice",
     "ExpertWeightError",
+    "ExpertWeights",
+    "Format",
     "GroupedExpertWeights",
     "LayerRefresh",
     "LayoutError",
@@ -24,6 +27,7 @@ __all__ = [
     "RefreshError",
     "RefreshPlan",
     "SplitExpertWeights",
+    "ViewDirection",
     "columnwise_scales",
     "grouped_weight_view",
     "kernel_backend",

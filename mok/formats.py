@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from functools import cached_property
 from typing import Any
 
@@ -29,9 +30,31 @@ from mok.layout import Geometry, logical_view, roundup
 from te_compat import StorageName, TensorKind, mxfp8_storage, nvfp4_storage
 
 
+class Format(str, Enum):
+    """The format of a view, or of one direction of it. mok passes these around; a string is
+    turned into one only at the public boundary (:func:`format_named`). A ``str`` enum, so a
+    view's ``format == "mxfp8"`` keeps reading naturally."""
+
+    BF16 = "bf16"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+    HYBRID = "hybrid"  # TE 2.19+ hybrid weights: each direction in its own block format
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def block_format(self) -> BlockFormat:
+        """How TE stores this block-scaled format (MXFP8 and NVFP4 only)."""
+        found = BLOCK_FORMATS.get(self)
+        if found is None:
+            raise ValueError(f"{self.value} is not a block-scaled format; expected mxfp8 or nvfp4")
+        return found
+
+
 @dataclass(frozen=True)
 class Direction:
-    """One direction of a format: its te_compat storage names and TE's geometry."""
+    """One direction of a block format as TE stores it: its te_compat storage names and geometry."""
 
     name: str  # "rowwise" or "columnwise"
     data: StorageName
@@ -42,8 +65,11 @@ class Direction:
 
 
 @dataclass(frozen=True)
-class WeightFormat:
-    name: str  # "bf16", "mxfp8", "nvfp4"
+class BlockFormat:
+    """A block-scaled format (MXFP8, NVFP4) as TE stores it: payload packing, block size, and the
+    storage of each direction."""
+
+    format: Format
     kind: TensorKind  # te_compat's kind of its tensors
     block: int  # values per scale (0: not block-scaled)
     payload_dtype: torch.dtype
@@ -53,7 +79,7 @@ class WeightFormat:
 
     def snapshot(self, obj: object) -> Any:
         """te_compat's typed snapshot of one tensor or storage of this format."""
-        return _SNAPSHOTS[self.name](obj)
+        return _SNAPSHOTS[self.format](obj)
 
     def directions(self) -> tuple[Direction, Direction]:
         return self.rowwise, self.columnwise
@@ -123,16 +149,16 @@ class WeightFormat:
     def check_dims(self, rows: int, columns: int, what: str) -> None:
         if rows % self.block or columns % self.block:
             raise ExpertWeightError(
-                f"{what}: {self.name.upper()} needs rows and columns that are positive multiples of {self.block}; "
+                f"{what}: {self.format.name} needs rows and columns that are positive multiples of {self.block}; "
                 f"found rows={rows}, columns={columns}"
             )
 
 
 _ROW = Direction("rowwise", StorageName.ROWWISE_DATA, StorageName.ROWWISE_SCALE_INV, None, False, False)
 _MX_COL = Direction("columnwise", StorageName.COLUMNWISE_DATA, StorageName.COLUMNWISE_SCALE_INV, None, False, True)
-MXFP8 = WeightFormat("mxfp8", TensorKind.MXFP8, 32, torch.float8_e4m3fn, 1, _ROW, _MX_COL)
-NVFP4 = WeightFormat(
-    "nvfp4",
+MXFP8 = BlockFormat(Format.MXFP8, TensorKind.MXFP8, 32, torch.float8_e4m3fn, 1, _ROW, _MX_COL)
+NVFP4 = BlockFormat(
+    Format.NVFP4,
     TensorKind.NVFP4,
     16,
     torch.uint8,
@@ -149,23 +175,24 @@ NVFP4 = WeightFormat(
         False,
     ),
 )
-FORMATS = {"mxfp8": MXFP8, "nvfp4": NVFP4}
-_SNAPSHOTS: dict[str, Callable[[object], Any]] = {"mxfp8": mxfp8_storage, "nvfp4": nvfp4_storage}
-FORMAT_OF_KIND = {f.kind: f for f in FORMATS.values()}
-# "hybrid": TE 2.19+ HybridQuantizedTensor, each direction in its own format (per-expert only)
-FORMAT_NAMES = ("bf16", "mxfp8", "nvfp4", "hybrid")
+BLOCK_FORMATS = {Format.MXFP8: MXFP8, Format.NVFP4: NVFP4}
+_SNAPSHOTS: dict[Format, Callable[[object], Any]] = {Format.MXFP8: mxfp8_storage, Format.NVFP4: nvfp4_storage}
+FORMAT_OF_KIND = {f.kind: f for f in BLOCK_FORMATS.values()}
 
 
-def format_named(format: object, use_mxfp8: object) -> str:
-    """The format asked for: ``format`` if given, else from the seed's ``use_mxfp8`` flag."""
+def format_named(format: object, use_mxfp8: object) -> Format:
+    """The format asked for: ``format`` (a :class:`Format` or its name) if given, else from the
+    seed's ``use_mxfp8`` flag. The one place a string becomes a format."""
     if use_mxfp8 is not None and not isinstance(use_mxfp8, bool):
         raise TypeError(f"use_mxfp8: expected a bool; found {use_mxfp8!r} ({type(use_mxfp8).__name__})")
     if format is None:
         if use_mxfp8 is None:
             raise TypeError("expected use_mxfp8=True/False or format= ('bf16', 'mxfp8', 'nvfp4'); found neither")
-        return "mxfp8" if use_mxfp8 else "bf16"
-    if not isinstance(format, str) or format not in FORMAT_NAMES:
-        raise ValueError(f"format: expected one of {', '.join(map(repr, FORMAT_NAMES))}; found {format!r}")
-    if use_mxfp8 is True and format != "mxfp8":
+        return Format.MXFP8 if use_mxfp8 else Format.BF16
+    names = [f.value for f in Format]
+    if not isinstance(format, str) or format not in names:
+        raise ValueError(f"format: expected one of {', '.join(map(repr, names))}; found {format!r}")
+    found = Format(format)
+    if use_mxfp8 is True and found is not Format.MXFP8:
         raise ValueError(f"use_mxfp8={use_mxfp8} contradicts format={format!r}; pass one of them")
-    return format
+    return found

@@ -1,4 +1,5 @@
-"""Views over one grouped expert Parameter ``(E, rows, columns)``: TE's flat buffers, all experts."""
+"""Views over one grouped expert Parameter ``(E, rows, columns)``: TE's flat buffers, all
+experts, read through te_compat, then planned by mok.plan."""
 
 from __future__ import annotations
 
@@ -6,12 +7,10 @@ import torch
 
 from mok.backend import preference
 from mok.errors import ExpertWeightError, RefreshError
-from mok.formats import FORMATS, Direction, WeightFormat
-from mok.formats import format_named as _format
+from mok.formats import BlockFormat, Direction, Format, format_named
 from mok.layout import grouped_scales
-from mok.plan import ScaleSource
-from mok.swizzle import ScaleWork
-from mok.views import GroupedExpertWeights, Side, check_cached, check_sizes, plan_sides, storage_view
+from mok.plan import DirectionSource, ScaleSource, ViewRequest, check_cached, plan_view
+from mok.views import GroupedExpertWeights, ViewDirection, check_sizes, storage_view
 from te_compat import GroupedStorage, StorageName, grouped_storage, storage_field, tensor_kind
 
 
@@ -25,11 +24,11 @@ def _check_grouped(gs: GroupedStorage, num_experts: int, rows: int, columns: int
             )
 
 
-def _member_scales(fmt: WeightFormat, member: object, d: Direction) -> torch.Tensor | None:
+def _member_scales(fmt: BlockFormat, member: object, d: Direction) -> torch.Tensor | None:
     return getattr(fmt.snapshot(member), d.scales.value)  # type: ignore[no-any-return]
 
 
-def _check_packing(gs: GroupedStorage, fmt: WeightFormat, d: Direction, flat: torch.Tensor, per_expert: int) -> None:
+def _check_packing(gs: GroupedStorage, fmt: BlockFormat, d: Direction, flat: torch.Tensor, per_expert: int) -> None:
     """Each member's scales must be a view at offset e*per_expert of the grouped buffer."""
     offsets = gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets
     for e, off in enumerate((offsets or ())[: gs.num_tensors]):
@@ -59,18 +58,16 @@ def _check_packing(gs: GroupedStorage, fmt: WeightFormat, d: Direction, flat: to
 
 
 def _grouped_amax(weight: object, d: Direction) -> tuple[torch.Tensor, ...] | None:
-    if d.amax is None:
-        return None
-    try:
-        amax = storage_field(weight, d.amax)
-    except ValueError:  # the grouped row of this release names no amax
-        return None
+    """The group's amax of direction ``d`` (NVFP4: one fp32 value per expert), if it keeps one."""
+    amax = None if d.amax is None else storage_field(weight, d.amax)
     return (amax,) if isinstance(amax, torch.Tensor) else None
 
 
-def _grouped_sides(weight: object, gs: GroupedStorage, fmt: WeightFormat, dims: tuple[int, int, int]) -> list[Side]:
+def _grouped_sources(
+    weight: object, gs: GroupedStorage, fmt: BlockFormat, dims: tuple[int, int, int]
+) -> list[DirectionSource]:
     experts, rows, columns = dims
-    sides = []
+    sources = []
     for d in fmt.directions():
         data = getattr(gs, d.data.value)
         if data is None:
@@ -85,15 +82,14 @@ def _grouped_sides(weight: object, gs: GroupedStorage, fmt: WeightFormat, dims: 
         _check_packing(gs, fmt, d, flat, pr * pc)
         ((buffer, geometry),) = fmt.scale_sources(d, (padded,), rows, columns, (f"{name} scales",))
         source = ScaleSource(f"{name} scales", buffer, geometry, gs.scales_swizzled)
-        sides.append(Side(d, fmt.name, (payload,), (source,), _grouped_amax(weight, d)))
-    if not sides or sides[0].direction.name != "rowwise":
+        sources.append(DirectionSource(d, fmt.format, (payload,), (source,), _grouped_amax(weight, d)))
+    if not sources or sources[0].direction.name != "rowwise":
         gs.need(StorageName.ROWWISE_DATA)  # raises, naming the attribute and release
-    return sides
+    return sources
 
 
-def plan_grouped(
-    weight: object, fmt: WeightFormat, dims: tuple[int, int, int], cached: GroupedExpertWeights | None
-) -> tuple[GroupedExpertWeights, list[ScaleWork]]:
+def read_grouped(weight: object, fmt: BlockFormat, dims: tuple[int, int, int]) -> list[DirectionSource]:
+    """Every direction TE stores of the grouped weight, rowwise first."""
     gs = grouped_storage(weight)
     _check_grouped(gs, *dims)
     fmt.check_dims(dims[1], dims[2], "grouped weight")
@@ -101,27 +97,9 @@ def plan_grouped(
         raise ExpertWeightError("grouped weight holds no quantized data (no quantizer); pass format='bf16'")
     if gs.members and tensor_kind(gs.members[0]) is not fmt.kind:
         raise ExpertWeightError(
-            f"grouped weight: expected {fmt.name.upper()} experts; found {type(gs.members[0]).__name__} members"
+            f"grouped weight: expected {fmt.format.name} experts; found {type(gs.members[0]).__name__} members"
         )
-    sides = _grouped_sides(weight, gs, fmt, dims)
-    slots, work = plan_sides(sides, cached, "grouped ")
-    if cached is not None:
-        return cached, work
-    col = sides[1] if len(sides) > 1 else None
-    view = GroupedExpertWeights(
-        *dims,
-        use_mxfp8=fmt.name == "mxfp8",
-        row_data=sides[0].data[0],
-        row_scales=slots[0].tensors[0],
-        col_data=col.data[0] if col else None,
-        col_scales=slots[1].tensors[0] if col else None,
-        row_scales_zero_copy=slots[0].zero_copy,
-        col_scales_zero_copy=col is not None and slots[1].zero_copy,
-        format=fmt.name,
-        row_amax=sides[0].amax[0] if sides[0].amax else None,
-        col_amax=col.amax[0] if col and col.amax else None,
-    )
-    return view, work
+    return _grouped_sources(weight, gs, fmt, dims)
 
 
 def _grouped_bf16(weight: object, dims: tuple[int, int, int], cached: object) -> GroupedExpertWeights:
@@ -133,7 +111,7 @@ def _grouped_bf16(weight: object, dims: tuple[int, int, int], cached: object) ->
         raise ExpertWeightError("grouped weight is quantized (it has a quantizer); pass use_mxfp8=True or format=")
     data = gs.need(StorageName.ROWWISE_DATA)
     view = storage_view(data, dims, dtype=torch.bfloat16, name="grouped rowwise data")
-    return GroupedExpertWeights(*dims, use_mxfp8=False, row_data=view, format="bf16")
+    return GroupedExpertWeights(*dims, Format.BF16, ViewDirection(Format.BF16, (view,)))
 
 
 def grouped_weight_view(
@@ -157,17 +135,17 @@ def grouped_weight_view(
     another thread that makes TE reassign these weights' buffers is not: the check can pass just
     before TE moves a buffer, and the launch then reads the old one. Order the two yourself.
     """
-    fmt = _format(format, use_mxfp8)
-    if fmt == "hybrid":
+    fmt = format_named(format, use_mxfp8)
+    if fmt is Format.HYBRID:
         raise ValueError("format='hybrid': TE's hybrid weights are per-expert tensors; use split_weight_view")
-    dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
-    if fmt == "bf16":
-        return _grouped_bf16(weight, dims, cached)  # type: ignore[arg-type]
+    experts, rows, columns = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
+    dims = (experts, rows, columns)
+    if fmt is Format.BF16:
+        return _grouped_bf16(weight, dims, cached)
     key = ("grouped", fmt, dims, preference(backend))  # a changed TE_COMPAT_KERNEL_BACKEND re-plans
     if cached is not None:
-        check_cached(cached, GroupedExpertWeights, fmt, dims)  # type: ignore[arg-type]
+        cached = check_cached(cached, GroupedExpertWeights, fmt, dims)  # type: ignore[assignment]
         if cached.refresh_plan.rerun((weight,), key):
             return cached
-    view, work = plan_grouped(weight, FORMATS[fmt], dims, cached)  # type: ignore[arg-type]
-    view.refresh_plan.prepare((weight,), key, work, backend)
-    return view
+    sources = read_grouped(weight, fmt.block_format, dims)
+    return plan_view(GroupedExpertWeights, ViewRequest(dims, fmt, (weight,), key, None, backend), sources, cached)

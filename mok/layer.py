@@ -7,12 +7,13 @@ from typing import Any
 
 from mok.backend import preference
 from mok.errors import MokError, RefreshError
-from mok.formats import FORMATS
-from mok.grouped import plan_grouped
-from mok.per_expert import guarded_names, plan_split, watched
-from mok.plan import RefreshPlan
+from mok.formats import Format
+from mok.grouped import read_grouped
+from mok.per_expert import guarded_names, read_split, watched
+from mok.plan import check_cached, plan_directions
+from mok.refresh import RefreshPlan
 from mok.swizzle import ScaleWork
-from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, check_cached, param_list
+from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, param_list
 from te_compat import TECompatError, on_refresh
 
 LayerEntry = tuple[object, ExpertWeights]
@@ -22,15 +23,15 @@ def _plan_entry(i: int, entry: LayerEntry) -> tuple[list[object], list[ScaleWork
     """The weights and the planned work of one ``(weights, cached view)`` entry of a layer."""
     weight, cached = entry
     try:
-        if isinstance(cached, GroupedExpertWeights) and cached.format != "bf16":
+        if isinstance(cached, GroupedExpertWeights) and cached.format is not Format.BF16:
             dims = (cached.num_experts, cached.rows, cached.columns)
-            return [weight], plan_grouped(weight, FORMATS[cached.format], dims, cached)[1]
-        if isinstance(cached, SplitExpertWeights) and cached.format != "bf16":
+            sources = read_grouped(weight, cached.format.block_format, dims)
+            return [weight], plan_directions(sources, cached, "grouped ")[1]
+        if isinstance(cached, SplitExpertWeights) and cached.format is not Format.BF16:
             params = param_list(weight)
             check_cached(cached, SplitExpertWeights, cached.format, (len(params), cached.rows, cached.columns))
-            return list(watched(params, cached.format)), plan_split(
-                params, cached.format, cached.rows, cached.columns, cached
-            )[1]
+            sources = read_split(params, cached.format, cached.rows, cached.columns)
+            return list(watched(params, cached.format)), plan_directions(sources, cached, "")[1]
         raise RefreshError(
             "expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; "
             f"found {type(cached).__name__}"
@@ -84,9 +85,11 @@ class LayerRefresh:
         """The storage the layer's refresh depends on: what its split views of one format read
         (None, read everything: grouped, hybrid or mixed-format layers)."""
         names: list[str] = []
-        formats = {getattr(view, "format", None) for _, view in self.entries}
+        formats = {view.format for _, view in self.entries}
         for _, view in self.entries:
-            own = guarded_names(view) if isinstance(view, SplitExpertWeights) and len(formats) == 1 else None
+            if not isinstance(view, SplitExpertWeights) or len(formats) != 1:
+                return None
+            own = guarded_names(view.format, view.columnwise is not None)
             if own is None:
                 return None
             names += [n for n in own if n not in names]

@@ -1,28 +1,30 @@
-"""The one scale planner: which layout buffers a view exposes and what fills them, and the
-prepared refresh that reruns that work while TE reassigned nothing.
+"""The one planner: which layout buffers a view exposes, what fills them, and the view itself.
 
-Views describe their scales as :class:`ScaleSource` items (TE's buffer, the logical matrices to
-convert, TE's swizzled flag) and call :func:`plan_scales`; none of them plans kernel work itself.
-A :class:`RefreshPlan` owns the prepared launch of a view (or of a layer) and the
-:class:`StorageGuard` it may rerun under.
+The readers of TE (mok.per_expert, mok.grouped) describe each direction of the weights as a
+:class:`DirectionSource` (payload views, the scales as :class:`ScaleSource` items: TE's buffer,
+the logical matrices to convert, TE's swizzled flag; amax) and hand them to :func:`plan_view`,
+which plans the buffers and the work, builds (or refreshes) the view and prepares its launch.
+Nothing else plans kernel work. The path of a first view: the reader, then plan_view, then
+mok.refresh (the guard and the prepared launch), mok.swizzle and the kernel.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
-from operator import is_
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
 from mok.errors import LayoutError, RefreshError
+from mok.formats import Direction, Format
 from mok.layout import Geometry, check_out, empty_layout, layout_shape, logical_view, padded_shape
 from mok.overlap import check_no_overlap
-from mok.swizzle import PreparedWork, ScaleWork
-from te_compat import storage_reader, storage_values
+from mok.swizzle import ScaleWork
+from mok.views import ExpertWeights, SplitExpertWeights, ViewDirection, ptr_table
+
+View = TypeVar("View", bound=ExpertWeights)
 
 
 class ScaleSource(NamedTuple):
@@ -109,152 +111,107 @@ def plan_scales(
     return slots if slots is not None else ScaleSlots(outs, False), work
 
 
-def _same(a: object, b: object) -> bool:
-    """Equal storage values: the same object, or equal plain values (counts, flags, shape lists)."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or type(a) is not type(b):
-        return False
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(map(_same, a, b))
-    return isinstance(a, (int, float, str, type(None))) and a == b
+@dataclass(frozen=True)
+class DirectionSource:
+    """One direction of the weights as read off TE: how TE stores it, its format, the payload
+    views (one per expert, or one over all), the scales to bring into the layout, TE's amax."""
+
+    direction: Direction
+    format: Format
+    data: tuple[torch.Tensor, ...]
+    sources: tuple[ScaleSource, ...]
+    amax: tuple[torch.Tensor, ...] | None
 
 
-class StorageGuard:
-    """What a prepared refresh must see unchanged: the same weight objects, every storage tensor
-    they hold at the same address, every flag the same. TE re-quantising in place keeps all of
-    it; reassigning a buffer or flag, or pointing a tensor at new memory under the same object
-    (TE's own ``clear()``: ``t.data = _empty_tensor()``), does not.
-
-    Host cost is what a checked refresh pays, so the common case (weights of one class) is read
-    in bulk: one C-level ``attrgetter`` of the tensor names per weight, its results fed straight
-    into ``Tensor.data_ptr``, and one of the flags; nothing else per weight.
-    """
-
-    def __init__(self, weights: Sequence[object], names: tuple[str, ...] | None = None) -> None:
-        """``names``: the logical storage names the refresh depends on (default: all of them)."""
-        self.weights = list(weights)
-        self.names = names
-        self._tensor_reader: Callable[[object], tuple[Any, ...]] | None = None
-        self._value_reader: Callable[[object], Any] = _no_values
-        self._one_value = False
-        if len({type(w) for w in self.weights}) == 1 and self._read_in_bulk(names):
-            return
-        # mixed classes (hybrid sub-storages), storage kept on .data only, or a tensor one weight
-        # has where another has None: read name by name, check every tensor found
-        self._tensor_reader = None
-        self.tensors, self.values = self._read_by_name(self.weights)
-        self.addresses = list(map(_data_ptr, self.tensors))
-        self.storages = list(map(torch.Tensor.untyped_storage, self.tensors))
-
-    def _read_in_bulk(self, names: tuple[str, ...] | None) -> bool:
-        """Split the names (per class) into tensors, checked by address, and the rest (flags),
-        checked by identity or value; False where that split does not hold for every weight."""
-        first = self.weights[0]
-        reader = storage_reader(first, names)
-        try:
-            values = reader.read(first)
-        except AttributeError:  # storage kept on .data only
-            return False
-        tensor_names = tuple(n for n, v in zip(reader.names, values, strict=True) if isinstance(v, torch.Tensor))
-        self._tensor_reader = storage_reader(first, tensor_names).read
-        value_reader = storage_reader(first, tuple(n for n in reader.names if n not in tensor_names))
-        self._value_reader = value_reader.read_one or value_reader.read
-        self._one_value = value_reader.read_one is not None
-        try:
-            self.tensors = list(chain.from_iterable(map(self._tensor_reader, self.weights)))
-            self.values = self._bulk_values(self.weights)
-            self.addresses = list(map(_data_ptr, self.tensors))
-        except (AttributeError, TypeError):
-            return False
-        # the memory itself kept alive (TE's clear() swaps a tensor's storage under the same
-        # object): an equal address is then always the old memory, never a reuse of it
-        self.storages = list(map(torch.Tensor.untyped_storage, self.tensors))
-        return not any(issubclass(t, torch.Tensor) for t in set(map(type, self.values)))
-
-    def _bulk_values(self, weights: Sequence[object]) -> list[Any]:
-        if self._one_value:  # the usual case: TE's swizzled flag alone
-            return list(map(self._value_reader, weights))
-        return list(chain.from_iterable(map(self._value_reader, weights)))
-
-    def _read_by_name(self, weights: Sequence[object]) -> tuple[list[torch.Tensor], list[Any]]:
-        """(every tensor, every other value) of ``weights``, read weight by weight."""
-        state = [v for w in weights for v in self._values(w)]
-        return [v for v in state if isinstance(v, torch.Tensor)], [v for v in state if not isinstance(v, torch.Tensor)]
-
-    def _values(self, weight: object) -> tuple[Any, ...]:
-        reader = storage_reader(weight, self.names)
-        try:
-            return reader.read(weight)
-        except AttributeError:
-            return tuple(storage_values(weight, self.names).values())
-
-    def unchanged(self, weights: Sequence[object]) -> bool:
-        """Same weights, every watched tensor at the same address, every flag the same."""
-        if len(weights) != len(self.weights) or not all(map(is_, weights, self.weights)):
-            return False
-        try:
-            tensors: Any
-            if self._tensor_reader is None:
-                tensors, values = self._read_by_name(weights)
-            else:
-                tensors = chain.from_iterable(map(self._tensor_reader, weights))
-                values = self._bulk_values(weights)
-            if list(map(_data_ptr, tensors)) != self.addresses:
-                return False
-        except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
-            return False
-        if len(values) != len(self.values):
-            return False
-        return all(map(is_, values, self.values)) or all(map(_same, values, self.values))
+def _check_not_moved(what: str, old: tuple[torch.Tensor, ...] | None, new: tuple[torch.Tensor, ...]) -> None:
+    """Kernels hold these addresses (pointer tables, captured graphs): a refresh cannot follow a move."""
+    if old is None or len(old) != len(new):
+        raise RefreshError(f"{what}: the cached view has no such data for {len(new)} experts; build a new view")
+    for e, (a, b) in enumerate(zip(old, new, strict=True)):
+        if a.data_ptr() != b.data_ptr():
+            name = what if len(new) == 1 else f"expert {e} {what}"
+            raise RefreshError(
+                f"{name} moved from {hex(a.data_ptr())} to {hex(b.data_ptr())} since the cached view was built; "
+                "its pointer tables would be stale. Build a new view (without cached=)"
+            )
 
 
-_data_ptr = torch.Tensor.data_ptr
+def _cached_direction(cached: ExpertWeights, source: DirectionSource, what: str) -> ScaleSlots:
+    """The cached view's buffers for ``source``'s direction, after checking that no payload or
+    amax it exposes has moved."""
+    name = source.direction.name
+    old = cached.rowwise if name == "rowwise" else cached.columnwise
+    _check_not_moved(f"{what}{name} data", None if old is None else old.data, source.data)
+    assert old is not None
+    if source.amax is not None:
+        _check_not_moved(f"{what}{name} amax", old.amax, source.amax)
+    return ScaleSlots(old.scales or (), old.scales_zero_copy)
 
 
-def _no_values(weight: object) -> tuple[()]:
-    return ()
+def plan_directions(
+    sources: Sequence[DirectionSource], cached: ExpertWeights | None, what: str
+) -> tuple[list[ScaleSlots], list[ScaleWork]]:
+    """Every direction's scale buffers (the cached view's, or new ones) and the work filling them."""
+    all_slots: list[ScaleSlots] = []
+    work: list[ScaleWork] = []
+    for source in sources:
+        old = None if cached is None else _cached_direction(cached, source, what)
+        slots, items = plan_scales(source.sources, old, f"{what}{source.direction.name} scales")
+        all_slots.append(slots)
+        work.extend(items)
+    if cached is not None and len(sources) < 2 and cached.columnwise is not None:
+        raise RefreshError(f"{what}the cached view has columnwise data; the weights no longer do")
+    return all_slots, work
 
 
-class RefreshPlan:
-    """The prepared refresh of one view or one layer: the launch that rewrites its layout
-    buffers, the guard under which it may simply run again, and how often it was planned."""
+def _view_direction(source: DirectionSource, slots: ScaleSlots, tables: bool) -> ViewDirection:
+    if not tables:
+        return ViewDirection(source.format, source.data, None, slots.tensors, None, slots.zero_copy, source.amax)
+    device = source.data[0].device
+    return ViewDirection(
+        source.format,
+        source.data,
+        ptr_table(source.data, device),
+        slots.tensors,
+        ptr_table(slots.tensors, device),
+        slots.zero_copy,
+        source.amax,
+        None if source.amax is None else ptr_table(source.amax, device),
+    )
 
-    def __init__(self) -> None:
-        self.guard: StorageGuard | None = None
-        self.work: PreparedWork | None = None
-        self.key: tuple[Any, ...] = ()
-        self.plans = 0
 
-    def rerun(self, weights: Sequence[object], key: tuple[Any, ...]) -> bool:
-        """Run the prepared work again if ``key`` matches and the guard sees nothing changed."""
-        if self.work is None or self.guard is None or key != self.key or not self.guard.unchanged(weights):
-            return False
-        self.work.run()
-        return True
+def check_cached(cached: object, cls: type[ExpertWeights], fmt: Format, dims: tuple[int, int, int]) -> ExpertWeights:
+    """``cached`` as an earlier view of the same class, format, experts and shape."""
+    if not isinstance(cached, cls):
+        raise RefreshError(f"cached: expected a {cls.__name__} from an earlier call; found {type(cached).__name__}")
+    if cached.format is not fmt:
+        raise RefreshError(f"cached view is a {cached.format} view; asked for {fmt}")
+    got = (cached.num_experts, cached.rows, cached.columns)
+    if got != dims:
+        raise RefreshError(f"cached view was built for (experts, rows, columns) = {got}; asked for {dims}")
+    return cached
 
-    def prepare(
-        self,
-        weights: Sequence[object],
-        key: tuple[Any, ...],
-        work: Sequence[ScaleWork],
-        backend: str | None,
-        names: tuple[str, ...] | None = None,
-    ) -> None:
-        """Bind and run freshly planned ``work``; remember it for reruns under a new guard of
-        ``names`` (see StorageGuard). ``key`` holds what else a rerun must match (shapes, format,
-        backend)."""
-        guard = StorageGuard(weights, names)  # before any write: a guard that cannot read raises first
-        prepared = PreparedWork(work, backend)
-        prepared.run()
-        self.guard, self.work, self.key = guard, prepared, key
-        self.plans += 1
 
-    def run_unchecked(self) -> None:
-        """Run the prepared launch again WITHOUT checking TE's storage (a few microseconds of
-        host time). Only for callers who know TE reassigned no buffer and set no flag since the
-        view was built or last refreshed (TE re-quantising in place); otherwise the result is
-        silently stale. The checked refresh (``cached=``) is the default for that reason."""
-        if self.work is None:
-            raise RefreshError("run_unchecked: nothing prepared yet; build the view (or refresh it) first")
-        self.work.run()
+class ViewRequest(NamedTuple):
+    """What a view is planned for, and what its refresh must find unchanged."""
+
+    dims: tuple[int, int, int]  # experts, rows, columns
+    format: Format
+    weights: Sequence[object]  # what the refresh guard watches
+    key: tuple[Any, ...]  # what else a rerun must match (shapes, format, backend)
+    names: tuple[str, ...] | None  # the storage names the guard reads (None: every one)
+    backend: str | None
+
+
+def plan_view(cls: type[View], request: ViewRequest, sources: Sequence[DirectionSource], cached: View | None) -> View:
+    """The view of ``sources`` (``cached`` refreshed in place, or a new ``cls``), its scales
+    converted, its launch prepared for reruns (per-expert views get pointer tables)."""
+    tables = issubclass(cls, SplitExpertWeights)  # per-expert tensors: kernels find them through tables
+    what = "" if tables else "grouped "
+    slots, work = plan_directions(sources, cached, what)
+    view = cached
+    if view is None:
+        rowwise, *columnwise = (_view_direction(s, slot, tables) for s, slot in zip(sources, slots, strict=True))
+        view = cls(*request.dims, request.format, rowwise, columnwise[0] if columnwise else None)
+    view.refresh_plan.prepare(request.weights, request.key, work, request.backend, request.names)
+    return view

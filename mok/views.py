@@ -1,14 +1,12 @@
-"""Zero-copy views over routed-expert weights, ready for a MoE megakernel: the view types and
-what the grouped (mok.grouped) and per-expert (mok.per_expert) paths share.
+"""The view types of mok and what the grouped (mok.grouped) and per-expert (mok.per_expert)
+paths share: zero-copy payload views and device pointer tables.
 
-Payloads are views of TE's own buffers (same data pointers). Block scales (MXFP8, NVFP4) are
-brought to the tcgen05 layout into buffers this module owns, and refreshed in place
-(``cached=``) so kernels captured in a CUDA graph keep valid addresses. Scales TE already
-swizzled (TE 2.12+) are never converted again: aligned ones are exposed as they are, others copied.
-The planning is mok.plan's; a refresh of weights whose storage TE did not reassign reruns the
-prepared launch after a bulk identity check.
-
-Everything read off a TE object comes through te_compat: this module names no TE attribute.
+A view is a weight's shape and format and one :class:`ViewDirection` per direction TE stores
+(rowwise: scales along the columns, for the forward GEMM; columnwise: along the rows, for the
+backward ones). Payloads are views of TE's own buffers (same data pointers). Block scales
+(MXFP8, NVFP4) are in the tcgen05 layout, in buffers the view owns (or TE's own, when TE wrote
+them swizzled and aligned), refreshed in place (``cached=``) so kernels captured in a CUDA graph
+keep valid addresses. The planning is mok.plan's. This module names no TE attribute.
 """
 
 from __future__ import annotations
@@ -17,88 +15,128 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, methodcaller
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import torch
 
 from mok.checks import check_int, check_sequence, describe
-from mok.errors import ExpertWeightError, RefreshError
-from mok.formats import Direction
-from mok.plan import RefreshPlan, ScaleSlots, ScaleSource, plan_scales
-from mok.swizzle import ScaleWork
+from mok.errors import ExpertWeightError
+from mok.formats import Format
+from mok.refresh import RefreshPlan
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
-class GroupedExpertWeights:
-    """Views over one grouped Parameter of shape ``(E, rows, columns)``.
+class ViewDirection:
+    """One direction of a view: what a kernel reads for one GEMM operand.
+
+    ``data`` holds the payload views: one per expert (split views) or one ``[E, ...]`` tensor
+    (grouped views); ``scales`` the layout buffer of each (``[E*Rp/128, Cp/4, 32, 16]`` uint8);
+    ``amax`` TE's amax tensors (NVFP4). The ``*_ptrs`` are int64 device pointer tables of those
+    (split views; None for grouped ones). ``scales_zero_copy``: the scales are TE's own
+    swizzled buffers, so a refresh has nothing to convert.
+    """
+
+    format: Format  # BF16, MXFP8 or NVFP4: how this direction is stored
+    data: tuple[torch.Tensor, ...]
+    data_ptrs: torch.Tensor | None = None
+    scales: tuple[torch.Tensor, ...] | None = None
+    scale_ptrs: torch.Tensor | None = None
+    scales_zero_copy: bool = False
+    amax: tuple[torch.Tensor, ...] | None = None
+    amax_ptrs: torch.Tensor | None = None
+
+
+class _Flat(Generic[T]):
+    """A read-only flat name of a view (``row_scales``, ``col_data_ptrs``, ...): the field of one
+    of its directions (the first item, with ``first``, for grouped views' single tensors)."""
+
+    def __init__(self, direction: str, name: str, first: bool = False) -> None:
+        self.direction, self.name, self.first = direction, name, first
+
+    @overload
+    def __get__(self, view: None, owner: type) -> _Flat[T]: ...
+
+    @overload
+    def __get__(self, view: object, owner: type) -> T: ...
+
+    def __get__(self, view: object, owner: type) -> Any:
+        if view is None:
+            return self
+        direction = getattr(view, self.direction)
+        value = None if direction is None else getattr(direction, self.name)
+        return value[0] if self.first and value is not None else value
+
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertWeights:
+    """What both view types are: ``num_experts`` weights ``(rows, columns)`` of ``format`` and
+    their directions (``columnwise`` None where TE keeps none). ``refresh_plan`` reruns the
+    conversion of the scales while TE reassigns nothing (``cached=``)."""
+
+    num_experts: int
+    rows: int
+    columns: int
+    format: Format
+    rowwise: ViewDirection
+    columnwise: ViewDirection | None = None
+    refresh_plan: RefreshPlan = field(default_factory=RefreshPlan, repr=False)
+
+    @property
+    def use_mxfp8(self) -> bool:
+        return self.format is Format.MXFP8
+
+    @property
+    def directions(self) -> tuple[ViewDirection, ...]:
+        return (self.rowwise,) if self.columnwise is None else (self.rowwise, self.columnwise)
+
+    row_scales_zero_copy = _Flat[bool]("rowwise", "scales_zero_copy")
+    col_scales_zero_copy = _Flat[bool | None]("columnwise", "scales_zero_copy")
+
+
+@dataclass(frozen=True, eq=False)
+class GroupedExpertWeights(ExpertWeights):
+    """Views over one grouped Parameter of shape ``(E, rows, columns)``: each direction's data,
+    scales and amax are one tensor over every expert.
 
     ``row_scales`` is the layout of the rowwise scales ``[E*Rp/128, Cp/4, 32, 16]`` with
     ``Rp = roundup(rows, 128)``, ``Cp = roundup(columns/block, 4)``; ``col_scales`` the layout of
-    the ``[columns, rows/block]`` columnwise scales. BF16 views have only ``row_data``. NVFP4
-    payloads are packed uint8 (columnwise: TE's transposed ``[E, columns, rows/2]``) and
-    ``row_amax``/``col_amax`` are TE's per-expert amax tensors.
+    the ``[columns, rows/block]`` columnwise scales. NVFP4 payloads are packed uint8
+    (columnwise: TE's transposed ``[E, columns, rows/2]``).
     """
 
-    num_experts: int
-    rows: int
-    columns: int
-    use_mxfp8: bool
-    row_data: torch.Tensor
-    row_scales: torch.Tensor | None = None
-    col_data: torch.Tensor | None = None
-    col_scales: torch.Tensor | None = None
-    row_scales_zero_copy: bool = False  # row_scales is TE's own swizzled buffer
-    col_scales_zero_copy: bool = False
-    format: str = "mxfp8"
-    row_amax: torch.Tensor | None = None
-    col_amax: torch.Tensor | None = None
-    refresh_plan: RefreshPlan = field(default_factory=RefreshPlan, repr=False)
+    row_data = _Flat[torch.Tensor]("rowwise", "data", first=True)
+    row_scales = _Flat[torch.Tensor | None]("rowwise", "scales", first=True)
+    row_amax = _Flat[torch.Tensor | None]("rowwise", "amax", first=True)
+    col_data = _Flat[torch.Tensor | None]("columnwise", "data", first=True)
+    col_scales = _Flat[torch.Tensor | None]("columnwise", "scales", first=True)
+    col_amax = _Flat[torch.Tensor | None]("columnwise", "amax", first=True)
 
 
 @dataclass(frozen=True, eq=False)
-class SplitExpertWeights:
-    """Views over one Parameter per expert, with device pointer tables for a kernel.
+class SplitExpertWeights(ExpertWeights):
+    """Views over one Parameter per expert, with device pointer tables for a kernel: each
+    direction's data, scales and amax are one tensor per expert, with an int64 table of their
+    addresses on the weights' device. For hybrid weights each direction has its own format."""
 
-    ``*_ptrs`` are int64 tensors on the weights' device holding each expert's address;
-    ``row_scales[e]``/``col_scales[e]`` are each expert's scales in the layout.
-    """
-
-    num_experts: int
-    rows: int
-    columns: int
-    use_mxfp8: bool
-    row_data: tuple[torch.Tensor, ...]
-    row_data_ptrs: torch.Tensor
-    row_scales: tuple[torch.Tensor, ...] | None = None
-    row_scale_ptrs: torch.Tensor | None = None
-    col_data: tuple[torch.Tensor, ...] | None = None
-    col_data_ptrs: torch.Tensor | None = None
-    col_scales: tuple[torch.Tensor, ...] | None = None
-    col_scale_ptrs: torch.Tensor | None = None
-    row_scales_zero_copy: bool = False
-    col_scales_zero_copy: bool = False
-    format: str = "mxfp8"
-    row_amax: tuple[torch.Tensor, ...] | None = None
-    row_amax_ptrs: torch.Tensor | None = None
-    col_amax: tuple[torch.Tensor, ...] | None = None
-    col_amax_ptrs: torch.Tensor | None = None
-    row_format: str | None = None  # each direction's own format (they differ only for "hybrid")
-    col_format: str | None = None
-    refresh_plan: RefreshPlan = field(default_factory=RefreshPlan, repr=False)
-
-
-ExpertWeights = GroupedExpertWeights | SplitExpertWeights
-
-
-@dataclass(frozen=True)
-class Side:
-    """One direction of a view as read off TE: payload views, scale sources, amax tensors."""
-
-    direction: Direction
-    format: str  # the format this direction is stored in
-    data: tuple[torch.Tensor, ...]
-    sources: tuple[ScaleSource, ...]
-    amax: tuple[torch.Tensor, ...] | None
+    row_data = _Flat[Tensors]("rowwise", "data")
+    row_data_ptrs = _Flat[torch.Tensor]("rowwise", "data_ptrs")
+    row_scales = _Flat[Tensors | None]("rowwise", "scales")
+    row_scale_ptrs = _Flat[torch.Tensor | None]("rowwise", "scale_ptrs")
+    row_amax = _Flat[Tensors | None]("rowwise", "amax")
+    row_amax_ptrs = _Flat[torch.Tensor | None]("rowwise", "amax_ptrs")
+    row_format = _Flat[Format]("rowwise", "format")
+    col_data = _Flat[Tensors | None]("columnwise", "data")
+    col_data_ptrs = _Flat[torch.Tensor | None]("columnwise", "data_ptrs")
+    col_scales = _Flat[Tensors | None]("columnwise", "scales")
+    col_scale_ptrs = _Flat[torch.Tensor | None]("columnwise", "scale_ptrs")
+    col_amax = _Flat[Tensors | None]("columnwise", "amax")
+    col_amax_ptrs = _Flat[torch.Tensor | None]("columnwise", "amax_ptrs")
+    col_format = _Flat[Format | None]("columnwise", "format")
 
 
 def _view_shape(shape: object) -> tuple[int, ...]:
@@ -171,68 +209,9 @@ def storage_views(
     return tuple(views)
 
 
-def _moved(name: str, old: torch.Tensor | None, new: torch.Tensor | None) -> str:
-    def addr(t: torch.Tensor | None) -> str:
-        return "none" if t is None else hex(t.data_ptr())
-
-    return (
-        f"{name} moved from {addr(old)} to {addr(new)} since the cached view was built; its pointer "
-        "tables would be stale. Build a new view (without cached=)"
-    )
-
-
-def _check_not_moved(what: str, old: tuple[torch.Tensor, ...] | None, new: tuple[torch.Tensor, ...]) -> None:
-    if old is None or len(old) != len(new):
-        raise RefreshError(f"{what}: the cached view has no such data for {len(new)} experts; build a new view")
-    for e, (a, b) in enumerate(zip(old, new, strict=True)):
-        if a.data_ptr() != b.data_ptr():
-            raise RefreshError(_moved(f"{what}" if len(new) == 1 else f"expert {e} {what}", a, b))
-
-
 def ptr_table(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The int64 device pointer table of ``tensors`` (one address each), on ``device``."""
     return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
-
-
-def check_cached(cached: object, cls: type, fmt: str, dims: tuple[int, int, int]) -> None:
-    if not isinstance(cached, cls):
-        raise RefreshError(f"cached: expected a {cls.__name__} from an earlier call; found {type(cached).__name__}")
-    if cached.format != fmt:  # type: ignore[attr-defined]
-        raise RefreshError(f"cached view is a {cached.format} view; asked for {fmt}")  # type: ignore[attr-defined]
-    got = (cached.num_experts, cached.rows, cached.columns)  # type: ignore[attr-defined]
-    if got != dims:
-        raise RefreshError(f"cached view was built for (experts, rows, columns) = {got}; asked for {dims}")
-
-
-def _as_tuple(value: torch.Tensor | tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:
-    return (value,) if isinstance(value, torch.Tensor) else value
-
-
-def plan_sides(
-    sides: Sequence[Side], cached: ExpertWeights | None, what: str
-) -> tuple[list[ScaleSlots], list[ScaleWork]]:
-    """Plan every side's scales into the cached view's buffers (or new ones), after checking
-    that no payload a cached view exposes has moved. The one place views plan kernel work."""
-    all_slots: list[ScaleSlots] = []
-    work: list[ScaleWork] = []
-    for side in sides:
-        prefix = "row" if side.direction.name == "rowwise" else "col"
-        old = None
-        if cached is not None:
-            _check_not_moved(
-                f"{what}{side.direction.name} data", _as_tuple(getattr(cached, f"{prefix}_data")), side.data
-            )
-            if side.amax is not None:  # kernels hold these addresses too (pointer tables)
-                _check_not_moved(
-                    f"{what}{side.direction.name} amax", _as_tuple(getattr(cached, f"{prefix}_amax")), side.amax
-                )
-            tensors = _as_tuple(getattr(cached, f"{prefix}_scales"))
-            old = ScaleSlots(tensors or (), getattr(cached, f"{prefix}_scales_zero_copy"))
-        slots, items = plan_scales(side.sources, old, f"{what}{side.direction.name} scales")
-        all_slots.append(slots)
-        work.extend(items)
-    if cached is not None and len(sides) < 2 and cached.col_data is not None:
-        raise RefreshError(f"{what}the cached view has columnwise data; the weights no longer do")
-    return all_slots, work
 
 
 def check_sizes(**values: object) -> tuple[int, ...]:

@@ -578,19 +578,20 @@ def _need(value: R | None, what: str) -> R:
 
 
 def _split_fast(view: SplitExpertWeights) -> SplitRoutedWeight:
-    row_scales = _need(view.row_scales, "rowwise scales")
-    col_data = _need(view.col_data, "columnwise data")
-    col_scales = _need(view.col_scales, "columnwise scales")
+    row, col = view.rowwise, view.columnwise
+    if col is None:
+        raise ExpertWeightError("split weights: the view needs columnwise data; the experts hold none")
+    row_scales, col_scales = _need(row.scales, "rowwise scales"), _need(col.scales, "columnwise scales")
     return SplitRoutedWeight(
-        data=view.row_data[0],
-        storage_table=view.row_data_ptrs,
+        data=row.data[0],
+        storage_table=_need(row.data_ptrs, "rowwise data pointers"),
         scale=row_scales[0],
-        scale_storage_table=_need(view.row_scale_ptrs, "rowwise scale pointers"),
+        scale_storage_table=_need(row.scale_ptrs, "rowwise scale pointers"),
         scale_tensors=row_scales,
-        transposed_data=col_data[0],
+        transposed_data=col.data[0],
         transposed_scale=col_scales[0],
-        transposed_storage_table=_need(view.col_data_ptrs, "columnwise data pointers"),
-        transposed_scale_storage_table=_need(view.col_scale_ptrs, "columnwise scale pointers"),
+        transposed_storage_table=_need(col.data_ptrs, "columnwise data pointers"),
+        transposed_scale_storage_table=_need(col.scale_ptrs, "columnwise scale pointers"),
         transposed_scale_tensors=col_scales,
         native_columnwise=True,
         expert_view=view,

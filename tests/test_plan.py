@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 import mok
 from mok import ExpertWeightError, RefreshError, grouped_weight_view, split_weight_view
-from mok import views as mok_views
+from mok import plan as mok_plan
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 from tests.standins import make_standin
@@ -25,15 +26,15 @@ PR, PC = 160, 96  # padded: 160 rows, 96/16 = 6 NVFP4 scale columns
 
 @pytest.fixture
 def planned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of every scale set the views plan (all planning goes through views.plan_scales)."""
+    """Names of every scale set the views plan (all planning goes through plan.plan_scales)."""
     calls: list[str] = []
-    real = mok_views.plan_scales
+    real = mok_plan.plan_scales
 
     def counting(*args: Any) -> Any:
         calls.append(args[2])
         return real(*args)
 
-    monkeypatch.setattr(mok_views, "plan_scales", counting)
+    monkeypatch.setattr(mok_plan, "plan_scales", counting)
     return calls
 
 
@@ -305,7 +306,7 @@ def test_cached_buffers_over_te_scales_are_refused(installed_te: Installer) -> N
         match = rf"rowwise scales: cached buffers\[1\] overlaps inputs\[{owner}\]"
         te_buffer = ps[owner]._rowwise_scale_inv
         scales = (v.row_scales[0], te_buffer.view(1, 2, 32, 16))
-        bad = mok.SplitExpertWeights(2, R, C, True, v.row_data, v.row_data_ptrs, scales)
+        bad = replace(v, rowwise=replace(v.rowwise, scales=scales), refresh_plan=mok.RefreshPlan())
         before = te_buffer.clone()
         with pytest.raises(mok.LayoutError, match=match):
             split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=bad)
@@ -391,7 +392,7 @@ def test_run_unchecked_reruns_without_reading_te(installed_te: Installer, monkey
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     ps[0]._rowwise_scale_inv.random_(0, 255)
-    monkeypatch.setattr(mok.plan.StorageGuard, "unchanged", lambda *a: pytest.fail("the unchecked run read TE"))
+    monkeypatch.setattr(mok.refresh.StorageGuard, "unchanged", lambda *a: pytest.fail("the unchecked run read TE"))
     v.refresh_plan.run_unchecked()
     assert torch.equal(v.row_scales[0], spec_layout(ps[0]._rowwise_scale_inv[:R, : C // 32]))
     with pytest.raises(RefreshError, match="nothing prepared yet"):
@@ -444,7 +445,7 @@ def test_the_guard_catches_each_change_whatever_it_reads(
         ws[0]._columnwise_scale_inv = None
     elif layout == "two classes":
         ws[2] = _nvfp4_params("2.20.2", R, C, 1)[0]
-    guard = mok.plan.StorageGuard(ws, None if layout == "two classes" else mok.formats.MXFP8.storage_names)
+    guard = mok.refresh.StorageGuard(ws, None if layout == "two classes" else mok.formats.MXFP8.storage_names)
     assert guard.unchanged(list(ws))
     target = ws[1]
     if change == "memory under the same object":

@@ -211,15 +211,15 @@ def test_split_refresh_keeps_addresses_and_picks_up_values(installed_te: Install
 
 def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
     installed_te("2.20.2")
-    from mok import views
+    from mok import plan
 
     ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(3)]
     g = T.grouped_tensor("2.20.2", 2, 256, 128, mxfp8=True)
     sv = split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
     gv = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True)
     planned: list[str] = []
-    real_plan = views.plan_scales
-    monkeypatch.setattr(views, "plan_scales", lambda *a: (planned.append(a[2].split()[0]), real_plan(*a))[1])
+    real_plan = plan.plan_scales
+    monkeypatch.setattr(plan, "plan_scales", lambda *a: (planned.append(a[2].split()[0]), real_plan(*a))[1])
     for p in ps:
         p._rowwise_scale_inv.random_(0, 255)  # new values in the same buffers
     g.scale_inv.random_(0, 255)
