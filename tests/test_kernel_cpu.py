@@ -20,11 +20,8 @@ from tests.spec_oracle import spec_layout
 SOURCE = Path(launcher.__file__).with_name("mxfp8_swizzle.cu")
 
 
-# every variant's default build, the default variant's rowwise launch shape, the bulk variant at 128
-CONFIGS = [launcher.make_config(v) for v in launcher.VARIANTS] + [
-    launcher.make_config("default", *launcher.ROWWISE_SHAPE),
-    launcher.make_config("bulk", threads=128),
-]
+# both shapes the launcher picks per launch
+CONFIGS = [launcher.make_config("default"), launcher.make_config("default", *launcher.ROWWISE_SHAPE)]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
@@ -47,14 +44,14 @@ def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, config: launch
     )
     report = done.stderr
     assert "0 bytes spill stores" in report and "0 bytes stack frame" in report, report
-    blocks = launcher.BULK_BLOCKS if config.bulk else 1024 // config.threads  # __launch_bounds__
+    blocks = 1280 // config.threads  # __launch_bounds__(THREADS, MIN_BLOCKS)
     used = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
     assert used and max(used) * config.threads * blocks <= 65536, report  # that many blocks an SM
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
-@pytest.mark.parametrize(("variant", "threads"), [("default", 128), ("default", 256), ("bulk", 128)])
-def test_emulated_kernel_matches_the_reference(variant: str, threads: int) -> None:
+@pytest.mark.parametrize("threads", [128, 256])
+def test_emulated_kernel_matches_the_reference(threads: int) -> None:
     """The CPU emulator (mok.kernels.emulate; the full run covers more cases and grids)."""
     from mok.kernels import emulate
 
@@ -67,7 +64,7 @@ def test_emulated_kernel_matches_the_reference(variant: str, threads: int) -> No
     )
     for name in names:
         for grid in (0, 3):
-            emulate.check(name, cases[name], threads, grid, variant)
+            emulate.check(name, cases[name], threads, grid, "default")
 
 
 def _ptr_tensor(shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0) -> torch.Tensor:
@@ -215,8 +212,7 @@ def test_slab_units_are_aligned_rows_wider_than_a_part_whose_slab_fits(
         assert not flags & launcher.FLAG_PARTS
     elif vec >= 4 and -(-cols // 4) <= SLAB_CONFIG.part_tiles:
         assert flags & launcher.FLAG_PARTS  # narrow rows go by parts instead
-    for other in (launcher.make_config("default"), launcher.make_config("bulk")):
-        assert not job.row(0, other)[8] & launcher.FLAG_SLAB  # 128 threads; the bulk kernel's own plan
+    assert not job.row(0, launcher.make_config("default"))[8] & launcher.FLAG_SLAB  # 128 threads: no slab units
 
 
 @pytest.mark.parametrize(
@@ -224,7 +220,7 @@ def test_slab_units_are_aligned_rows_wider_than_a_part_whose_slab_fits(
     [
         ("default", 16, 192, "block size: threads=192"),
         ("default", 24, 100, "block size: threads=100"),
-        ("bulk", None, 512, "block size: threads=512"),  # the bulk build compiles the default kernel too
+        ("default", None, 512, "block size: threads=512"),
         ("default", 16, 256, "shape: tiles_per_unit=16, threads=256"),
     ],
 )
@@ -257,16 +253,14 @@ def test_same_shaped_experts_merge_into_one_indirect_job() -> None:
 
 
 def test_per_expert_copies_of_one_size_merge_into_one_indirect_job() -> None:
-    # each expert's already-swizzled buffer: one pointer-table copy job (default kernel), so a unit
-    # finds its copy without searching the experts' jobs; the bulk kernel keeps one job each
+    # each expert's already-swizzled buffer: one pointer-table copy job, so a unit finds its copy
+    # without searching the experts' jobs
     copies = [launcher.Job(64 * e, 128 * e, 0, 0, 0, 40000, 0, 1, launcher.MODE_COPY, 16) for e in range(1, 4)]
     other = launcher.Job(7, 9, 0, 0, 0, 100, 0, 1, launcher.MODE_COPY, 1)
     rows, arrays, total = launcher._merge([*copies, other], launcher.KernelConfig("default"))
     assert len(rows) == 2 and rows[0][7] == 3 and rows[0][8] == launcher.MODE_COPY | 16 << 8 | launcher.FLAG_INDIRECT
     assert arrays == [[64, 128, 192, 128, 256, 384]]
     assert rows[1][9] == 9 and total == 10  # 40000 bytes are 3 chunks of 16384 an expert; 100 bytes 1
-    rows, arrays, total = launcher._merge([*copies, other], launcher.make_config("bulk"))
-    assert len(rows) == 4 and not arrays and total == 10
 
 
 def test_configure_keeps_the_shape_set_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -288,7 +282,7 @@ def test_configure_keeps_the_shape_set_by_the_environment(monkeypatch: pytest.Mo
 
 def test_launches_with_rowwise_jobs_take_the_rowwise_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no shape configured, a launch's shape follows its jobs (the H200 benchmark's fastest
-    for each); a configured shape, or another variant, holds for every launch."""
+    for each); a configured shape holds for every launch."""
     rows = launcher.Job(0, 0, 224, 1, 0, 2048, 224, 4, launcher.MODE_ROWS, 16)
     cols = rows._replace(rs=1, cs=2048, mode=launcher.MODE_COLS)
     gather = rows._replace(rs=448, cs=2, mode=launcher.MODE_GATHER, vec=1)
@@ -309,8 +303,6 @@ def test_launches_with_rowwise_jobs_take_the_rowwise_shape(monkeypatch: pytest.M
         assert shape([copy, copy]) == shape([group]) == (16, 128)  # columnwise jobs and copies alone
         launcher.configure(tiles_per_unit=16, threads=128)
         assert shape([rows]) == (16, 128)
-        launcher.configure(variant="bulk")
-        assert launcher.config_for([rows]).bulk
         monkeypatch.setenv(launcher.SHAPE_ENV, "32,256")
         launcher.configure()
         assert shape([rows, cols]) == (32, 256)

@@ -1,18 +1,16 @@
-"""Run every kernel variant on the CPU and compare it byte for byte with the torch reference.
+"""Run the kernel on the CPU and compare it byte for byte with the torch reference.
 
-    python -m mok.kernels.emulate [--variants default bulk] [--threads 128] [--grids 1 0]
+    python -m mok.kernels.emulate [--threads 128] [--grids 1 0]
 
-Builds mxfp8_swizzle.cu with emulator.h (g++ -std=c++20; one std::thread per CUDA thread, the
-copy engine, mbarriers and cp.async modelled with their alignment and completion rules; every
-access checked for alignment, every read of a source tensor (loads, cp.async, bulk copies) for
-staying inside the launch's source tensors; the descriptor tables are not checked) under each
-variant's macros and runs the same job tables the launcher uploads: rowwise 16/4/1-byte rows,
-padded slabs, wide rows (one copy per row), columnwise views, gather, copies, per-expert pointer
-tables (conversions and copies) and mixed layers. It checks the planning, addressing, staging
-and pipeline logic without a GPU; it says nothing about speed, and a hardware rule the model
-lacks can still fail on the device (tests/gpu is the judge). Grid 0 is one block per unit (the
-default kernel's launch, and the persistent bulk grid of a device with at least as many block
-slots as there are units).
+Builds mxfp8_swizzle.cu with emulator.h (g++ -std=c++20; one std::thread per CUDA thread,
+cp.async modelled with its alignment and completion rules; every access checked for alignment,
+every read of a source tensor (loads, cp.async) for staying inside the launch's source tensors;
+the descriptor tables are not checked) under a configuration's macros and runs the same job
+tables the launcher uploads: rowwise 16/4/1-byte rows, padded slabs, wide rows, columnwise views,
+gather, copies, per-expert pointer tables (conversions and copies) and mixed layers. It checks the
+planning, addressing and staging logic without a GPU; it says nothing about speed, and a hardware
+rule the model lacks can still fail on the device (tests/gpu is the judge). Grid 0 is one block
+per unit (the launcher's grid).
 """
 
 from __future__ import annotations
@@ -119,7 +117,7 @@ def _per_expert(e: int, m: int, k: int) -> Callable[[torch.Generator], list[tupl
 
 def _odd(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
     base = torch.randint(0, 256, (3 * 200 * 13 + 1,), dtype=torch.uint8, generator=g)
-    wide = torch.randint(0, 256, (2, 300, 1040), dtype=torch.uint8, generator=g)  # rows of 1040: per-row copies
+    wide = torch.randint(0, 256, (2, 300, 1040), dtype=torch.uint8, generator=g)  # rows too wide for a slab
     wide_pad = torch.randint(0, 256, (1, 130, 1000), dtype=torch.uint8, generator=g)  # 1000 % 16 != 0, too wide
     src = torch.randint(0, 256, (3 * 16384 + 37,), dtype=torch.uint8, generator=g)
     return [
@@ -169,9 +167,9 @@ def _mixed(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
 def _expert_copies(
     misaligned: bool, device: str = "cpu"
 ) -> Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]]:
-    """Already-swizzled per-expert buffers of one size (one pointer-table copy job under the
-    default kernel), 16-byte aligned, or with one source one byte off (the job copies bytewise);
-    on ``device`` (tests/gpu runs the same case)."""
+    """Already-swizzled per-expert buffers of one size (one pointer-table copy job), 16-byte
+    aligned, or with one source one byte off (the job copies bytewise); on ``device`` (tests/gpu
+    runs the same case)."""
 
     def make(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
         size = 2 * 16384 + 1000  # three chunks an expert, the last partial
@@ -224,20 +222,17 @@ def check(
             )
 
 
-def _threads(variant: str) -> list[int]:
-    """Block sizes to emulate: the launcher's default first (for the default variant, both shapes
-    it picks per launch), then another valid one."""
-    return [256, 128] if variant.startswith("bulk") else [128, 256, 64]
+THREADS = [128, 256, 64]  # both launch shapes the launcher picks, then another valid block size
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, nargs="*", help="block sizes (default: two per variant)")
+    parser.add_argument("--threads", type=int, nargs="*", help="block sizes (default: 128 256 64)")
     parser.add_argument("--grids", type=int, nargs="*", default=[1, 3, 7, 0], help="0: one block per unit")
     parser.add_argument("--variants", nargs="*", default=list(launcher.VARIANTS))
     args = parser.parse_args()
     for variant in args.variants:
-        for threads in args.threads or _threads(variant):
+        for threads in args.threads or THREADS:
             for grid in args.grids:
                 for name, make in CASES:
                     check(name, make, threads, grid, variant)

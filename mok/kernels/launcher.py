@@ -33,41 +33,28 @@ TILES_PER_UNIT = 16  # 64 scale columns per unit: fastest of the H200 sweep (ben
 ROWWISE_SHAPE = (32, 256)
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS" fixes one shape for every launch (benchmarks, tests)
 VARIANT_ENV = "MOK_KERNEL_VARIANT"  # one of VARIANTS
-# bulk: Hopper bulk copies into double-buffered shared stages, persistent blocks (sm_90+; else default).
-# bulk-fine: the same kernel with smaller units for aligned rows and columns (better balance
-# across blocks when a launch has few slabs; more, smaller copies).
-VARIANTS = ("default", "bulk", "bulk-fine")
+VARIANTS = ("default",)
 # Default kernel, 256-thread builds (ROWWISE_SHAPE): shared bytes a slab unit stages (Job._slab):
 # a slab fits where 15 + 127 * row stride + C rounded up to 16 <= 30720 (TE's unpadded rows: up to
 # 236 bytes, K <= 7552), and still 5 blocks an SM, as many as the registers allow.
 SLAB_BYTES = 30720
-FINE_TILES = 16  # bulk-fine: most 4-column tiles per unit of a staged aligned job
-BULK_MIN_ARCH = (9, 0)
-STAGE_BYTES = 32768  # bulk: one shared stage (two per block); a rowwise slab of up to 255 bytes a row
-BULK_BLOCKS = 3  # bulk: blocks per SM that the kernel's register bound is compiled for
 COPY_CHUNK = 16384
 MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
 FLAG_INDIRECT = 1 << 16  # src/dst of the job are device arrays of per-expert addresses
 FLAG_JOIN_LAST = 1 << 17  # default kernel: the job's one-tile last chunk joins the chunk before
 FLAG_PARTS = 1 << 18  # default kernel: a job converted by parts (Job._width)
 FLAG_SLAB = 1 << 19  # default kernel: a rowwise job converted a whole slab a unit (Job._slab)
-STAGE_NONE, STAGE_SLAB, STAGE_ROWSEG, STAGE_COLSEG = 0, 1, 2, 3  # bulk: how a job's units are staged
-COL_PITCH = 144  # bulk: shared bytes per staged column (mxfp8_swizzle.cu)
 MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
 _TABLE_CACHE_SIZE = 256
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """What one compiled kernel is: variant, block size, and (default variant) unit width."""
+    """What one compiled kernel is: variant, block size and unit width."""
 
     variant: str = "default"
     tiles_per_unit: int = 16
     threads: int = 128
-
-    @property
-    def bulk(self) -> bool:
-        return self.variant.startswith("bulk")
 
     @property
     def parts(self) -> int:
@@ -86,17 +73,10 @@ class KernelConfig:
         """Default kernel: shared bytes a slab unit may stage (0: no slab units in this build).
         Only 256-thread builds have them: at 30 KB a block, ten 128-thread blocks would not fit
         an SM's shared memory."""
-        return SLAB_BYTES if self.variant == "default" and self.parts > 1 else 0
-
-    @property
-    def shared_bytes(self) -> int:
-        """Dynamic shared memory per block."""
-        return 2 * STAGE_BYTES if self.bulk else 0
+        return SLAB_BYTES if self.parts > 1 else 0
 
     def macros(self) -> list[tuple[str, str]]:
         found = [("TILES_PER_UNIT", str(self.tiles_per_unit)), ("THREADS", str(self.threads))]
-        if self.bulk:
-            found += [("MOK_BULK", "1"), ("STAGE_BYTES", str(STAGE_BYTES)), ("BULK_BLOCKS", str(BULK_BLOCKS))]
         if self.slab_bytes:
             found.append(("SLAB_BYTES", str(self.slab_bytes)))
         return found
@@ -108,13 +88,10 @@ def make_config(
     """A checked :class:`KernelConfig`; None picks the variant's default."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}; expected one of {', '.join(VARIANTS)}")
-    bulk = variant.startswith("bulk")
-    threads = threads or (256 if bulk else 128)
-    # the default kernel's parts are 128 threads, at most two a block (the bulk build compiles it too)
+    threads = threads or 128
+    # the kernel's parts are 128 threads, at most two a block
     if threads % 32 or not (64 <= threads <= 128 or threads == 256):
         raise ValueError(f"unsupported kernel block size: threads={threads} (64, 96, 128 or 256)")
-    if bulk:
-        return KernelConfig(variant, threads // 8, threads)  # tiles: the pre-sm_90 fallback's unit
     tiles = tiles_per_unit or max(16, threads // 8)
     if (128 * tiles // 4) % (threads * 4):
         raise ValueError(
@@ -140,7 +117,7 @@ def _configs(variant: str, tiles: int | None, threads: int | None) -> tuple[Kern
     """(the configuration of launches of columnwise jobs and copies alone, and of the others where
     they differ: the default variant with no shape given)."""
     config = make_config(variant, tiles, threads)
-    fixed = tiles is not None or threads is not None or config.bulk
+    fixed = tiles is not None or threads is not None
     return config, None if fixed else make_config(variant, *ROWWISE_SHAPE)
 
 
@@ -148,7 +125,7 @@ _lock = threading.Lock()
 _shapes = _configs(os.environ.get(VARIANT_ENV) or "default", *_env_shape())
 _config = _shapes[0]
 TILES_PER_UNIT, THREADS = _config.tiles_per_unit, _config.threads
-_kernels: dict[tuple[int, KernelConfig], tuple[Any, int, KernelConfig]] = {}
+_kernels: dict[tuple[int, KernelConfig], Any] = {}
 _tables: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, int, int]] = OrderedDict()
 _streams: dict[int, Any] = {}
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch have it
@@ -200,28 +177,9 @@ def compile_kernel(arch: str, config: KernelConfig | None = None) -> Any:
     return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
 
 
-def _allow_shared(kernel: Any, nbytes: int, index: int) -> None:
-    """Let ``kernel`` use ``nbytes`` of dynamic shared memory (over 48 KB needs the opt-in)."""
-    from cuda.bindings import driver
-
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    handle = kernel.handle
-    if isinstance(handle, driver.CUkernel):
-        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, driver.CUdevice(index))
-    else:
-        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise LayoutError(f"the bulk kernel needs {nbytes} bytes of shared memory per block; the driver said {err}")
-
-
-def _effective(config: KernelConfig, capability: tuple[int, int]) -> KernelConfig:
-    """The bulk variant needs sm_90; older devices run the default kernel."""
-    return config if not config.bulk or capability >= BULK_MIN_ARCH else make_config()
-
-
-def _kernel(device: torch.device, config: KernelConfig | None = None) -> tuple[Any, int, KernelConfig]:
-    """(compiled kernel, grid limit, its config) for ``device`` under ``config`` (the current
-    configuration by default); compiled once per device and configuration, thread-safe."""
+def _kernel(device: torch.device, config: KernelConfig | None = None) -> Any:
+    """The compiled kernel for ``device`` under ``config`` (the current configuration by
+    default); compiled once per device and configuration, thread-safe."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, config or _config)
     hit = _kernels.get(key)
@@ -232,39 +190,10 @@ def _kernel(device: torch.device, config: KernelConfig | None = None) -> tuple[A
         if hit is None:
             from cuda.core import Device
 
-            capability = torch.cuda.get_device_capability(index)
-            config = _effective(key[1], capability)
+            major, minor = torch.cuda.get_device_capability(index)
             Device(index).set_current()
-            kernel = compile_kernel(f"sm_{capability[0]}{capability[1]}", config).get_kernel(KERNEL_NAME)
-            grid = MAX_GRID
-            if config.bulk:  # persistent: every block resident at once
-                _allow_shared(kernel, config.shared_bytes, index)
-                per_sm = kernel.occupancy.max_active_blocks_per_multiprocessor(config.threads, config.shared_bytes)
-                grid = max(1, per_sm) * torch.cuda.get_device_properties(index).multi_processor_count
-            hit = _kernels[key] = (kernel, grid, config)
+            hit = _kernels[key] = compile_kernel(f"sm_{major}{minor}", key[1]).get_kernel(KERNEL_NAME)
     return hit
-
-
-def _bulk_plan(job: Job, fine: bool = False) -> tuple[int, int]:
-    """(staging kind, 4-column tiles per unit) of ``job`` under the bulk kernel (mxfp8_swizzle.cu);
-    ``fine``: aligned jobs in units of at most FINE_TILES tiles (the bulk-fine variant)."""
-    tiles = job.tiles
-    aligned_rows = job.mode == MODE_ROWS and job.vec == 16
-    if job.mode == MODE_ROWS and 127 * job.rs + job.cols + 15 <= STAGE_BYTES and not (fine and aligned_rows):
-        return STAGE_SLAB, tiles  # a whole 128-row slab is one contiguous range
-    if aligned_rows:  # one copy per row; units of whole 16-byte words
-        most = ((STAGE_BYTES // 128 // 16 - 1) | 1) * 4  # an odd number of 16-byte words a row
-        return STAGE_ROWSEG, _balanced(tiles, FINE_TILES if fine else most, 4)
-    if job.mode == MODE_COLS and job.vec == 16:
-        most = STAGE_BYTES // (4 * COL_PITCH)
-        return STAGE_COLSEG, _balanced(tiles, FINE_TILES if fine else most, 1)
-    return STAGE_NONE, min(tiles, 32)
-
-
-def _balanced(tiles: int, most: int, multiple: int) -> int:
-    """Tiles per unit: the fewest units of at most ``most`` tiles, evened out, in ``multiple``s."""
-    per_unit = -(-tiles // -(-tiles // most))
-    return min(most, -(-per_unit // multiple) * multiple)
 
 
 class Job(NamedTuple):
@@ -292,13 +221,13 @@ class Job(NamedTuple):
         if self.mode == MODE_COPY:
             return self.experts * -(-self.rows // COPY_CHUNK)
         config = config or _config
-        unit, parts = (_bulk_plan(self, config.variant == "bulk-fine")[1], 1) if config.bulk else self._width(config)
+        unit, parts = self._width(config)
         rp = padded_shape(self.rows, self.cols)[0]
         slab_units = self.experts * (rp // 128) * (-(-self.tiles // unit) - self._joins_last(config))
         return -(-slab_units // parts)
 
     def _width(self, config: KernelConfig) -> tuple[int, int]:
-        """Default kernel: (tiles of a unit's slab, slabs a block converts at once). Columnwise jobs
+        """(tiles of a unit's slab, slabs a block converts at once). Columnwise jobs
         go by parts; a rowwise job too where its rows fit one part (TE's 64 columns: half a 32-tile
         unit; the one rowwise width measured by parts). Decided here only; the kernel reads
         FLAG_PARTS."""
@@ -309,7 +238,7 @@ class Job(NamedTuple):
         return config.tiles_per_unit, 1
 
     def _slab(self, config: KernelConfig) -> bool:
-        """Whether the default kernel converts this job a whole 128-row slab a unit: rows aligned
+        """Whether the kernel converts this job a whole 128-row slab a unit: rows aligned
         to at least 4 bytes and wider than a part, in a build with slab units, the slab's bytes
         (at any address modulo 16, read to a 16-byte boundary) within its shared memory. H200,
         against a copy: TE's padded rows (225 bytes at a 228-byte stride) 1.18 / 1.21 -> 1.11 /
@@ -321,21 +250,18 @@ class Job(NamedTuple):
         return self.mode == MODE_ROWS and self.vec >= 4 and wide and 0 < staged <= config.slab_bytes
 
     def _joins_last(self, config: KernelConfig) -> bool:
-        """Whether the default kernel gives this columnwise job's last chunk, when it is one tile
+        """Whether the kernel gives this columnwise job's last chunk, when it is one tile
         (TE's 65 columns), to the chunk before: one unit (of a part) of part_tiles + 1 tiles
         instead of a block for 512 bytes. Decided here only; the kernel reads FLAG_JOIN_LAST."""
         unit = config.part_tiles
-        return not config.bulk and self.mode == MODE_COLS and self.tiles > unit and self.tiles % unit == 1
+        return self.mode == MODE_COLS and self.tiles > unit and self.tiles % unit == 1
 
     def row(self, unit_begin: int, config: KernelConfig | None = None) -> tuple[int, ...]:
         flags = self.mode | self.vec << 8
         config = config or _config
-        if config.bulk and self.mode != MODE_COPY:
-            kind, unit = _bulk_plan(self, config.variant == "bulk-fine")
-            flags |= kind << 20 | unit << 24
         if self._joins_last(config):
             flags |= FLAG_JOIN_LAST
-        if not config.bulk and self.mode != MODE_COPY and self._width(config)[1] > 1:
+        if self.mode != MODE_COPY and self._width(config)[1] > 1:
             flags |= FLAG_PARTS
         if self._slab(config):
             flags |= FLAG_SLAB
@@ -442,7 +368,7 @@ def _merge(
 ) -> tuple[list[tuple[int, ...]], list[list[int]], int]:
     """Descriptor rows for ``jobs``, with single matrices of one shape and stride merged into one
     indirect job (its experts' addresses in pointer arrays), so a block of a per-expert launch
-    finds its job without searching a long table; under the default kernel, copies of one size
+    finds its job without searching a long table; copies of one size
     (each expert's already-swizzled scales) merge the same way. Returns (rows without addresses,
     pointer arrays as [srcs, dsts] per indirect row, total units). A JobGroup merges as its jobs
     would."""
@@ -452,7 +378,7 @@ def _merge(
     for item in jobs:
         if isinstance(item, JobGroup):
             group = item
-        elif (item.mode == MODE_COPY and config.bulk) or item.experts != 1:  # bulk: no indirect copies
+        elif item.experts != 1:
             order.append(item)
             continue
         else:
@@ -568,13 +494,12 @@ class Launch:
 
         self.device = device
         self._index = device.index if device.index is not None else torch.cuda.current_device()
-        self.kernel, max_grid, self.config = _kernel(device, config_for(jobs))
+        self.config = config_for(jobs)
+        self.kernel = _kernel(device, self.config)
         self.table, self.njobs, self.total = _table(device, jobs, self.config)
-        self.grid = max(1, min(self.total, max_grid))
+        self.grid = max(1, min(self.total, MAX_GRID))
         self._launch = launch
-        self._launch_config = LaunchConfig(
-            grid=self.grid, block=self.config.threads, shmem_size=self.config.shared_bytes
-        )
+        self._launch_config = LaunchConfig(grid=self.grid, block=self.config.threads)
         self._args = (np.uint64(self.table.data_ptr()), np.int32(self.njobs), np.int64(self.total))
         self._stream_handle = -1
         self._stream: Any = None

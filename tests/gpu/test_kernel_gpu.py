@@ -1,5 +1,4 @@
-"""The CUDA kernel against the torch reference, byte for byte, on a real GPU, for EVERY kernel
-variant (launcher.VARIANTS: the default kernel and the sm_90 bulk-copy one).
+"""The CUDA kernel against the torch reference, byte for byte, on a real GPU.
 
 Inputs are random bytes with 0xFF in TE's padding; outputs are poisoned with 0xAB before each
 call and compared whole (zero padding included), so an unwritten or stray byte shows. Skipped
@@ -177,7 +176,7 @@ def test_copy_jobs_match(variant: str) -> None:
 
 @pytest.mark.parametrize("misaligned", [False, True])
 def test_per_expert_copies_of_one_size(variant: str, misaligned: bool) -> None:
-    # one pointer-table copy job under the default kernel: the emulator's case, on the GPU
+    # one pointer-table copy job: the emulator's case, on the GPU
     _run_and_check(emulate._expert_copies(misaligned, CUDA)(torch.Generator().manual_seed(11)))
 
 
@@ -302,12 +301,11 @@ def test_graph_capture_and_replay_of_a_prepared_launch(variant: str) -> None:
             assert torch.equal(dst, swizzle_reference(src, torch.empty_like(dst)))
 
 
-def test_variant_is_selected_and_prepared_launches_keep_theirs(variant: str) -> None:
+def test_prepared_launches_keep_their_configuration(variant: str) -> None:
     prepared = launcher.Launch([_convert_job_small()], torch.device(CUDA))
-    want = variant if torch.cuda.get_device_capability() >= launcher.BULK_MIN_ARCH else "default"
-    assert prepared.config.variant == want
-    launcher.configure(variant="default" if variant == "bulk" else "bulk")
-    assert prepared.config.variant == want  # configure() changes launches prepared after it only
+    assert (prepared.config.tiles_per_unit, prepared.config.threads) == launcher.ROWWISE_SHAPE
+    launcher.configure(tiles_per_unit=16, threads=128)
+    assert (prepared.config.tiles_per_unit, prepared.config.threads) == launcher.ROWWISE_SHAPE  # later launches only
 
 
 def _convert_job_small() -> launcher.Job:
