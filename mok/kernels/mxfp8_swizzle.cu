@@ -15,11 +15,11 @@
 // (the columnwise buffer [M/32, K] read as its transpose) are read along their contiguous axis and
 // transposed 4x4 bytes in registers.
 //
-// Compiled at first use by NVRTC (mok/kernels/launcher.py); compile-checked on CPU CI.
+// Compiled at first use by NVRTC (mok/kernels/launch.py); compile-checked on CPU CI.
 
 #define ROWS 128                 // rows of one output slab
 #ifndef TILES_PER_UNIT
-#define TILES_PER_UNIT 16        // 4-column tiles per unit (launcher.py passes its value)
+#define TILES_PER_UNIT 16        // 4-column tiles per unit (config.py passes its value)
 #endif
 #ifndef THREADS
 #define THREADS 128
@@ -46,7 +46,7 @@ static_assert(PARTS * PART_THREADS == THREADS && PARTS * PART_TILES == TILES_PER
 #define PITCH_OF(COLS, W) ((W) * 4 + ((COLS) ? 12 : 4))
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 #ifndef SLAB_BYTES
-#define SLAB_BYTES 0  // shared bytes of a slab unit (FLAG_SLAB); 0: none in this build (launcher.py)
+#define SLAB_BYTES 0  // shared bytes of a slab unit (FLAG_SLAB); 0: none in this build (config.py)
 #endif
 #define TILE_BYTES \
   MAX2(SLAB_BYTES, MAX2(ROWS * PITCH_OF(false, TILES_PER_UNIT), PARTS * ROWS * PITCH_OF(true, PART_TILES)))

@@ -1,4 +1,4 @@
-// Host shim that runs mxfp8_swizzle.cu on the CPU (mok/kernels/emulate.py): one std::thread per
+// Host shim that runs mxfp8_swizzle.cu on the CPU (tests/emulator/emulate.py): one std::thread per
 // CUDA thread, std::barrier for __syncthreads, static (block-wide) storage for __shared__
 // variables; cp.async copies are checked (16-byte aligned, inside shared memory) and land at the
 // issuing thread's wait. Source-tensor reads (__ldg, cp.async; not the descriptor tables) are checked
