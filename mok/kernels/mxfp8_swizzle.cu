@@ -27,12 +27,10 @@
 #define PIECES (ROWS * TILES_PER_UNIT / 4 / THREADS)  // 16-byte pieces per thread
 // Parts: a block of more than 128 threads can also convert PARTS units of one slab each at once,
 // 128 threads and PART_TILES tiles a part, each part as a 128-thread block would (its own shared
-// tile, its own barrier), where the launcher says (FLAG_PARTS): columnwise jobs, and rowwise ones
-// whose rows fit one part (at most PART_TILES tiles, like TE's 64-column matrices, which would leave
-// half of a wide unit idle). It lets the launcher's 32 x 256 shape for rowwise launches (0.01-0.06
-// faster than 16 x 128) convert any job; columnwise jobs still run 0.00-0.04 slower in it than at
-// 16 x 128, so the launcher gives launches of columnwise jobs alone 16 x 128 (a layer, rowwise jobs
-// beside them, takes 32 x 256 for their slab units: benchmarks/KERNEL_NOTES.md, sessions 7 and 9).
+// tile, its own barrier), where jobs.py says (FLAG_PARTS): columnwise jobs, and rowwise ones whose
+// rows fit one part (at most PART_TILES tiles, like TE's 64-column matrices, which would leave half
+// of a wide unit idle). So the 32 x 256 shape that suits rowwise jobs converts any job beside them
+// in the same launch (benchmarks/KERNEL_NOTES.md has why each launch takes the shape it does).
 #define PART_THREADS (THREADS < 128 ? THREADS : 128)
 #define PARTS (THREADS / PART_THREADS)
 #define PART_TILES (TILES_PER_UNIT / PARTS)
@@ -52,7 +50,7 @@ static_assert(PARTS * PART_THREADS == THREADS && PARTS * PART_TILES == TILES_PER
   MAX2(SLAB_BYTES, MAX2(ROWS * PITCH_OF(false, TILES_PER_UNIT), PARTS * ROWS * PITCH_OF(true, PART_TILES)))
 // Resident blocks per SM the register allocation is made for: 10 x 128 threads (48 registers a
 // thread) rather than 8 (64): more loads in flight per SM, which hides each block's start (its
-// addresses, and for per-expert jobs the pointer-table load) (benchmarks/KERNEL_NOTES.md, session 6).
+// addresses, and for per-expert jobs the pointer-table load; benchmarks/KERNEL_NOTES.md).
 #define MIN_BLOCKS (1280 / THREADS)
 static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns per thread");
 #define COPY_CHUNK 16384
@@ -61,11 +59,10 @@ static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns p
 #define MODE_COLS 1       // rs == 1: columns contiguous (a transposed view)
 #define MODE_GATHER 2     // any strides, byte by byte
 #define MODE_COPY 3       // already in the layout: copy R bytes (C unused)
-#define FLAG_INDIRECT (1 << 16)  // src and dst are device arrays of per-expert addresses (conversions,
-                                 // and copies under the default kernel)
+#define FLAG_INDIRECT (1 << 16)  // src and dst are device arrays of per-expert addresses
 #define FLAG_JOIN_LAST (1 << 17)  // the one-tile last chunk of a columnwise job joins the chunk before
-                                  // (decided by the launcher, Job._joins_last)
-#define FLAG_PARTS (1 << 18)      // a job converted by parts (decided by the launcher, Job._width)
+                                  // (decided in jobs.py, Job._joins_last)
+#define FLAG_PARTS (1 << 18)      // a job converted by parts (decided in jobs.py, Job._width)
 #define FLAG_SLAB (1 << 19)       // a rowwise job converted a whole 128-row slab a unit (Job._slab)
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
@@ -128,8 +125,8 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   const int slabs = (R + ROWS - 1) / ROWS;  // Rp / 128
   const int width = U.slab ? tiles : U.by_parts ? PART_TILES : TILES_PER_UNIT;  // tiles per unit (of a part)
   // A columnwise job whose last chunk would be one tile (TE's 65 columns, M = 2080) gives that
-  // tile to the chunk before it: one unit of width + 1 tiles, not a block for 512 bytes
-  // (padded columnwise 1.14 / 1.26 -> 1.11 / 1.13; benchmarks/KERNEL_NOTES.md, session 6).
+  // tile to the chunk before it: one unit of width + 1 tiles, not a whole block started for 512
+  // bytes.
   const bool extra = (job.flags & FLAG_JOIN_LAST) != 0;
   const int chunks = (tiles + width - 1) / width - extra;
   const long long per_expert = (long long)slabs * chunks;
@@ -166,8 +163,7 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
 
 // The first n (1..15) bytes at a 4-byte aligned address, zero above (a padded row's last piece):
 // whole words with 4-byte loads, the last 1-3 bytes with one 1- or 2-byte load, zero-extended, so
-// nothing waits on assembly; 16 predicated byte loads assembled in the branch cost 1.24 -> 1.20
-// on the padded rowwise case and 1.40 -> 1.15 on E=1 (benchmarks/KERNEL_NOTES.md, session 4).
+// nothing waits on assembling bytes (16 predicated byte loads were slower; benchmarks/KERNEL_NOTES.md).
 __device__ __forceinline__ uint4 partial_words(const unsigned char* in, const int n) {
   unsigned w[4];
 #pragma unroll
@@ -342,8 +338,8 @@ __device__ __forceinline__ void copy_unit(const Unit& U) {
 // One unit through registers and the shared tile, compiled once per kind of unit (columnwise, or
 // rowwise and gather; whole-block or by parts) and never inlined: each gets its own register
 // allocation and load schedule, so a change to one path cannot slow the other
-// (benchmarks/KERNEL_NOTES.md, session 3). Every thread of the block calls the same one (parts
-// may have different units, or none).
+// (benchmarks/KERNEL_NOTES.md). Every thread of the block calls the same one (parts may have
+// different units, or none).
 template <bool COLS, int N, int W>
 __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
   constexpr int P = PITCH_OF(COLS, W);
@@ -351,9 +347,8 @@ __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
   uint4 v[PIECES];
   fetch<COLS, N, W>(U, v);
   // The block's previous unit's tile reads are done (whatever its parts were). Kept where the
-  // block had no unit before: without it every rowwise case lost 0.06-0.13 (likely because it
-  // also keeps the compiler from interleaving the loads with the shared stores; KERNEL_NOTES.md,
-  // session 7).
+  // block had no unit before: every rowwise case is slower without it (likely because it also
+  // keeps the compiler from interleaving the loads with the shared stores; KERNEL_NOTES.md).
   __syncthreads();
   deposit<COLS, N, W>(U, v, tile);
   if (COLS && U.ntiles > W) {  // the extra tile, by the same registers
@@ -403,10 +398,10 @@ __device__ __forceinline__ unsigned word(const uint4 v, const int x) {
 // contiguous byte range whatever C is, so it is staged as it lies, with aligned 16-byte copies (the
 // short head and tail byte by byte), at the same address modulo 16, then read back masked to
 // [rv, cv): a 4-byte shared read an output word, or for 16-byte aligned rows a 16-byte read a row
-// that serves four tiles. Padded rowwise went 1.18 / 1.21 -> 1.11 / 1.10 of a copy (DRAM
-// throughput 58 -> 75%; four 4-byte register loads a piece had the L1 re-read every line), and
-// per-expert rowwise 1.12 -> 1.06, half the blocks each waiting for its expert's addresses
-// (benchmarks/KERNEL_NOTES.md, session 8). The launcher sees that the slab fits (Job._slab).
+// that serves four tiles. Staged without registers, a slab keeps DRAM busy where four 4-byte
+// register loads a piece had the L1 re-read every line, and a per-expert launch needs half the
+// blocks, each waiting for its expert's addresses (benchmarks/KERNEL_NOTES.md). jobs.py sees that
+// the slab fits (Job._slab).
 __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
   const unsigned char* base = U.src + (long long)U.r0 * U.rs;  // S[r0, 0]
   const int d = (int)(reinterpret_cast<unsigned long long>(base) & 15);
