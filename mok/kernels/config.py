@@ -93,6 +93,11 @@ class LaunchShapes:
     def fixed(cls, config: KernelConfig) -> LaunchShapes:
         return cls(config, config)
 
+    def __str__(self) -> str:
+        if self.rowwise == self.other:
+            return f"{self.rowwise} for every launch"
+        return f"per launch: {self.rowwise} with a rowwise job, else {self.other}"
+
 
 def _read_variant() -> str:
     """MOK_KERNEL_VARIANT, checked: only the one kernel, "default", may be named."""
@@ -104,13 +109,13 @@ def _read_variant() -> str:
     return "default"
 
 
-def _read_shape() -> KernelConfig | None:
-    """MOK_KERNEL_SHAPE, checked: the configuration it fixes, or None where it is unset."""
+def _read_shapes() -> LaunchShapes:
+    """MOK_KERNEL_SHAPE, checked: the one shape it fixes for every launch, or the defaults."""
     value = os.environ.get(SHAPE_ENV, "")
     if not value:
-        return None
+        return LaunchShapes()
     try:
-        return KernelConfig.parse(value)
+        return LaunchShapes.fixed(KernelConfig.parse(value))
     except ValueError as exc:
         raise ValueError(f"environment variable {SHAPE_ENV}: {exc}") from None
 
@@ -121,8 +126,7 @@ def launch_shapes() -> LaunchShapes:
     reads them again. An invalid variable raises ValueError naming it, its value and what is
     expected."""
     _read_variant()
-    fixed = _read_shape()
-    return LaunchShapes() if fixed is None else LaunchShapes.fixed(fixed)
+    return _read_shapes()
 
 
 on_refresh(launch_shapes.cache_clear)
@@ -131,17 +135,9 @@ on_refresh(launch_shapes.cache_clear)
 def environment_report() -> dict[str, str]:
     """The kernel's variables for ``te-compat report``: what each asks for, or why it is invalid."""
     rows: dict[str, str] = {}
-    try:
-        rows["kernel variant"] = _read_variant()
-    except ValueError as exc:
-        rows |= {"kernel variant": "invalid", "kernel variant reason": str(exc)}
-    try:
-        fixed = _read_shape()
-    except ValueError as exc:
-        return rows | {"kernel shape": "invalid", "kernel shape reason": str(exc)}
-    if fixed is None:
-        default = LaunchShapes()
-        rows["kernel shape"] = f"per launch: {default.rowwise} with a rowwise job, else {default.other}"
-    else:
-        rows["kernel shape"] = f"{fixed} for every launch ({SHAPE_ENV})"
+    for row, read in (("kernel variant", _read_variant), ("kernel shape", _read_shapes)):
+        try:
+            rows[row] = str(read())
+        except ValueError as exc:
+            rows |= {row: "invalid", f"{row} reason": str(exc)}
     return rows

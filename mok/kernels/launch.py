@@ -142,9 +142,3 @@ class Launch:
         if handle != self._stream_handle:
             self._stream, self._stream_handle = _stream(handle), handle
         self._launch(self._stream, self._launch_config, self.kernel, *self._args)
-
-
-def launch_jobs(jobs: Sequence[Job], device: torch.device, config: KernelConfig | None = None) -> None:
-    """Run ``jobs`` in one launch on the current torch stream of ``device``."""
-    if jobs:
-        Launch(jobs, device, config)()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import mok
 from mok.kernels.config import SHAPE_ENV, KernelConfig, LaunchShapes, launch_shapes
 from mok.kernels.jobs import FLAG_SLAB, MODE_COLS, MODE_ROWS, config_for, convert_job, copy_job
-from mok.kernels.launch import Launch, _kernel, launch_jobs
+from mok.kernels.launch import Launch, _kernel
 from mok.layout import swizzle_reference
 from tests import te_objects as T
 from tests.emulator import emulate
@@ -174,10 +174,10 @@ def test_many_in_one_launch(monkeypatch: pytest.MonkeyPatch, shape: str) -> None
 def test_copy_jobs_match(shape: str) -> None:
     src = torch.randint(0, 256, (3 * 16384 + 5,), dtype=torch.uint8, device=CUDA)
     dst = torch.zeros_like(src)
-    launch_jobs([copy_job(src, dst)], src.device)
+    Launch([copy_job(src, dst)], src.device)()
     assert torch.equal(dst, src)
     src2, dst2 = src[1:], torch.zeros(src.numel() - 1, dtype=torch.uint8, device=CUDA)  # misaligned
-    launch_jobs([copy_job(src2, dst2)], src.device)
+    Launch([copy_job(src2, dst2)], src.device)()
     assert torch.equal(dst2, src2)
 
 
