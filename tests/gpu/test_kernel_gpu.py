@@ -281,7 +281,7 @@ def test_whole_layer_with_mixed_jobs_in_one_launch(shape: str, monkeypatch: pyte
     work.append(_convert(_randint((2, 90, 60), g)[:, ::3, ::2]))  # gather
     work.append(_convert(_randint((3 * 200 * 13 + 1,), g)[1:].view(3, 200, 13)[:, :, :12]))  # misaligned rows
     work.append(_convert(_randint((1, 300, 1), g)))
-    work.append(_convert(_randint((2, 130, 1040), g)[:, :, :1000]))  # rows wider than one shared stage
+    work.append(_convert(_randint((2, 130, 1040), g)[:, :, :1000]))  # rows too wide for a slab unit
     launches = _count_launches(monkeypatch)
     _run_and_check(work)
     assert len(launches) == 1
