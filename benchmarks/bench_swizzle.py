@@ -1,11 +1,12 @@
-"""Benchmark the MXFP8 scale layout conversion on a GPU, every kernel variant in one run.
+"""Benchmark the MXFP8 scale layout conversion on a GPU, under each launch shape asked for, in one run.
 
-    python benchmarks/bench_swizzle.py --out results.json [--runs 5] [--repeats 20]
+    python benchmarks/bench_swizzle.py --out results.json [--runs 5] [--repeats 20] [--shapes default,16x128]
     python benchmarks/bench_swizzle.py --dry-run          # CPU, tiny shapes, torch backend: checks the script
 
-Public API only: mok.swizzle_mxfp8_scales / swizzle_mxfp8_scales_many, the launcher's public job API
-(convert_job, copy_job, Launch) and launcher.configure to choose the kernel variant. Every case is set
-up once (buffers, CUDA graphs per variant), then timed ``--runs`` times with the cases interleaved;
+Public API only: mok.swizzle_mxfp8_scales / swizzle_mxfp8_scales_many and mok.kernels' job API
+(jobs.convert_job, jobs.copy_job, launch.Launch); a shape is chosen as users do, through
+MOK_KERNEL_SHAPE (read afresh for each shape). Every case is set
+up once (buffers, CUDA graphs per shape), then timed ``--runs`` times with the cases interleaved;
 each timing is the median of ``--repeats`` calls (CUDA events). Per case the JSON has every run
 (``runs``), the median of the runs (``median``) and their spread (``spread``: [min, max]).
 
@@ -14,23 +15,23 @@ Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as
   g:kcopy        the kernel's own copy path over the source buffer it reads (the TE-padded
                  grouped buffer): a copy with the same loads, the measured limit of that access
                  pattern
-  g:slices       the per-expert path (pointer table) over slices of the grouped buffers, default
-                 variant: the same memory as g:kernel, the same indirection as g:exp
+  g:slices       the per-expert path (pointer table) over slices of the grouped buffers, first
+                 shape: the same memory as g:kernel, the same indirection as g:exp
   g:exp-copy     torch's multi-tensor copy (_foreach_copy_) of each expert's own TE-padded buffer:
                  a copy of the per-expert pattern (separate allocations)
   g:exp-kcopy    the kernel's copy path over the same buffers in one launch: one pointer-table
-                 copy job (since session 5; before, one copy job per expert that each unit
-                 binary-searched), the same indirection as g:exp: the per-expert pattern's limit
-  g:kcopy@V, g:exp-kcopy@V  the same two copies under variant V (variants after the first)
-                 (with no shape configured, a copy-only launch runs at 16 x 128: launcher.config_for)
-  g:kernel@V     variant V over the grouped batch [E, R, C] (one launch); V is a launcher variant,
-                 or VARIANT:TILESxTHREADS for another block shape (--variants default,default:32x256)
-  g:exp@V        variant V over E separate per-expert tensors (one launch, pointer table)
+                 copy job, the same indirection as g:exp: the per-expert pattern's limit
+  g:kcopy@S, g:exp-kcopy@S  the same two copies under shape S (shapes after the first)
+                 (by default a copy-only launch runs at 16 x 128: mok.kernels.jobs.config_for)
+  g:kernel@S     shape S over the grouped batch [E, R, C] (one launch); S is ``default`` (each
+                 launch's own shape, or MOK_KERNEL_SHAPE as the script found it) or TILESxTHREADS
+                 fixed for every launch (--shapes default,32x256)
+  g:exp@S        shape S over E separate per-expert tensors (one launch, pointer table)
   kernel/exp@V   the same per-expert call, eager
   TE multi       TE's multi_tensor_swizzle_scales_for_gemm_ over E MXFP8 tensors (eager)
   TE discrete    TE 2.18+ grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights
                  (eager; g:TE discrete its graph replay)
-The compat keys ``g:kernel/copy``, ``g:exp/copy`` and ``kernel/exp`` are the default variant's.
+The compat keys ``g:kernel/copy``, ``g:exp/copy`` and ``kernel/exp`` are the first shape's.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -49,7 +51,9 @@ from typing import Any
 import torch
 
 import mok
-from mok.kernels import launcher
+from mok.kernels.config import SHAPE_ENV, KernelConfig, launch_shapes
+from mok.kernels.jobs import Job, convert_job, copy_job
+from mok.kernels.launch import Launch
 from mok.layout import swizzle_reference
 
 Fn = Callable[[], object]
@@ -57,6 +61,7 @@ ROW_CASES = [(256, 2048, 7168), (32, 4096, 7168), (8, 7168, 2048), (1, 65536, 71
 COL_CASES = [(256, 2048, 7168), (32, 4096, 7168), (8, 7168, 2048), (256, 2080, 7200)]
 LAYER = (256, 2048, 7168)  # E, ffn, hidden: fc1 [2*ffn, hidden], fc2 [hidden, ffn]
 DRY = {256: 3, 32: 2, 8: 2, 1: 1}  # --dry-run: experts
+STARTING_SHAPE = os.environ.get(SHAPE_ENV)  # the shape "default" stands for
 
 
 def _ru(v: int, m: int) -> int:
@@ -123,10 +128,10 @@ def logical(kind: str, e: int, m: int, k: int, device: torch.device) -> tuple[to
     return buf[:, : m // 32, :k].transpose(1, 2), buf
 
 
-def _launch(jobs: list[launcher.Job], device: torch.device) -> Fn:
-    """A prepared launch of ``jobs`` (public launcher API); on the CPU, the same jobs' reference."""
+def _launch(jobs: list[Job], device: torch.device) -> Fn:
+    """A prepared launch of ``jobs``; a dry run (CPU) calls nothing."""
     if device.type == "cuda":
-        return launcher.Launch(jobs, device)
+        return Launch(jobs, device)
     return lambda: None  # a dry run builds the jobs (the part that can fail on the CPU) only
 
 
@@ -147,33 +152,35 @@ class Case:
     equal: dict[str, bool] = field(default_factory=dict)
 
 
-def configure(spec: str) -> None:
-    """Configure the launcher for ``spec``: a variant (its default shape, or MOK_KERNEL_SHAPE's), or
-    ``VARIANT:TILESxTHREADS`` (e.g. ``default:32x256``) to compare block shapes in one run."""
-    variant, _, shape = spec.partition(":")
-    if not shape:
-        launcher.configure(variant=variant)
-        return
-    try:
-        tiles, threads = (int(v) for v in shape.split("x"))
-    except ValueError:
-        raise ValueError(f"a variant's shape must be TILESxTHREADS (e.g. default:32x256); found {spec!r}") from None
-    launcher.configure(variant=variant, tiles_per_unit=tiles, threads=threads)
+def use_shape(spec: str) -> None:
+    """Launches prepared from now on take ``spec``: ``default`` (each launch's own shape, or the
+    MOK_KERNEL_SHAPE the script started with) or ``TILESxTHREADS`` (e.g. ``32x256``) for every
+    launch, set as MOK_KERNEL_SHAPE and read afresh."""
+    if spec == "default":
+        value = STARTING_SHAPE
+    else:
+        config = KernelConfig.parse(spec, "x")
+        value = f"{config.tiles_per_unit},{config.threads}"
+    if value is None:
+        os.environ.pop(SHAPE_ENV, None)
+    else:
+        os.environ[SHAPE_ENV] = value
+    launch_shapes.cache_clear()
 
 
-def _variant_columns(case: Case, clock: Clock, variants: list[str], grouped: Fn, separate: Fn) -> None:
-    for v in variants:
-        configure(v)
+def _shape_columns(case: Case, clock: Clock, shapes: list[str], grouped: Fn, separate: Fn) -> None:
+    for v in shapes:
+        use_shape(v)
         case.fns[f"g:kernel@{v}"] = clock.graph(grouped)
         case.fns[f"g:exp@{v}"] = clock.graph(separate)
-        # eager: each call plans and launches as a user's does, under variant v (chosen untimed)
-        choose = lambda v=v: configure(v)  # noqa: E731
+        # eager: each call plans and launches as a user's does, under shape v (chosen untimed)
+        choose = lambda v=v: use_shape(v)  # noqa: E731
         case.fns[f"kernel/exp@{v}"] = _with_reset(lambda: separate(), choose)
         case.fns[f"kernel@{v}"] = _with_reset(lambda: grouped(), choose)
-    launcher.configure()
+    use_shape("default")
 
 
-def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[str], te: bool) -> Case:
+def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, shapes: list[str], te: bool) -> Case:
     dev = clock.device
     batch, buf = logical(kind, e, m, k, dev)
     separate_te = [logical(kind, 1, m, k, dev) for _ in range(e)]  # separate allocations, like TE's
@@ -184,44 +191,44 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, variants: list[
     src = torch.randint(0, 256, (batch.numel(),), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
-    _copy_columns(case, clock, variants, [buf], [b for _, b in separate_te])
+    _copy_columns(case, clock, shapes, [buf], [b for _, b in separate_te])
     grouped = lambda: mok.swizzle_mxfp8_scales(batch, out=out, backend=backend)  # noqa: E731
     separate = lambda: mok.swizzle_mxfp8_scales_many(per_expert, outs=outs, backend=backend)  # noqa: E731
-    _variant_columns(case, clock, variants, grouped, separate)
+    _shape_columns(case, clock, shapes, grouped, separate)
     # the pointer-table path over the grouped buffers (each expert a slice): placement or indirection?
     slices, slice_outs = list(batch.unbind(0)), list(torch.split(out, out.shape[0] // e))
     sliced = lambda: mok.swizzle_mxfp8_scales_many(slices, outs=slice_outs, backend=backend)  # noqa: E731
     case.fns["g:slices"] = clock.graph(sliced)
     pairs = [(batch, out)] + [(p.unsqueeze(0), o) for p, o in zip(per_expert, outs, strict=True)]
-    case.checks = [(v, lambda: (grouped(), separate()), pairs) for v in variants]
-    case.checks.append((variants[0], sliced, [(batch, out)]))
+    case.checks = [(v, lambda: (grouped(), separate()), pairs) for v in shapes]
+    case.checks.append((shapes[0], sliced, [(batch, out)]))
     if te and kind == "rowwise" and dev.type == "cuda":
         te_columns(case, e, m, k, clock)
     return case
 
 
 def _copy_columns(
-    case: Case, clock: Clock, variants: list[str], buffers: list[torch.Tensor], expert_buffers: list[torch.Tensor]
+    case: Case, clock: Clock, shapes: list[str], buffers: list[torch.Tensor], expert_buffers: list[torch.Tensor]
 ) -> None:
     """The copies that bound each pattern: the grouped TE buffers copied by the kernel's copy path
     (``g:kcopy``); each expert's own TE buffer copied by torch's multi-tensor copy
     (``_foreach_copy_``) and by the kernel's copy path (its per-expert copies merge into one
     pointer-table job: the conversion's indirection, without the swizzle). The kernel's copies are
-    timed under every variant (``@V``; the first variant's without a suffix), since a variant's
-    build changes them too."""
+    timed under every shape (``@S``; the first shape's without a suffix), since a shape changes
+    them too."""
     targets = [torch.empty_like(b).view(-1) for b in buffers]
     sames = [torch.empty_like(b).view(-1) for b in expert_buffers]
     flat = [b.view(-1) for b in expert_buffers]
     case.fns["g:exp-copy"] = clock.graph(lambda: torch._foreach_copy_(sames, flat))
-    for i, v in enumerate(variants):
-        configure(v)
+    for i, v in enumerate(shapes):
+        use_shape(v)
         tag = f"@{v}" if i else ""
-        kcopy = _launch([launcher.copy_job(b.view(-1), t) for b, t in zip(buffers, targets, strict=True)], clock.device)
-        ekcopy = _launch([launcher.copy_job(b, t) for b, t in zip(flat, sames, strict=True)], clock.device)
+        kcopy = _launch([copy_job(b.view(-1), t) for b, t in zip(buffers, targets, strict=True)], clock.device)
+        ekcopy = _launch([copy_job(b, t) for b, t in zip(flat, sames, strict=True)], clock.device)
         # a graph holds addresses only: the replays keep the buffers alive
         case.fns[f"g:kcopy{tag}"] = clock.graph(lambda run=kcopy, keep=(targets, buffers): run())
         case.fns[f"g:exp-kcopy{tag}"] = clock.graph(lambda run=ekcopy, keep=(sames, flat): run())
-    launcher.configure()
+    use_shape("default")
 
 
 def te_columns(case: Case, e: int, m: int, k: int, clock: Clock) -> None:
@@ -296,7 +303,7 @@ def layer_parts(e: int, ffn: int, hidden: int, device: torch.device) -> list[Lay
     return found
 
 
-def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
+def layer_case(clock: Clock, shapes: list[str], dry: bool) -> Case:
     """fc1 and fc2 of one MoE layer, rowwise and columnwise, grouped and per-expert, one launch."""
     dev = clock.device
     e, ffn, hidden = (2, 128, 256) if dry else LAYER
@@ -312,33 +319,33 @@ def layer_case(clock: Clock, variants: list[str], dry: bool) -> Case:
     src = torch.randint(0, 256, (case.nbytes // 2,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
-    _copy_columns(case, clock, variants, buffers, expert_buffers)
-    for v in variants:
-        configure(v)
-        run_g = _launch([launcher.convert_job(s, o) for s, o in grouped], dev)
-        run_s = _launch([launcher.convert_job(s, o) for s, o in separate], dev)
+    _copy_columns(case, clock, shapes, buffers, expert_buffers)
+    for v in shapes:
+        use_shape(v)
+        run_g = _launch([convert_job(s, o) for s, o in grouped], dev)
+        run_s = _launch([convert_job(s, o) for s, o in separate], dev)
         case.fns[f"g:kernel@{v}"] = clock.graph(run_g)
         case.fns[f"g:exp@{v}"] = clock.graph(run_s)
         case.checks.append((v, lambda g=run_g, s=run_s: (g(), s()), grouped + separate))
-    launcher.configure()
+    use_shape("default")
     return case
 
 
 def check(case: Case, device: torch.device) -> None:
-    """Byte identity of every variant's outputs (poisoned first) with the torch reference."""
-    for variant, run, pairs in case.checks:
+    """Byte identity of every shape's outputs (poisoned first) with the torch reference."""
+    for shape, run, pairs in case.checks:
         for _, out in pairs:
             out.fill_(0xAB)
         if device.type == "cuda":
-            configure(variant)  # for the calls that plan at each call
+            use_shape(shape)  # for the calls that plan at each call
             run()
-            launcher.configure()
+            use_shape("default")
             torch.cuda.synchronize()
         else:  # a dry run: the reference against itself, to exercise the comparison
             for s, o in pairs:
                 swizzle_reference(s, o)
         same = all(torch.equal(o, swizzle_reference(s, torch.empty_like(o))) for s, o in pairs)
-        case.equal[variant] = case.equal.get(variant, True) and same  # a variant may have several checks
+        case.equal[shape] = case.equal.get(shape, True) and same  # a shape may have several checks
 
 
 def one_run(cases: list[Case], clock: Clock) -> None:
@@ -348,14 +355,14 @@ def one_run(cases: list[Case], clock: Clock) -> None:
             print(f"timing {case.name} {column}", file=sys.stderr, flush=True)
             row[column] = clock.time(fn, getattr(fn, "before", None))
         case.runs.append(row)
-    launcher.configure()
+    use_shape("default")
 
 
-def summary(case: Case, variants: list[str]) -> dict[str, Any]:
+def summary(case: Case, shapes: list[str]) -> dict[str, Any]:
     ratios = []
     for run in case.runs:
         r = dict(run)
-        for v in variants:
+        for v in shapes:
             for col in (f"g:kernel@{v}", f"g:exp@{v}"):
                 r[f"{col}/copy"] = run[col] / run["g:copy"]
                 r[f"{col}/kcopy"] = run[col] / run["g:kcopy"]
@@ -364,14 +371,14 @@ def summary(case: Case, variants: list[str]) -> dict[str, Any]:
         if "g:slices" in run:
             r["g:slices/copy"] = run["g:slices"] / run["g:copy"]
         r["g:exp-kcopy/copy"] = run["g:exp-kcopy"] / run["g:copy"]
-        for v in variants[1:]:
+        for v in shapes[1:]:
             for col in (f"g:kcopy@{v}", f"g:exp-kcopy@{v}"):
                 r[f"{col}/copy"] = run[col] / run["g:copy"]
         ratios.append(r)
     keys = list(ratios[0])
     median = {k: statistics.median(r[k] for r in ratios) for k in keys}
     spread = {k: [min(r[k] for r in ratios), max(r[k] for r in ratios)] for k in keys}
-    d = variants[0]
+    d = shapes[0]
     return {
         "case": case.name,
         "bytes": case.nbytes,
@@ -389,11 +396,11 @@ def summary(case: Case, variants: list[str]) -> dict[str, Any]:
     }
 
 
-def print_table(rows: list[dict[str, Any]], variants: list[str]) -> None:
+def print_table(rows: list[dict[str, Any]], shapes: list[str]) -> None:
     cols = ["g:kcopy/copy", "g:exp-copy/copy", "g:exp-kcopy/copy", "g:slices/copy"]
-    cols += [f"g:{w}@{v}/copy" for v in variants[1:] for w in ("kcopy", "exp-kcopy")]
-    cols += [f"g:{w}@{v}/copy" for v in variants for w in ("kernel", "exp")]
-    cols += [f"kernel/exp@{v}" for v in variants] + ["TE multi", "TE discrete", "g:TE discrete"]
+    cols += [f"g:{w}@{v}/copy" for v in shapes[1:] for w in ("kcopy", "exp-kcopy")]
+    cols += [f"g:{w}@{v}/copy" for v in shapes for w in ("kernel", "exp")]
+    cols += [f"kernel/exp@{v}" for v in shapes] + ["TE multi", "TE discrete", "g:TE discrete"]
     print("median of the runs [min-max] ; ratios against the same-run graph copy of the same bytes; times us")
     print(f"{'case':34s} " + " ".join(f"{c.replace('/copy', ''):>18s}" for c in cols) + "  equal")
     for r in rows:
@@ -401,7 +408,7 @@ def print_table(rows: list[dict[str, Any]], variants: list[str]) -> None:
         for c in cols:
             m, s = r["median"].get(c), r["spread"].get(c)
             cells.append("-" if m is None else f"{m:.2f} [{s[0]:.2f}-{s[1]:.2f}]" if m < 20 else f"{m:.0f}")
-        ok = ",".join(f"{v}:{'yes' if r['equal'].get(v) else 'NO'}" for v in variants)
+        ok = ",".join(f"{v}:{'yes' if r['equal'].get(v) else 'NO'}" for v in shapes)
         print(f"{r['case']:34s} " + " ".join(f"{c:>18s}" for c in cells) + f"  {ok}")
 
 
@@ -413,7 +420,7 @@ def meta(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         "python": platform.python_version(),
         "runs": args.runs,
         "repeats": args.repeats,
-        "variants": args.variants,
+        "shapes": args.shapes,
         "dry_run": args.dry_run,
     }
     if device.type == "cuda":
@@ -437,28 +444,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--variants", default=",".join(launcher.VARIANTS))
+    parser.add_argument("--shapes", default="default,16x128", help="default and/or TILESxTHREADS, comma-separated")
     parser.add_argument("--out", help="write the JSON results here")
     parser.add_argument("--no-te", action="store_true", help="skip TE's own swizzles")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, torch backend: check the script")
     args = parser.parse_args()
-    variants = args.variants.split(",")
+    shapes = args.shapes.split(",")
     device = torch.device("cpu" if args.dry_run else "cuda")
     clock = Clock(device, 3 if args.dry_run else args.repeats)
     started = time.perf_counter()
     cases = []
-    for kind, shapes in (("rowwise", ROW_CASES), ("columnwise", COL_CASES)):
-        for e, m, k in shapes:
+    for kind, sizes in (("rowwise", ROW_CASES), ("columnwise", COL_CASES)):
+        for e, m, k in sizes:
             if args.dry_run:
                 e, m, k = DRY[e], m // 16 + (m % 128), k // 16 + (k % 128)
-            cases.append(matrix_case(kind, e, m, k, clock, variants, not args.no_te))
-    cases.append(layer_case(clock, variants, args.dry_run))
+            cases.append(matrix_case(kind, e, m, k, clock, shapes, not args.no_te))
+    cases.append(layer_case(clock, shapes, args.dry_run))
     for case in cases:
         check(case, device)
     set_up = time.perf_counter() - started
     for _ in range(args.runs):
         one_run(cases, clock)
-    rows = [summary(c, variants) for c in cases]
+    rows = [summary(c, shapes) for c in cases]
     info = meta(args, device) | {"setup_s": round(set_up, 1), "total_s": round(time.perf_counter() - started, 1)}
     if args.out:
         with open(args.out, "w") as fh:
@@ -467,7 +474,7 @@ def main() -> None:
     for r in rows:
         if r["missing"]:
             print(f"{r['case']}: missing {r['missing']}")
-    print_table(rows, variants)
+    print_table(rows, shapes)
 
 
 if __name__ == "__main__":

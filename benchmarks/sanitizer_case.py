@@ -1,15 +1,16 @@
-"""A representative run of the kernel for compute-sanitizer (memcheck, racecheck, synccheck), every
-kernel variant (launcher.VARIANTS) in turn, or those named as arguments.
+"""A representative run of the kernel for compute-sanitizer (memcheck, racecheck, synccheck), under
+each launch shape in turn (``default``: each launch's own; then 16x128 and 32x256 for every
+launch), or the shapes named as arguments.
 
     compute-sanitizer --tool memcheck --report-api-errors no python benchmarks/sanitizer_case.py
     compute-sanitizer --tool racecheck python benchmarks/sanitizer_case.py
-    compute-sanitizer --tool synccheck python benchmarks/sanitizer_case.py
+    compute-sanitizer --tool synccheck python benchmarks/sanitizer_case.py [default 16x128]
 
-Public API only: mok.swizzle_mxfp8_scales(_many), the launcher's job API (convert_job, copy_job,
-Launch) and launcher.configure. Every job mode (rows 16/4/1-byte, padded slabs, rows wider than a
-shared stage, columnwise transpose, gather, copy), per-expert pointer tables (conversions and
-copies of one size) and one mixed launch; each result is checked against the torch reference.
-Exits non-zero on a mismatch.
+Public API only: mok.swizzle_mxfp8_scales(_many) and mok.kernels' job API (jobs.convert_job,
+jobs.copy_job, launch.Launch); a shape is chosen through MOK_KERNEL_SHAPE (bench_swizzle.use_shape).
+Every job mode (rows 16/4/1-byte, padded slabs, rows wider than a slab, columnwise transpose,
+gather, copy), per-expert pointer tables (conversions and copies of one size) and one mixed
+launch; each result is checked against the torch reference. Exits non-zero on a mismatch.
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from __future__ import annotations
 import sys
 
 import torch
+from bench_swizzle import use_shape  # this folder is on sys.path when run as a script
 
 import mok
-from mok.kernels import launcher
+from mok.kernels.jobs import convert_job, copy_job
+from mok.kernels.launch import Launch
 from mok.layout import swizzle_reference
+
+SHAPES = ["default", "16x128", "32x256"]
 
 
 def _cases(g: torch.Generator, dev: str) -> list[torch.Tensor]:
@@ -36,7 +41,7 @@ def _cases(g: torch.Generator, dev: str) -> list[torch.Tensor]:
         rand(2, 130, 48)[:, :, :38],  # 16-byte rows, a last piece of a word and 2 bytes
         rand(2 * 131 * 84 + 16)[12 : 12 + 2 * 131 * 84].view(2, 131, 84)[:, :, :82],  # slabs 12 and 8 bytes past 16
         rand(2, 130, 112)[:, :, :101],  # 16-byte rows a slab a unit, a partial last word
-        rand(2, 130, 1040)[:, :, :1000],  # rows wider than one shared stage
+        rand(2, 130, 1040)[:, :, :1000],  # rows too wide for a slab unit
         rand(3 * 200 * 13 + 1)[1:].view(3, 200, 13)[:, :, :12],  # misaligned start
         rand(2, 40, 520)[:, :33, :500].transpose(1, 2),  # columnwise, ragged
         rand(2, 68, 7296)[:, :65, :7200].transpose(1, 2),  # columnwise, TE-padded
@@ -44,20 +49,20 @@ def _cases(g: torch.Generator, dev: str) -> list[torch.Tensor]:
     ]
 
 
-def _one_variant(variant: str, dev: str) -> None:
-    launcher.configure(variant=variant)
+def _one_shape(shape: str, dev: str) -> None:
+    use_shape(shape)
     g = torch.Generator().manual_seed(0)
     cases = _cases(g, dev)
     for scales in cases:
         if not torch.equal(
             mok.swizzle_mxfp8_scales(scales, backend="cuda"), mok.swizzle_mxfp8_scales(scales, backend="torch")
         ):
-            raise SystemExit(f"{variant}: mismatch for shape {tuple(scales.shape)} strides {scales.stride()}")
+            raise SystemExit(f"{shape}: mismatch for shape {tuple(scales.shape)} strides {scales.stride()}")
     mats = [torch.randint(0, 256, (37 * i + 1, i % 9 + 1), dtype=torch.uint8, generator=g).to(dev) for i in range(40)]
     mats += [torch.randint(0, 256, (300, 228), dtype=torch.uint8, generator=g).to(dev)[:, :225] for _ in range(20)]
     for m, o in zip(mats, mok.swizzle_mxfp8_scales_many(mats, backend="cuda"), strict=True):
         if not torch.equal(o, mok.swizzle_mxfp8_scales(m, backend="torch")):
-            raise SystemExit(f"{variant}: mismatch in swizzle_mxfp8_scales_many")
+            raise SystemExit(f"{shape}: mismatch in swizzle_mxfp8_scales_many")
     src = torch.randint(0, 256, (40000,), dtype=torch.uint8, generator=g).to(dev)
     work = [
         (c, torch.full(mok.layout_shape(c.shape[1], c.shape[2], c.shape[0]), 0xAB, dtype=torch.uint8, device=dev))
@@ -66,21 +71,21 @@ def _one_variant(variant: str, dev: str) -> None:
     copies = [(src, torch.zeros_like(src)), (src[3:], torch.zeros(src.numel() - 3, dtype=torch.uint8, device=dev))]
     experts = [torch.randint(0, 256, (33000,), dtype=torch.uint8, generator=g).to(dev) for _ in range(4)]
     copies += [(e, torch.zeros_like(e)) for e in experts]  # per-expert copies of one size: one indirect job
-    jobs = [launcher.convert_job(s, o) for s, o in work] + [launcher.copy_job(s, d) for s, d in copies]
-    launcher.Launch(jobs, torch.device(dev))()  # one mixed launch
+    jobs = [convert_job(s, o) for s, o in work] + [copy_job(s, d) for s, d in copies]
+    Launch(jobs, torch.device(dev))()  # one mixed launch
     torch.cuda.synchronize()
     for s, o in work:
         if not torch.equal(o, swizzle_reference(s, torch.empty_like(o))):
-            raise SystemExit(f"{variant}: mismatch in the mixed launch for shape {tuple(s.shape)}")
+            raise SystemExit(f"{shape}: mismatch in the mixed launch for shape {tuple(s.shape)}")
     if not all(torch.equal(s, d) for s, d in copies):
-        raise SystemExit(f"{variant}: mismatch in a copy job")
-    launcher.configure()
+        raise SystemExit(f"{shape}: mismatch in a copy job")
+    use_shape("default")
 
 
 def main() -> None:
-    for variant in sys.argv[1:] or launcher.VARIANTS:  # variants named on the command line, or all
-        _one_variant(variant, "cuda")
-        print(f"sanitizer case, variant {variant}: all results equal the torch reference")
+    for shape in sys.argv[1:] or SHAPES:  # shapes named on the command line, or all
+        _one_shape(shape, "cuda")
+        print(f"sanitizer case, shape {shape}: all results equal the torch reference")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 from mok.errors import LayoutError
+from mok.kernels.config import environment_report
 from te_compat import MissingFeatureError, cuda_device, has_cuda_core
 
 BACKEND_ENV = "TE_COMPAT_KERNEL_BACKEND"
@@ -70,9 +71,11 @@ def kernel_backend(backend: str | None = None) -> BackendChoice:
 
 
 def report() -> dict[str, object]:
-    """mok's rows of ``te-compat report`` (entry point ``te_compat.report``); never raises."""
+    """mok's rows of ``te-compat report`` (entry point ``te_compat.report``): the backend and the
+    kernel's environment variables, each invalid one with why; never raises."""
     try:
         choice = kernel_backend()
+        rows: dict[str, object] = {"kernel backend": choice.name, "kernel backend reason": choice.reason}
     except Exception as exc:  # an invalid variable or a demanded, missing kernel: report it
-        return {"kernel backend": "unavailable", "kernel backend reason": str(exc)}
-    return {"kernel backend": choice.name, "kernel backend reason": choice.reason}
+        rows = {"kernel backend": "unavailable", "kernel backend reason": str(exc)}
+    return rows | environment_report()

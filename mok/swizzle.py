@@ -60,9 +60,10 @@ class PreparedWork:
                         f"expected every tensor on {device}"
                     )
         if backend_for(device, backend) == "cuda":
-            from mok.kernels import launcher
+            from mok.kernels.jobs import jobs_of
+            from mok.kernels.launch import Launch
 
-            self._launch = launcher.Launch(launcher.jobs_of(self.work), device)
+            self._launch = Launch(jobs_of(self.work), device)
 
     def run(self) -> None:
         if self._launch is not None:

@@ -17,23 +17,23 @@ def test_bench_swizzle_dry_run_writes_the_agreed_keys(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "benchmarks/bench_swizzle.py", "--dry-run", "--no-te", "--runs", "2"]
-    cmd += ["--variants", "default,default:32x256", "--out", str(out)]
+    cmd += ["--shapes", "default,32x256", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(out.read_text())
-    assert found["meta"]["runs"] == 2 and found["meta"]["variants"] == "default,default:32x256"
+    assert found["meta"]["runs"] == 2 and found["meta"]["shapes"] == "default,32x256"
     rows = found["rows"]
     assert [r["case"].split()[0] for r in rows].count("layer") == 1 and len(rows) == 10
     for row in rows:
         assert KEYS <= row.keys(), f"{row['case']}: missing {KEYS - row.keys()}"
         assert len(row["runs"]) == 2
-        assert row["equal"] == {"default": True, "default:32x256": True}
+        assert row["equal"] == {"default": True, "32x256": True}
         assert row["g:kernel/copy"] == row["median"]["g:kernel@default/copy"] > 0
-        columns = [f"g:{w}@{v}/copy" for v in ("default", "default:32x256") for w in ("kernel", "exp")]
+        columns = [f"g:{w}@{v}/copy" for v in ("default", "32x256") for w in ("kernel", "exp")]
         columns += [
             "g:kcopy/copy",
             "g:exp-kcopy/copy",
-            "g:kcopy@default:32x256/copy",
-            "g:exp-kcopy@default:32x256/copy",
+            "g:kcopy@32x256/copy",
+            "g:exp-kcopy@32x256/copy",
         ]
         assert all(row["median"][c] > 0 for c in columns), f"{row['case']}: {set(columns) - row['median'].keys()}"

@@ -12,32 +12,45 @@ import pytest
 import torch
 
 import mok
-from mok.kernels import launcher
+from mok.kernels import launch
+from mok.kernels.config import KernelConfig, LaunchShapes
+from mok.kernels.jobs import (
+    FLAG_INDIRECT,
+    FLAG_PARTS,
+    FLAG_SLAB,
+    MODE_COLS,
+    MODE_COPY,
+    MODE_GATHER,
+    MODE_ROWS,
+    DescriptorTable,
+    Job,
+    JobGroup,
+    config_for,
+    convert_job,
+    copy_job,
+    describe,
+    jobs_of,
+)
 from mok.swizzle import ScaleWork, run_work
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 
-SOURCE = Path(launcher.__file__).with_name("mxfp8_swizzle.cu")
-
-
-# every variant's default build, the default variant's rowwise launch shape, the bulk variant at 128
-CONFIGS = [launcher.make_config(v) for v in launcher.VARIANTS] + [
-    launcher.make_config("default", *launcher.ROWWISE_SHAPE),
-    launcher.make_config("bulk", threads=128),
-]
+SOURCE = Path(launch.__file__).with_name("mxfp8_swizzle.cu")
+CONFIGS = [LaunchShapes().other, LaunchShapes().rowwise]  # both shapes a launch takes
+SLAB_CONFIG = LaunchShapes().rowwise
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90", "sm_100"])
-def test_kernel_compiles_with_nvrtc(arch: str, config: launcher.KernelConfig) -> None:
+def test_kernel_compiles_with_nvrtc(arch: str, config: KernelConfig) -> None:
     pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
-    code = launcher.compile_kernel(arch, config)
+    code = launch.compile_kernel(arch, config)
     assert len(bytes(code.code)) > 1000
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
-def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, config: launcher.KernelConfig) -> None:
+def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, config: KernelConfig) -> None:
     defines = [f"-D{k}={v}" for k, v in config.macros()]
     done = subprocess.run(
         ["nvcc", "-arch=sm_90", "-c", "-Xptxas", "-v", *defines, str(SOURCE), "-o", str(tmp_path / "k.o")],
@@ -47,16 +60,16 @@ def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, config: launch
     )
     report = done.stderr
     assert "0 bytes spill stores" in report and "0 bytes stack frame" in report, report
-    blocks = launcher.BULK_BLOCKS if config.bulk else 1024 // config.threads  # __launch_bounds__
+    blocks = 1280 // config.threads  # __launch_bounds__(THREADS, MIN_BLOCKS)
     used = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
     assert used and max(used) * config.threads * blocks <= 65536, report  # that many blocks an SM
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
-@pytest.mark.parametrize(("variant", "threads"), [("default", 128), ("default", 256), ("bulk", 128)])
-def test_emulated_kernel_matches_the_reference(variant: str, threads: int) -> None:
-    """The CPU emulator (mok.kernels.emulate; the full run covers more cases and grids)."""
-    from mok.kernels import emulate
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_emulated_kernel_matches_the_reference(config: KernelConfig) -> None:
+    """The CPU emulator (tests/emulator; its full run covers more cases and grids)."""
+    from tests.emulator import emulate
 
     cases = dict(emulate.CASES)
     names = (
@@ -67,7 +80,7 @@ def test_emulated_kernel_matches_the_reference(variant: str, threads: int) -> No
     )
     for name in names:
         for grid in (0, 3):
-            emulate.check(name, cases[name], threads, grid, variant)
+            emulate.check(name, cases[name], config, grid)
 
 
 def _ptr_tensor(shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0) -> torch.Tensor:
@@ -77,15 +90,15 @@ def _ptr_tensor(shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 
 
 def test_jobs_rowwise_transposed_and_gather() -> None:
     out = torch.empty(mok.layout_shape(256, 8, 2), dtype=torch.uint8)
-    rows = launcher.convert_job(_ptr_tensor((2, 256, 8), (4096, 16, 1)), out)
-    assert (rows.mode, rows.vec, rows.experts, rows.es) == (launcher.MODE_ROWS, 16, 2, 4096)
-    cols = launcher.convert_job(_ptr_tensor((2, 256, 8), (4096, 1, 256)), out)
-    assert (cols.mode, cols.vec) == (launcher.MODE_COLS, 16)
-    odd = launcher.convert_job(_ptr_tensor((1, 256, 8), (4096, 12, 1), offset=4), out[:2])
-    assert (odd.mode, odd.vec, odd.es) == (launcher.MODE_ROWS, 4, 0)
-    assert launcher.convert_job(_ptr_tensor((1, 256, 8), (4096, 3, 5)), out[:2]).mode == launcher.MODE_GATHER
-    one_column = launcher.convert_job(_ptr_tensor((1, 256, 1), (4096, 1, 256)), out[:2])
-    assert one_column.mode == launcher.MODE_ROWS  # a single column reads the same bytes either way
+    rows = convert_job(_ptr_tensor((2, 256, 8), (4096, 16, 1)), out)
+    assert (rows.mode, rows.vec, rows.experts, rows.es) == (MODE_ROWS, 16, 2, 4096)
+    cols = convert_job(_ptr_tensor((2, 256, 8), (4096, 1, 256)), out)
+    assert (cols.mode, cols.vec) == (MODE_COLS, 16)
+    odd = convert_job(_ptr_tensor((1, 256, 8), (4096, 12, 1), offset=4), out[:2])
+    assert (odd.mode, odd.vec, odd.es) == (MODE_ROWS, 4, 0)
+    assert convert_job(_ptr_tensor((1, 256, 8), (4096, 3, 5)), out[:2]).mode == MODE_GATHER
+    one_column = convert_job(_ptr_tensor((1, 256, 1), (4096, 1, 256)), out[:2])
+    assert one_column.mode == MODE_ROWS  # a single column reads the same bytes either way
 
 
 @pytest.mark.parametrize(
@@ -99,32 +112,33 @@ def test_jobs_of_a_view_equal_a_job_per_item(shape: tuple[int, ...], strides: tu
     pairs = zip(offsets, outs, strict=True)
     work = [mok.swizzle.ScaleWork(_ptr_tensor(shape, strides, offset=o), out) for o, out in pairs]
     work.append(mok.swizzle.ScaleWork(outs[0].flatten(), outs[1].flatten(), copy=True))
-    want = [launcher.convert_job(w.src, w.dst) for w in work[:-1]] + [launcher.copy_job(work[-1].src, work[-1].dst)]
-    got = launcher.jobs_of(work)
-    expanded = [j for g in got for j in (g.expand() if isinstance(g, launcher.JobGroup) else [g])]
+    want = [convert_job(w.src, w.dst) for w in work[:-1]] + [copy_job(work[-1].src, work[-1].dst)]
+    got = jobs_of(work)
+    expanded = [j for g in got for j in (g.expand() if isinstance(g, JobGroup) else [g])]
     assert sorted(expanded) == sorted(want)
-    assert _table_pairs(launcher._merge(got)) == _table_pairs(launcher._merge(want))  # the same table
+    config = KernelConfig()
+    assert _table_pairs(describe(got, config)) == _table_pairs(describe(want, config))  # the same table
     if strides != (4096, 3, 5):  # rows and columns: the offsets give different alignments
         assert len({j.vec for j in want[:-1]}) > 1
 
 
-def _table_pairs(merged: tuple[list[tuple[int, ...]], list[list[int]], int]) -> tuple[object, ...]:
+def _table_pairs(table: DescriptorTable) -> tuple[object, ...]:
     """A descriptor table up to the order of the experts in an indirect row's address arrays."""
-    rows, arrays, total = merged
-    pairs = [sorted(zip(a[: len(a) // 2], a[len(a) // 2 :], strict=True)) for a in arrays]
-    return rows, pairs, total
+    pairs = [sorted(zip(a[: len(a) // 2], a[len(a) // 2 :], strict=True)) for a in table.arrays]
+    return table.rows, pairs, table.units
 
 
 # (rows R, scale columns C, experts E, tiles per unit) -> units, by hand from the spec: an expert
 # has roundup(R,128)/128 slabs of roundup(C,4)/4 tiles, and a unit takes up to "tiles per unit"
 # tiles of one slab. Padded rows and columns count: R=130 is 2 slabs, C=65 is 17 tiles.
+# (Units of 8 tiles need 64-thread blocks, units of 16 take 128.)
 UNIT_CASES = [
     (128, 4, 1, 16, 1),
     (130, 5, 1, 16, 2),  # 256 x 8 padded: 2 slabs of 2 tiles
     (100, 3, 1, 16, 1),  # fewer than 128 rows still make one slab
     (129, 4, 3, 16, 6),
     (200, 65, 2, 16, 8),  # 2 slabs of 17 tiles = 2 units each, 2 experts
-    (200, 65, 2, 4, 20),  # 17 tiles in units of 4: 5 per slab
+    (200, 65, 2, 8, 12),  # 17 tiles in units of 8: 3 per slab
     (300, 130, 1, 16, 9),  # 3 slabs of 33 tiles = 3 units each
     (7168, 224, 3, 16, 672),  # 56 slabs of 56 tiles = 4 units each, 3 experts
     (1, 1, 1, 16, 1),
@@ -133,8 +147,8 @@ UNIT_CASES = [
 
 @pytest.mark.parametrize(("rows", "cols", "experts", "tiles", "units"), UNIT_CASES)
 def test_units_count_the_padded_layout(rows: int, cols: int, experts: int, tiles: int, units: int) -> None:
-    config = launcher.KernelConfig("default", tiles_per_unit=tiles)
-    job = launcher.Job(0, 0, cols, 1, rows * cols, rows, cols, experts, launcher.MODE_ROWS, 16)
+    config = KernelConfig(tiles, min(128, 8 * tiles))
+    job = Job(0, 0, cols, 1, rows * cols, rows, cols, experts, MODE_ROWS, 16)
     assert job.units(config) == units
 
 
@@ -145,13 +159,13 @@ def test_units_count_the_padded_layout(rows: int, cols: int, experts: int, tiles
         (200, 66, 16, 2),  # 17 tiles (two columns in the last)
         (200, 69, 16, 4),  # 18 tiles: 16 + 2
         (200, 64, 16, 2),  # 16 tiles: nothing to join
-        (200, 65, 4, 8),  # units of 4: 17 = 4 + 4 + 4 + 5
+        (200, 65, 8, 4),  # units of 8: 17 = 8 + 9
         (200, 4, 16, 2),  # one tile in all: nothing to join it to
     ],
 )
 def test_columnwise_one_tile_last_chunk_joins_the_one_before(rows: int, cols: int, tiles: int, units: int) -> None:
-    config = launcher.KernelConfig("default", tiles_per_unit=tiles)
-    job = launcher.Job(0, 0, 1, rows, rows * cols, rows, cols, 1, launcher.MODE_COLS, 16)
+    config = KernelConfig(tiles, min(128, 8 * tiles))
+    job = Job(0, 0, 1, rows, rows * cols, rows, cols, 1, MODE_COLS, 16)
     assert job.units(config) == units
 
 
@@ -174,19 +188,16 @@ PART_CASES = [
 def test_units_of_a_256_thread_block_by_parts(
     rows: int, cols: int, experts: int, col_units: int, row_units: int
 ) -> None:
-    config = launcher.make_config("default", 32, 256)
+    config = KernelConfig(32, 256)
     assert (config.parts, config.part_tiles) == (2, 16)
-    job = launcher.Job(0, 0, 1, rows, rows * cols, rows, cols, experts, launcher.MODE_COLS, 16)
+    job = Job(0, 0, 1, rows, rows * cols, rows, cols, experts, MODE_COLS, 16)
     assert job.units(config) == col_units
-    assert job.row(0, config)[8] & launcher.FLAG_PARTS  # columnwise: always by parts
-    rowwise = job._replace(rs=cols, cs=1, mode=launcher.MODE_ROWS, vec=1)  # byte loads: no slab units
+    assert job.row(0, config)[8] & FLAG_PARTS  # columnwise: always by parts
+    rowwise = job._replace(rs=cols, cs=1, mode=MODE_ROWS, vec=1)  # byte loads: no slab units
     assert rowwise.units(config) == row_units
-    by_parts = rowwise.row(0, config)[8] & launcher.FLAG_PARTS
+    by_parts = rowwise.row(0, config)[8] & FLAG_PARTS
     assert bool(by_parts) == (-(-cols // 4) <= 16), "rowwise by parts exactly where a row fits one part"
-    assert not rowwise.row(0, launcher.make_config("default"))[8] & launcher.FLAG_PARTS  # 128 threads: one part
-
-
-SLAB_CONFIG = launcher.make_config("default", *launcher.ROWWISE_SHAPE)
+    assert not rowwise.row(0, KernelConfig(16, 128))[8] & FLAG_PARTS  # 128 threads: one part
 
 
 @pytest.mark.parametrize(
@@ -207,47 +218,31 @@ SLAB_CONFIG = launcher.make_config("default", *launcher.ROWWISE_SHAPE)
 def test_slab_units_are_aligned_rows_wider_than_a_part_whose_slab_fits(
     rows: int, cols: int, rs: int, vec: int, experts: int, slab_units: int
 ) -> None:
-    job = launcher.Job(0, 0, rs, 1, rows * rs, rows, cols, experts, launcher.MODE_ROWS, vec)
+    job = Job(0, 0, rs, 1, rows * rs, rows, cols, experts, MODE_ROWS, vec)
     flags = job.row(0, SLAB_CONFIG)[8]
-    assert bool(flags & launcher.FLAG_SLAB) == (slab_units > 0)
+    assert bool(flags & FLAG_SLAB) == (slab_units > 0)
     if slab_units:
         assert job.units(SLAB_CONFIG) == slab_units
-        assert not flags & launcher.FLAG_PARTS
+        assert not flags & FLAG_PARTS
     elif vec >= 4 and -(-cols // 4) <= SLAB_CONFIG.part_tiles:
-        assert flags & launcher.FLAG_PARTS  # narrow rows go by parts instead
-    for other in (launcher.make_config("default"), launcher.make_config("bulk")):
-        assert not job.row(0, other)[8] & launcher.FLAG_SLAB  # 128 threads; the bulk kernel's own plan
-
-
-@pytest.mark.parametrize(
-    ("variant", "tiles", "threads", "found"),
-    [
-        ("default", 16, 192, "block size: threads=192"),
-        ("default", 24, 100, "block size: threads=100"),
-        ("bulk", None, 512, "block size: threads=512"),  # the bulk build compiles the default kernel too
-        ("default", 16, 256, "shape: tiles_per_unit=16, threads=256"),
-    ],
-)
-def test_unsupported_kernel_shapes_are_refused(variant: str, tiles: int | None, threads: int, found: str) -> None:
-    with pytest.raises(ValueError, match=f"unsupported kernel {found}"):
-        launcher.make_config(variant, tiles, threads)
+        assert flags & FLAG_PARTS  # narrow rows go by parts instead
+    assert not job.row(0, KernelConfig(16, 128))[8] & FLAG_SLAB  # 128 threads: no slab units
 
 
 @pytest.mark.parametrize(("nbytes", "units"), [(1, 1), (16384, 1), (16385, 2), (16384 * 3 + 1, 4)])
 def test_copy_units(nbytes: int, units: int) -> None:
-    assert launcher.Job(0, 0, 0, 0, 0, nbytes, 0, 1, launcher.MODE_COPY, 16).units() == units
+    assert Job(0, 0, 0, 0, 0, nbytes, 0, 1, MODE_COPY, 16).units(KernelConfig()) == units
 
 
 def test_same_shaped_experts_merge_into_one_indirect_job() -> None:
     # per-expert matrices of one shape become one job reading a pointer table; others stay apart
-    experts = [launcher.Job(1000 * e, 5000 * e, 8, 1, 0, 130, 5, 1, launcher.MODE_ROWS, 4) for e in range(1, 4)]
-    odd = launcher.Job(7, 9, 12, 1, 0, 100, 3, 1, launcher.MODE_ROWS, 4)
-    copy = launcher.Job(64, 128, 0, 0, 0, 40000, 0, 1, launcher.MODE_COPY, 16)
-    config = launcher.KernelConfig("default", tiles_per_unit=16)
-    rows, arrays, total = launcher._merge([*experts[:2], odd, experts[2], copy], config)
+    experts = [Job(1000 * e, 5000 * e, 8, 1, 0, 130, 5, 1, MODE_ROWS, 4) for e in range(1, 4)]
+    odd = Job(7, 9, 12, 1, 0, 100, 3, 1, MODE_ROWS, 4)
+    copy = Job(64, 128, 0, 0, 0, 40000, 0, 1, MODE_COPY, 16)
+    rows, arrays, total = describe([*experts[:2], odd, experts[2], copy], KernelConfig(16, 128))
     assert len(rows) == 3
     merged = rows[0]
-    assert merged[7] == 3 and merged[8] & launcher.FLAG_INDIRECT and merged[9] == 0
+    assert merged[7] == 3 and merged[8] & FLAG_INDIRECT and merged[9] == 0
     assert arrays == [[1000, 2000, 3000, 5000, 10000, 15000]]
     # by hand: R=130, C=5 pads to 2 slabs of 2 tiles = 2 units an expert, 6 for the three;
     # R=100, C=3 is 1 slab of 1 tile = 1 unit; 40000 bytes are 3 copy chunks of 16384
@@ -257,72 +252,52 @@ def test_same_shaped_experts_merge_into_one_indirect_job() -> None:
 
 
 def test_per_expert_copies_of_one_size_merge_into_one_indirect_job() -> None:
-    # each expert's already-swizzled buffer: one pointer-table copy job (default kernel), so a unit
-    # finds its copy without searching the experts' jobs; the bulk kernel keeps one job each
-    copies = [launcher.Job(64 * e, 128 * e, 0, 0, 0, 40000, 0, 1, launcher.MODE_COPY, 16) for e in range(1, 4)]
-    other = launcher.Job(7, 9, 0, 0, 0, 100, 0, 1, launcher.MODE_COPY, 1)
-    rows, arrays, total = launcher._merge([*copies, other], launcher.KernelConfig("default"))
-    assert len(rows) == 2 and rows[0][7] == 3 and rows[0][8] == launcher.MODE_COPY | 16 << 8 | launcher.FLAG_INDIRECT
+    # each expert's already-swizzled buffer: one pointer-table copy job, so a unit finds its copy
+    # without searching the experts' jobs
+    copies = [Job(64 * e, 128 * e, 0, 0, 0, 40000, 0, 1, MODE_COPY, 16) for e in range(1, 4)]
+    other = Job(7, 9, 0, 0, 0, 100, 0, 1, MODE_COPY, 1)
+    rows, arrays, total = describe([*copies, other], KernelConfig())
+    assert len(rows) == 2 and rows[0][7] == 3 and rows[0][8] == MODE_COPY | 16 << 8 | FLAG_INDIRECT
     assert arrays == [[64, 128, 192, 128, 256, 384]]
     assert rows[1][9] == 9 and total == 10  # 40000 bytes are 3 chunks of 16384 an expert; 100 bytes 1
-    rows, arrays, total = launcher._merge([*copies, other], launcher.make_config("bulk"))
-    assert len(rows) == 4 and not arrays and total == 10
 
 
-def test_configure_keeps_the_shape_set_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A benchmark that sets MOK_KERNEL_SHAPE and then picks variants measures that shape."""
-    monkeypatch.setenv(launcher.SHAPE_ENV, "32,256")
-    try:
-        launcher.configure(variant="default")
-        assert (launcher.TILES_PER_UNIT, launcher.THREADS) == (32, 256)
-        launcher.configure(variant="default", tiles_per_unit=16, threads=128)  # explicit wins
-        assert (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
-        monkeypatch.setenv(launcher.SHAPE_ENV, "32")
-        with pytest.raises(ValueError, match="MOK_KERNEL_SHAPE must be TILES,THREADS.*'32'"):
-            launcher.configure()
-    finally:
-        monkeypatch.delenv(launcher.SHAPE_ENV)
-        launcher.configure()
-    assert (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
+def test_table_values_point_indirect_rows_at_their_address_arrays() -> None:
+    experts = [Job(1000 * e, 5000 * e, 8, 1, 0, 130, 5, 1, MODE_ROWS, 4) for e in range(1, 3)]
+    odd = Job(7, 9, 12, 1, 0, 100, 3, 1, MODE_ROWS, 4)
+    table = describe([*experts, odd], KernelConfig())
+    values = table.values(base=4096)
+    assert table.words == len(values) == 2 * 10 + 4
+    # row 0 reads its srcs at the first word after the rows (4096 + 8 * 20), its dsts two words on
+    assert values[:2] == [4096 + 8 * 20, 4096 + 8 * 22] and values[2:10] == list(table.rows[0][2:])
+    assert values[10:20] == list(table.rows[1]) and values[20:] == [1000, 2000, 5000, 10000]
 
 
-def test_launches_with_rowwise_jobs_take_the_rowwise_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no shape configured, a launch's shape follows its jobs (the H200 benchmark's fastest
-    for each); a configured shape, or another variant, holds for every launch."""
-    rows = launcher.Job(0, 0, 224, 1, 0, 2048, 224, 4, launcher.MODE_ROWS, 16)
-    cols = rows._replace(rs=1, cs=2048, mode=launcher.MODE_COLS)
-    gather = rows._replace(rs=448, cs=2, mode=launcher.MODE_GATHER, vec=1)
-    copy = launcher.Job(0, 0, 0, 0, 0, 4096, 0, 1, launcher.MODE_COPY, 16)
-    group = launcher.JobGroup(cols._replace(experts=1), (0, 16), (0, 16))
-    row_group = launcher.JobGroup(rows._replace(experts=1), (0, 16), (0, 16))  # per-expert tensors
+def test_launches_with_rowwise_jobs_take_the_rowwise_shape() -> None:
+    """By default a launch's shape follows its jobs (the H200 benchmark's fastest for each); a
+    fixed shape holds for every launch."""
+    rows = Job(0, 0, 224, 1, 0, 2048, 224, 4, MODE_ROWS, 16)
+    cols = rows._replace(rs=1, cs=2048, mode=MODE_COLS)
+    gather = rows._replace(rs=448, cs=2, mode=MODE_GATHER, vec=1)
+    copy = Job(0, 0, 0, 0, 0, 4096, 0, 1, MODE_COPY, 16)
+    group = JobGroup(cols._replace(experts=1), (0, 16), (0, 16))
+    row_group = JobGroup(rows._replace(experts=1), (0, 16), (0, 16))  # per-expert tensors
 
-    def shape(jobs: list[launcher.Job | launcher.JobGroup]) -> tuple[int, int]:
-        config = launcher.config_for(jobs)
+    def shape(jobs: list[Job | JobGroup], shapes: LaunchShapes | None = None) -> tuple[int, int]:
+        config = config_for(jobs, shapes or LaunchShapes())
         return config.tiles_per_unit, config.threads
 
-    monkeypatch.delenv(launcher.SHAPE_ENV, raising=False)
-    try:
-        launcher.configure()
-        assert shape([rows, copy]) == shape([rows, cols]) == shape([rows, group]) == launcher.ROWWISE_SHAPE == (32, 256)
-        assert shape([gather]) == shape([gather, cols]) == shape([row_group]) == shape([row_group, group]) == (32, 256)
-        assert shape([cols, group, copy]) == (launcher.TILES_PER_UNIT, launcher.THREADS) == (16, 128)
-        assert shape([copy, copy]) == shape([group]) == (16, 128)  # columnwise jobs and copies alone
-        launcher.configure(tiles_per_unit=16, threads=128)
-        assert shape([rows]) == (16, 128)
-        launcher.configure(variant="bulk")
-        assert launcher.config_for([rows]).bulk
-        monkeypatch.setenv(launcher.SHAPE_ENV, "32,256")
-        launcher.configure()
-        assert shape([rows, cols]) == (32, 256)
-    finally:
-        monkeypatch.delenv(launcher.SHAPE_ENV, raising=False)
-        launcher.configure()
+    assert shape([rows, copy]) == shape([rows, cols]) == shape([rows, group]) == (32, 256)
+    assert shape([gather]) == shape([gather, cols]) == shape([row_group]) == shape([row_group, group]) == (32, 256)
+    assert shape([cols, group, copy]) == shape([copy, copy]) == shape([group]) == (16, 128)  # no rowwise job
+    assert shape([rows], LaunchShapes.fixed(KernelConfig(16, 128))) == (16, 128)
+    assert shape([cols, copy], LaunchShapes.fixed(KernelConfig(32, 256))) == (32, 256)
 
 
 def test_misaligned_output_is_refused() -> None:
     base = torch.zeros(2048 + 8, dtype=torch.uint8)
     with pytest.raises(mok.LayoutError, match="16-byte aligned"):
-        launcher.convert_job(torch.zeros(1, 128, 4, dtype=torch.uint8), base[8:].view(4, 1, 32, 16)[:1])
+        convert_job(torch.zeros(1, 128, 4, dtype=torch.uint8), base[8:].view(4, 1, 32, 16)[:1])
 
 
 def test_refresh_layer_on_the_torch_backend(installed_te) -> None:  # type: ignore[no-untyped-def]

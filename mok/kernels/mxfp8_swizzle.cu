@@ -15,11 +15,11 @@
 // (the columnwise buffer [M/32, K] read as its transpose) are read along their contiguous axis and
 // transposed 4x4 bytes in registers.
 //
-// Compiled at first use by NVRTC (mok/kernels/launcher.py); compile-checked on CPU CI.
+// Compiled at first use by NVRTC (mok/kernels/launch.py); compile-checked on CPU CI.
 
 #define ROWS 128                 // rows of one output slab
 #ifndef TILES_PER_UNIT
-#define TILES_PER_UNIT 16        // 4-column tiles per unit (launcher.py passes its value)
+#define TILES_PER_UNIT 16        // 4-column tiles per unit (config.py passes its value)
 #endif
 #ifndef THREADS
 #define THREADS 128
@@ -27,12 +27,10 @@
 #define PIECES (ROWS * TILES_PER_UNIT / 4 / THREADS)  // 16-byte pieces per thread
 // Parts: a block of more than 128 threads can also convert PARTS units of one slab each at once,
 // 128 threads and PART_TILES tiles a part, each part as a 128-thread block would (its own shared
-// tile, its own barrier), where the launcher says (FLAG_PARTS): columnwise jobs, and rowwise ones
-// whose rows fit one part (at most PART_TILES tiles, like TE's 64-column matrices, which would leave
-// half of a wide unit idle). It lets the launcher's 32 x 256 shape for rowwise launches (0.01-0.06
-// faster than 16 x 128) convert any job; columnwise jobs still run 0.00-0.04 slower in it than at
-// 16 x 128, so the launcher gives launches of columnwise jobs alone 16 x 128 (a layer, rowwise jobs
-// beside them, takes 32 x 256 for their slab units: benchmarks/KERNEL_NOTES.md, sessions 7 and 9).
+// tile, its own barrier), where jobs.py says (FLAG_PARTS): columnwise jobs, and rowwise ones whose
+// rows fit one part (at most PART_TILES tiles, like TE's 64-column matrices, which would leave half
+// of a wide unit idle). So the 32 x 256 shape that suits rowwise jobs converts any job beside them
+// in the same launch (benchmarks/KERNEL_NOTES.md has why each launch takes the shape it does).
 #define PART_THREADS (THREADS < 128 ? THREADS : 128)
 #define PARTS (THREADS / PART_THREADS)
 #define PART_TILES (TILES_PER_UNIT / PARTS)
@@ -46,13 +44,13 @@ static_assert(PARTS * PART_THREADS == THREADS && PARTS * PART_TILES == TILES_PER
 #define PITCH_OF(COLS, W) ((W) * 4 + ((COLS) ? 12 : 4))
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 #ifndef SLAB_BYTES
-#define SLAB_BYTES 0  // shared bytes of a slab unit (FLAG_SLAB); 0: none in this build (launcher.py)
+#define SLAB_BYTES 0  // shared bytes of a slab unit (FLAG_SLAB); 0: none in this build (config.py)
 #endif
 #define TILE_BYTES \
   MAX2(SLAB_BYTES, MAX2(ROWS * PITCH_OF(false, TILES_PER_UNIT), PARTS * ROWS * PITCH_OF(true, PART_TILES)))
 // Resident blocks per SM the register allocation is made for: 10 x 128 threads (48 registers a
 // thread) rather than 8 (64): more loads in flight per SM, which hides each block's start (its
-// addresses, and for per-expert jobs the pointer-table load) (benchmarks/KERNEL_NOTES.md, session 6).
+// addresses, and for per-expert jobs the pointer-table load; benchmarks/KERNEL_NOTES.md).
 #define MIN_BLOCKS (1280 / THREADS)
 static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns per thread");
 #define COPY_CHUNK 16384
@@ -61,11 +59,10 @@ static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns p
 #define MODE_COLS 1       // rs == 1: columns contiguous (a transposed view)
 #define MODE_GATHER 2     // any strides, byte by byte
 #define MODE_COPY 3       // already in the layout: copy R bytes (C unused)
-#define FLAG_INDIRECT (1 << 16)  // src and dst are device arrays of per-expert addresses (conversions,
-                                 // and copies under the default kernel)
+#define FLAG_INDIRECT (1 << 16)  // src and dst are device arrays of per-expert addresses
 #define FLAG_JOIN_LAST (1 << 17)  // the one-tile last chunk of a columnwise job joins the chunk before
-                                  // (decided by the launcher, Job._joins_last)
-#define FLAG_PARTS (1 << 18)      // a job converted by parts (decided by the launcher, Job._width)
+                                  // (decided in jobs.py, Job._joins_last)
+#define FLAG_PARTS (1 << 18)      // a job converted by parts (decided in jobs.py, Job._width)
 #define FLAG_SLAB (1 << 19)       // a rowwise job converted a whole 128-row slab a unit (Job._slab)
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
@@ -128,8 +125,8 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
   const int slabs = (R + ROWS - 1) / ROWS;  // Rp / 128
   const int width = U.slab ? tiles : U.by_parts ? PART_TILES : TILES_PER_UNIT;  // tiles per unit (of a part)
   // A columnwise job whose last chunk would be one tile (TE's 65 columns, M = 2080) gives that
-  // tile to the chunk before it: one unit of width + 1 tiles, not a block for 512 bytes
-  // (padded columnwise 1.14 / 1.26 -> 1.11 / 1.13; benchmarks/KERNEL_NOTES.md, session 6).
+  // tile to the chunk before it: one unit of width + 1 tiles, not a whole block started for 512
+  // bytes.
   const bool extra = (job.flags & FLAG_JOIN_LAST) != 0;
   const int chunks = (tiles + width - 1) / width - extra;
   const long long per_expert = (long long)slabs * chunks;
@@ -166,8 +163,7 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
 
 // The first n (1..15) bytes at a 4-byte aligned address, zero above (a padded row's last piece):
 // whole words with 4-byte loads, the last 1-3 bytes with one 1- or 2-byte load, zero-extended, so
-// nothing waits on assembly; 16 predicated byte loads assembled in the branch cost 1.24 -> 1.20
-// on the padded rowwise case and 1.40 -> 1.15 on E=1 (benchmarks/KERNEL_NOTES.md, session 4).
+// nothing waits on assembling bytes (16 predicated byte loads were slower; benchmarks/KERNEL_NOTES.md).
 __device__ __forceinline__ uint4 partial_words(const unsigned char* in, const int n) {
   unsigned w[4];
 #pragma unroll
@@ -327,8 +323,7 @@ __device__ __forceinline__ void unit_sync() {
   }
 }
 
-template <class U_>
-__device__ __forceinline__ void copy_unit(const U_& U) {
+__device__ __forceinline__ void copy_unit(const Unit& U) {
   const long long begin = U.rs, end = U.cs;
   if (U.vec == 16) {
     for (long long i = begin + threadIdx.x * 16; i + 16 <= end; i += THREADS * 16)
@@ -343,8 +338,8 @@ __device__ __forceinline__ void copy_unit(const U_& U) {
 // One unit through registers and the shared tile, compiled once per kind of unit (columnwise, or
 // rowwise and gather; whole-block or by parts) and never inlined: each gets its own register
 // allocation and load schedule, so a change to one path cannot slow the other
-// (benchmarks/KERNEL_NOTES.md, session 3). Every thread of the block calls the same one (parts
-// may have different units, or none).
+// (benchmarks/KERNEL_NOTES.md). Every thread of the block calls the same one (parts may have
+// different units, or none).
 template <bool COLS, int N, int W>
 __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
   constexpr int P = PITCH_OF(COLS, W);
@@ -352,9 +347,8 @@ __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
   uint4 v[PIECES];
   fetch<COLS, N, W>(U, v);
   // The block's previous unit's tile reads are done (whatever its parts were). Kept where the
-  // block had no unit before: without it every rowwise case lost 0.06-0.13 (likely because it
-  // also keeps the compiler from interleaving the loads with the shared stores; KERNEL_NOTES.md,
-  // session 7).
+  // block had no unit before: every rowwise case is slower without it (likely because it also
+  // keeps the compiler from interleaving the loads with the shared stores; KERNEL_NOTES.md).
   __syncthreads();
   deposit<COLS, N, W>(U, v, tile);
   if (COLS && U.ntiles > W) {  // the extra tile, by the same registers
@@ -404,10 +398,10 @@ __device__ __forceinline__ unsigned word(const uint4 v, const int x) {
 // contiguous byte range whatever C is, so it is staged as it lies, with aligned 16-byte copies (the
 // short head and tail byte by byte), at the same address modulo 16, then read back masked to
 // [rv, cv): a 4-byte shared read an output word, or for 16-byte aligned rows a 16-byte read a row
-// that serves four tiles. Padded rowwise went 1.18 / 1.21 -> 1.11 / 1.10 of a copy (DRAM
-// throughput 58 -> 75%; four 4-byte register loads a piece had the L1 re-read every line), and
-// per-expert rowwise 1.12 -> 1.06, half the blocks each waiting for its expert's addresses
-// (benchmarks/KERNEL_NOTES.md, session 8). The launcher sees that the slab fits (Job._slab).
+// that serves four tiles. Staged without registers, a slab keeps DRAM busy where four 4-byte
+// register loads a piece had the L1 re-read every line, and a per-expert launch needs half the
+// blocks, each waiting for its expert's addresses (benchmarks/KERNEL_NOTES.md). jobs.py sees that
+// the slab fits (Job._slab).
 __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
   const unsigned char* base = U.src + (long long)U.r0 * U.rs;  // S[r0, 0]
   const int d = (int)(reinterpret_cast<unsigned long long>(base) & 15);
@@ -460,335 +454,6 @@ __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
 }
 #endif
 
-#if defined(MOK_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// ---- bulk variant (MOK_BULK, sm_90+). Each block walks a contiguous range of units; while it
-// writes unit i from shared memory, the bulk copy engine (cp.async.bulk, completing on an mbarrier)
-// fills the other stage buffer with unit i+1. The host (launcher.py) picks per job how a unit is
-// staged and how many 4-column tiles it has (flags bits 20-21 and 24-39):
-//   STAGE_SLAB   rowwise: the unit is a whole 128-row slab, ONE contiguous byte range of the
-//                source whatever C is (rows of C bytes at stride rs); its 16-byte-aligned middle
-//                is bulk-copied, the short head and tail are read with ordinary loads.
-//   STAGE_ROWSEG rowwise, 16-byte aligned rows too wide for a slab: one copy per row.
-//   STAGE_COLSEG columnwise (a transposed view): one copy of up to 128 bytes per column.
-//   STAGE_NONE   anything else (gather, misaligned): ordinary byte loads, no staging.
-// Shared memory mirrors the source's address modulo 16, so alignment tests on the source hold
-// for the staged copy too. Output is written as whole 16-byte rows of 512-byte tiles.
-#define STAGE_NONE 0
-#define STAGE_SLAB 1
-#define STAGE_ROWSEG 2
-#define STAGE_COLSEG 3
-#ifndef STAGE_BYTES
-#define STAGE_BYTES 32768
-#endif
-#define COL_PITCH 144  // shared bytes per staged column: 16-byte aligned, 2-way conflicts at most
-
-struct BUnit {
-  const unsigned char* src;  // this expert's S[0, 0] (copy: the job's source)
-  unsigned char* dst;        // the unit's first output tile (copy: the job's destination)
-  long long rs, cs;          // strides; for MODE_COPY the unit's byte range [rs, cs)
-  int mode, vec, kind, r0, c0, rv, cv, ntiles;
-  int delta, sr, orow, lo, hi, bytes;  // staging: see stage_of
-  bool w4, w16;                         // staged words / 16-byte blocks are aligned in shared memory
-};
-
-// Which job and expert the block's previous unit came from: consecutive units of one expert
-// reuse the expert's addresses (one dependent pointer-table load per expert per block).
-struct Cursor {
-  int job;
-  long long begin, end, expert;
-  const unsigned char* src;
-  unsigned char* dst;
-};
-
-#ifndef MOK_EMULATE  // mok/kernels/emulate.py runs this code on the CPU with its own versions
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(unsigned long long* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-}
-
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// Orders this thread's earlier ordinary shared-memory accesses before later bulk copies.
-__device__ __forceinline__ void proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ void bulk_load(unsigned char* dst, const unsigned char* src, unsigned bytes,
-                                          unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-#endif
-
-// The staging of a unit. Rowwise: S[r, c] (unit-relative) sits at stage + delta + r*sr + c and is
-// staged when lo <= r*orow + c and the read ends by hi. Columnwise: at stage + c*sr + r, staged
-// when r + 4 <= hi.
-__device__ __forceinline__ void stage_of(BUnit& U) {
-  U.delta = U.lo = U.hi = U.bytes = U.orow = U.sr = 0;
-  if (U.kind == STAGE_SLAB) {
-    const unsigned long long g0 = reinterpret_cast<unsigned long long>(U.src) + (unsigned long long)U.r0 * U.rs;
-    const long long span = (long long)(U.rv - 1) * U.rs + U.cv;
-    const unsigned long long a = (g0 + 15) & ~15ull, b = (g0 + span) & ~15ull;
-    U.delta = (int)(g0 & 15);
-    U.sr = U.orow = (int)U.rs;
-    U.lo = (int)(a - g0);
-    U.hi = b > a ? (int)(b - g0) : U.lo;
-    U.bytes = U.hi - U.lo;
-  } else if (U.kind == STAGE_ROWSEG) {
-    U.sr = (((U.ntiles * 4 + 15) / 16) | 1) * 16;  // odd number of 16-byte words: no bank conflicts
-    U.hi = U.cv & ~15;
-    U.bytes = U.rv * U.hi;
-  } else if (U.kind == STAGE_COLSEG) {
-    U.sr = COL_PITCH;
-    U.hi = U.rv & ~15;
-    U.bytes = U.cv * U.hi;
-  }
-  U.w4 = ((U.delta | U.sr) & 3) == 0;
-  U.w16 = ((U.delta | U.sr) & 15) == 0;
-}
-
-__device__ __forceinline__ void decode_bulk(const Job* __restrict__ jobs, int njobs, long long total, long long u,
-                                            Cursor& cur, BUnit& U) {
-  if (u < cur.begin || u >= cur.end) {
-    int lo = 0, hi = njobs - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (jobs[mid].unit_begin <= u) lo = mid; else hi = mid - 1;
-    }
-    cur.job = lo;
-    cur.begin = jobs[lo].unit_begin;
-    cur.end = lo + 1 < njobs ? jobs[lo + 1].unit_begin : total;
-    cur.expert = -1;
-  }
-  const Job& job = jobs[cur.job];
-  const long long local = u - cur.begin;
-  U.mode = (int)(job.flags & 0xff);
-  U.vec = (int)((job.flags >> 8) & 0xff);
-  U.kind = (int)((job.flags >> 20) & 3);
-  U.rs = job.rs;
-  U.cs = job.cs;
-  if (U.mode == MODE_COPY) {
-    U.src = reinterpret_cast<const unsigned char*>(job.src);
-    U.dst = reinterpret_cast<unsigned char*>(job.dst);
-    U.rs = local * COPY_CHUNK;
-    U.cs = min(U.rs + (long long)COPY_CHUNK, job.rows);
-    U.kind = STAGE_NONE;
-    U.r0 = U.c0 = U.rv = U.cv = U.ntiles = 0;
-    U.delta = U.sr = U.orow = U.lo = U.hi = U.bytes = 0;
-    U.w4 = U.w16 = false;
-    return;
-  }
-  const int ut = (int)((job.flags >> 24) & 0xffff);
-  const int R = (int)job.rows, C = (int)job.cols;
-  const int tiles = (C + 3) / 4;
-  const int slabs = (R + ROWS - 1) / ROWS;
-  const int chunks = (tiles + ut - 1) / ut;
-  const long long per_expert = (long long)slabs * chunks;
-  const long long e = local / per_expert;
-  const int rem = (int)(local - e * per_expert);
-  const int rb = rem / chunks;
-  const int t0 = (rem % chunks) * ut;
-  if (e != cur.expert) {
-    cur.expert = e;
-    if (job.flags & FLAG_INDIRECT) {
-      cur.src = reinterpret_cast<const unsigned char*>(reinterpret_cast<const long long*>(job.src)[e]);
-      cur.dst = reinterpret_cast<unsigned char*>(reinterpret_cast<const long long*>(job.dst)[e]);
-    } else {
-      cur.src = reinterpret_cast<const unsigned char*>(job.src + e * job.es);
-      cur.dst = reinterpret_cast<unsigned char*>(job.dst) + e * slabs * tiles * 512LL;
-    }
-  }
-  U.ntiles = min(ut, tiles - t0);
-  U.r0 = rb * ROWS;
-  U.c0 = t0 * 4;
-  U.rv = min(ROWS, R - U.r0);
-  U.cv = min(ut * 4, C - U.c0);
-  U.src = cur.src;
-  U.dst = cur.dst + ((long long)rb * tiles + t0) * 512;
-  stage_of(U);
-}
-
-// Start filling `stage` with unit U (every thread calls it; the copies are spread over threads).
-__device__ __forceinline__ void issue(const BUnit& U, unsigned char* stage, unsigned long long* bar) {
-  if (U.bytes == 0) return;
-  proxy_fence();  // earlier ordinary reads of this stage
-  if (threadIdx.x == 0) mbar_expect(bar, (unsigned)U.bytes);
-  if (U.kind == STAGE_SLAB) {
-    if (threadIdx.x == 0)
-      bulk_load(stage + U.delta + U.lo, U.src + (long long)U.r0 * U.rs + U.lo, (unsigned)U.bytes, bar);
-  } else if (U.kind == STAGE_ROWSEG) {
-    for (int i = threadIdx.x; i < U.rv; i += THREADS)
-      bulk_load(stage + i * U.sr, U.src + (long long)(U.r0 + i) * U.rs + U.c0, (unsigned)U.hi, bar);
-  } else {
-    for (int i = threadIdx.x; i < U.cv; i += THREADS)
-      bulk_load(stage + i * U.sr, U.src + (long long)(U.c0 + i) * U.cs + U.r0, (unsigned)U.hi, bar);
-  }
-}
-
-// S[r, c] of the unit from global memory, 0 outside [rv, cv): the path for unstaged bytes.
-__device__ __forceinline__ unsigned gbyte(const BUnit& U, int r, int c) {
-  return (r < U.rv && c < U.cv) ? ld_byte(U.src + (long long)(U.r0 + r) * U.rs + (long long)(U.c0 + c) * U.cs) : 0u;
-}
-
-__device__ __forceinline__ bool staged_row(const BUnit& U, int r, int c, int w) {
-  const int o = r * U.orow + c;
-  return r < U.rv && c + w <= U.cv && o >= U.lo && o + w <= U.hi;
-}
-
-// Bytes S[r, c..c+3] of a rowwise unit (c a multiple of 4).
-__device__ __forceinline__ unsigned row_word(const BUnit& U, const unsigned char* st, int r, int c) {
-  if (staged_row(U, r, c, 4)) {
-    const unsigned char* p = st + U.delta + r * U.sr + c;
-    if (U.w4) return *reinterpret_cast<const unsigned*>(p);
-    return p[0] | p[1] << 8 | p[2] << 16 | (unsigned)p[3] << 24;
-  }
-  return gbyte(U, r, c) | gbyte(U, r, c + 1) << 8 | gbyte(U, r, c + 2) << 16 | gbyte(U, r, c + 3) << 24;
-}
-
-__device__ __forceinline__ uint4 row_block(const BUnit& U, const unsigned char* st, int r, int c) {
-  if (staged_row(U, r, c, 16)) return *reinterpret_cast<const uint4*>(st + U.delta + r * U.sr + c);
-  return make_uint4(row_word(U, st, r, c), row_word(U, st, r, c + 4), row_word(U, st, r, c + 8),
-                    row_word(U, st, r, c + 12));
-}
-
-__device__ __forceinline__ unsigned pick(const uint4& v, int x) {
-  return x == 0 ? v.x : x == 1 ? v.y : x == 2 ? v.z : v.w;
-}
-
-// Rowwise (and gather): output row `lane` of tile t is S[lane + 32g, 4t..4t+3] for g = 0..3.
-__device__ __forceinline__ void rows_out(const BUnit& U, const unsigned char* st) {
-  if (U.w16) {  // one 16-byte shared read per source row serves four tiles
-    const int items = ((U.ntiles + 3) / 4) * 32;
-    for (int item = threadIdx.x; item < items; item += THREADS) {
-      const int j = item >> 5, lane = item & 31;
-      const uint4 v0 = row_block(U, st, lane, 16 * j), v1 = row_block(U, st, lane + 32, 16 * j);
-      const uint4 v2 = row_block(U, st, lane + 64, 16 * j), v3 = row_block(U, st, lane + 96, 16 * j);
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        if (4 * j + x < U.ntiles)
-          *reinterpret_cast<uint4*>(U.dst + (4 * j + x) * 512 + lane * 16) =
-              make_uint4(pick(v0, x), pick(v1, x), pick(v2, x), pick(v3, x));
-      }
-    }
-    return;
-  }
-  const int items = U.ntiles * 32;
-  for (int item = threadIdx.x; item < items; item += THREADS) {
-    const int t = item >> 5, lane = item & 31;
-    *reinterpret_cast<uint4*>(U.dst + t * 512 + lane * 16) =
-        make_uint4(row_word(U, st, lane, 4 * t), row_word(U, st, lane + 32, 4 * t),
-                   row_word(U, st, lane + 64, 4 * t), row_word(U, st, lane + 96, 4 * t));
-  }
-}
-
-// Bytes S[r..r+3, c] of a columnwise unit (column c is contiguous in the source).
-__device__ __forceinline__ unsigned col_word(const BUnit& U, const unsigned char* st, int r, int c) {
-  if (c < U.cv && r + 4 <= U.hi) return *reinterpret_cast<const unsigned*>(st + c * U.sr + r);
-  return gbyte(U, r, c) | gbyte(U, r + 1, c) << 8 | gbyte(U, r + 2, c) << 16 | gbyte(U, r + 3, c) << 24;
-}
-
-// Columnwise: a thread reads rows 4q+32g..+3 of the tile's 4 columns, transposes each 4x4 block
-// and writes output rows 4q..4q+3 of tile t (64 contiguous bytes).
-__device__ __forceinline__ void cols_out(const BUnit& U, const unsigned char* st) {
-  const int items = U.ntiles * 8;
-  for (int item = threadIdx.x; item < items; item += THREADS) {
-    const int t = item >> 3, q = item & 7;
-    unsigned rows[4][4];
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      const int r = 32 * g + 4 * q;
-      transpose4(col_word(U, st, r, 4 * t), col_word(U, st, r, 4 * t + 1), col_word(U, st, r, 4 * t + 2),
-                 col_word(U, st, r, 4 * t + 3), rows[g]);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      *reinterpret_cast<uint4*>(U.dst + t * 512 + (4 * q + i) * 16) =
-          make_uint4(rows[0][i], rows[1][i], rows[2][i], rows[3][i]);
-  }
-}
-
-__device__ __forceinline__ void bulk_body(const Job* __restrict__ jobs, int njobs, long long total) {
-#ifdef MOK_EMULATE
-  unsigned char* stages = emulated_stages();
-  unsigned long long* bars = emulated_bars();
-#else
-  extern __shared__ __align__(128) unsigned char stages[];  // 2 x STAGE_BYTES (dynamic)
-  __shared__ __align__(8) unsigned long long bars[2];
-#endif
-  if (threadIdx.x == 0) {
-    mbar_init(&bars[0]);
-    mbar_init(&bars[1]);
-    mbar_init_fence();
-  }
-  __syncthreads();
-  const long long per = total / gridDim.x, extra = total % gridDim.x;
-  const long long ub = blockIdx.x * per + min((long long)blockIdx.x, extra);
-  const long long ue = ub + per + ((long long)blockIdx.x < extra ? 1 : 0);
-  if (ub >= ue) return;
-  Cursor cur;
-  cur.job = 0;
-  cur.begin = cur.end = cur.expert = -1;
-  cur.src = nullptr;
-  cur.dst = nullptr;
-  BUnit U, N;
-  decode_bulk(jobs, njobs, total, ub, cur, U);
-  issue(U, stages, &bars[0]);
-  unsigned phase = 0;  // bit b: parity of the next completion of bars[b]
-  int buf = 0;
-  for (long long u = ub; u < ue; ++u) {
-    if (u + 1 < ue) {  // the other stage was released by the barrier that ended the last unit
-      decode_bulk(jobs, njobs, total, u + 1, cur, N);
-      issue(N, stages + (buf ^ 1) * STAGE_BYTES, &bars[buf ^ 1]);
-    }
-    const unsigned char* st = stages + buf * STAGE_BYTES;
-    if (U.mode == MODE_COPY) {
-      copy_unit(U);
-    } else {
-      if (U.bytes) {
-        mbar_wait(&bars[buf], (phase >> buf) & 1u);
-        phase ^= 1u << buf;
-      }
-      if (U.mode == MODE_COLS) cols_out(U, st); else rows_out(U, st);
-    }
-    __syncthreads();  // every read of this stage is done before it is filled again
-    U = N;
-    buf ^= 1;
-  }
-}
-#endif
-
-// Default: one block per unit: many small independent blocks per SM keep enough reads in flight.
-// Bulk (MOK_BULK, sm_90+): persistent blocks over contiguous unit ranges, Hopper bulk copies.
-#ifdef MOK_BULK
-#ifndef BULK_BLOCKS
-#define BULK_BLOCKS 3  // blocks per SM: 2 x 32 KB stages each fit three times in 228 KB
-#endif
-#define MOK_BOUNDS __launch_bounds__(THREADS, BULK_BLOCKS)
-#else
-#define MOK_BOUNDS __launch_bounds__(THREADS, MIN_BLOCKS)
-#endif
 __device__ __forceinline__ void convert(const Unit& U, unsigned char* tile) {
   if (U.mode == MODE_COLS) {
     convert_unit<true, PART_THREADS, PART_TILES>(U, tile);
@@ -803,11 +468,10 @@ __device__ __forceinline__ void convert(const Unit& U, unsigned char* tile) {
   }
 }
 
-extern "C" __global__ void MOK_BOUNDS
+// One block per unit (the loop runs again only past the largest grid): many small independent
+// blocks per SM keep enough reads in flight.
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_units) {
-#if defined(MOK_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  bulk_body(jobs, njobs, total_units);
-#else
   __shared__ __align__(16) unsigned char tile[TILE_BYTES];
   for (long long u = blockIdx.x; u < total_units; u += gridDim.x) {
     const Unit U = decode(jobs, njobs, u);
@@ -817,5 +481,4 @@ mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_unit
     }
     convert(U, tile);
   }
-#endif
 }

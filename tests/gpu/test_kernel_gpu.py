@@ -1,5 +1,5 @@
-"""The CUDA kernel against the torch reference, byte for byte, on a real GPU, for EVERY kernel
-variant (launcher.VARIANTS: the default kernel and the sm_90 bulk-copy one).
+"""The CUDA kernel against the torch reference, byte for byte, on a real GPU, with each launch's
+own shape and with each of the two shapes fixed for every launch (MOK_KERNEL_SHAPE).
 
 Inputs are random bytes with 0xFF in TE's padding; outputs are poisoned with 0xAB before each
 call and compared whole (zero padding included), so an unwritten or stray byte shows. Skipped
@@ -16,9 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mok
-from mok.kernels import emulate, launcher
+from mok.kernels.config import SHAPE_ENV, KernelConfig, LaunchShapes, launch_shapes
+from mok.kernels.jobs import FLAG_SLAB, MODE_COLS, MODE_ROWS, config_for, convert_job, copy_job
+from mok.kernels.launch import Launch, _kernel
 from mok.layout import swizzle_reference
 from tests import te_objects as T
+from tests.emulator import emulate
 from tests.spec_oracle import spec_layout
 
 pytestmark = pytest.mark.gpu
@@ -31,12 +34,15 @@ def _needs_cuda_core() -> None:
     pytest.importorskip("cuda.core", reason="the cuda backend needs cuda.core (pip install te-compat[cuda])")
 
 
-@pytest.fixture(params=launcher.VARIANTS)
-def variant(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test that takes this fixture runs once per kernel variant."""
-    launcher.configure(variant=request.param)
+@pytest.fixture(params=["", "16,128", "32,256"], ids=["per-launch", "16x128", "32x256"])
+def shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every test that takes this fixture runs with each launch's own shape, then with each shape
+    fixed for every launch (MOK_KERNEL_SHAPE, read afresh)."""
+    monkeypatch.setenv(SHAPE_ENV, request.param)
+    launch_shapes.cache_clear()
     yield request.param
-    launcher.configure()
+    monkeypatch.undo()
+    launch_shapes.cache_clear()
 
 
 Work = list[tuple[torch.Tensor, torch.Tensor, bool]]  # (source, output, is an already-swizzled copy)
@@ -49,9 +55,9 @@ def _convert(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
 
 
 def _run_and_check(work: Work) -> None:
-    """ONE launch of every item (public launcher API), then each output against the reference."""
-    jobs = [launcher.copy_job(s, d) if copy else launcher.convert_job(s, d) for s, d, copy in work]
-    launcher.Launch(jobs, work[0][0].device)()
+    """ONE launch of every item (mok.kernels' job API), then each output against the reference."""
+    jobs = [copy_job(s, d) if copy else convert_job(s, d) for s, d, copy in work]
+    Launch(jobs, work[0][0].device)()
     torch.cuda.synchronize()
     for i, (src, dst, copy) in enumerate(work):
         want = src.clone() if copy else swizzle_reference(src, torch.empty_like(dst))
@@ -61,13 +67,13 @@ def _run_and_check(work: Work) -> None:
 def _count_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Record each kernel launch (its number of descriptor rows, after merging)."""
     launches: list[int] = []
-    real = launcher.Launch.__call__
+    real = Launch.__call__
 
-    def counting(self: launcher.Launch) -> None:
+    def counting(self: Launch) -> None:
         launches.append(self.njobs)
         real(self)
 
-    monkeypatch.setattr(launcher.Launch, "__call__", counting)
+    monkeypatch.setattr(Launch, "__call__", counting)
     return launches
 
 
@@ -101,7 +107,7 @@ ROWWISE_CASES = [  # (E, M, K): rowwise logical [M, K/32] sliced out of TE's pad
 
 
 @pytest.mark.parametrize(("experts", "m", "k"), ROWWISE_CASES)
-def test_rowwise_matches_reference(experts: int, m: int, k: int, variant: str) -> None:
+def test_rowwise_matches_reference(experts: int, m: int, k: int, shape: str) -> None:
     g = torch.Generator().manual_seed(m * 7 + k)
     buf = _padded_buffer(experts, m, k // 32, T.roundup(m, 128), T.roundup(k // 32, 4), g)
     out, ref = _both(buf[:, :m, : k // 32])
@@ -109,17 +115,17 @@ def test_rowwise_matches_reference(experts: int, m: int, k: int, variant: str) -
 
 
 @pytest.mark.parametrize(("experts", "m", "k"), ROWWISE_CASES)
-def test_columnwise_transpose_read_directly(experts: int, m: int, k: int, variant: str) -> None:
+def test_columnwise_transpose_read_directly(experts: int, m: int, k: int, shape: str) -> None:
     g = torch.Generator().manual_seed(m + k)
     buf = _padded_buffer(experts, m // 32, k, T.roundup(m // 32, 4), T.roundup(k, 128), g)
     logical = buf[:, : m // 32, :k].transpose(1, 2)  # [E, K, M/32], no copy
-    job = launcher.convert_job(logical, torch.empty(mok.layout_shape(k, m // 32, experts), dtype=torch.uint8))
-    assert job.mode == (launcher.MODE_COLS if m > 32 else launcher.MODE_ROWS)  # one column: either way
+    job = convert_job(logical, torch.empty(mok.layout_shape(k, m // 32, experts), dtype=torch.uint8))
+    assert job.mode == (MODE_COLS if m > 32 else MODE_ROWS)  # one column: either way
     out, ref = _both(logical)
     assert torch.equal(out, ref)
 
 
-def test_small_against_the_spec(variant: str) -> None:
+def test_small_against_the_spec(shape: str) -> None:
     s = torch.randint(0, 256, (200, 6), dtype=torch.uint8)
     out, _ = _both(s.to(CUDA))
     assert torch.equal(out.cpu(), spec_layout(s))
@@ -133,7 +139,7 @@ def test_small_against_the_spec(variant: str) -> None:
     layout=st.sampled_from(["rows", "cols", "gather", "offset"]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_fuzz(experts: int, rows: int, cols: int, layout: str, seed: int, variant: str) -> None:
+def test_fuzz(experts: int, rows: int, cols: int, layout: str, seed: int, shape: str) -> None:
     g = torch.Generator().manual_seed(seed)
     if layout == "cols":
         base = torch.randint(0, 256, (experts, cols + 3, rows + 5), dtype=torch.uint8, generator=g).to(CUDA)
@@ -150,7 +156,7 @@ def test_fuzz(experts: int, rows: int, cols: int, layout: str, seed: int, varian
     assert torch.equal(out, ref)
 
 
-def test_many_in_one_launch(monkeypatch: pytest.MonkeyPatch, variant: str) -> None:
+def test_many_in_one_launch(monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
     g = torch.Generator().manual_seed(1)
     mats = [
         torch.randint(0, 256, (int(r), int(c)), dtype=torch.uint8, generator=g).to(CUDA)
@@ -165,23 +171,23 @@ def test_many_in_one_launch(monkeypatch: pytest.MonkeyPatch, variant: str) -> No
         assert torch.equal(o, mok.swizzle_mxfp8_scales(m, backend="torch"))
 
 
-def test_copy_jobs_match(variant: str) -> None:
+def test_copy_jobs_match(shape: str) -> None:
     src = torch.randint(0, 256, (3 * 16384 + 5,), dtype=torch.uint8, device=CUDA)
     dst = torch.zeros_like(src)
-    launcher.launch_jobs([launcher.copy_job(src, dst)], src.device)
+    Launch([copy_job(src, dst)], src.device)()
     assert torch.equal(dst, src)
     src2, dst2 = src[1:], torch.zeros(src.numel() - 1, dtype=torch.uint8, device=CUDA)  # misaligned
-    launcher.launch_jobs([launcher.copy_job(src2, dst2)], src.device)
+    Launch([copy_job(src2, dst2)], src.device)()
     assert torch.equal(dst2, src2)
 
 
 @pytest.mark.parametrize("misaligned", [False, True])
-def test_per_expert_copies_of_one_size(variant: str, misaligned: bool) -> None:
-    # one pointer-table copy job under the default kernel: the emulator's case, on the GPU
+def test_per_expert_copies_of_one_size(shape: str, misaligned: bool) -> None:
+    # one pointer-table copy job: the emulator's case, on the GPU
     _run_and_check(emulate._expert_copies(misaligned, CUDA)(torch.Generator().manual_seed(11)))
 
 
-def test_graph_capture_and_replay(variant: str) -> None:
+def test_graph_capture_and_replay(shape: str) -> None:
     g = torch.Generator().manual_seed(3)
     src = _padded_buffer(16, 2048, 224, 2048, 224, g)
     out = torch.empty(mok.layout_shape(2048, 224, 16), dtype=torch.uint8, device=CUDA)
@@ -231,27 +237,27 @@ def _te_columnwise(experts: int, m: int, k: int, g: torch.Generator) -> torch.Te
         (130, 64, 80, 1, 1),
     ],
 )
-def test_rowwise_load_widths(rows: int, cols: int, stride: int, offset: int, vec: int, variant: str) -> None:
+def test_rowwise_load_widths(rows: int, cols: int, stride: int, offset: int, vec: int, shape: str) -> None:
     # MODE_ROWS with 16-, 4- and 1-byte rows (the job records the width the kernel may use)
     g = torch.Generator().manual_seed(rows + cols + offset)
     base = _randint((2 * rows * stride + offset + 64,), g)
     batch = base[offset : offset + 2 * rows * stride].view(2, rows, stride)[:, :, :cols]
     item = _convert(batch)
-    job = launcher.convert_job(item[0], item[1])
-    assert (job.mode, job.vec) == (launcher.MODE_ROWS, vec)
+    job = convert_job(item[0], item[1])
+    assert (job.mode, job.vec) == (MODE_ROWS, vec)
     slab = vec >= 4 and cols > 64  # the rows these cases give slab units (in the rowwise launch shape)
-    assert bool(job.row(0, launcher.make_config("default", *launcher.ROWWISE_SHAPE))[8] & launcher.FLAG_SLAB) == slab
+    assert bool(job.row(0, LaunchShapes().rowwise)[8] & FLAG_SLAB) == slab
     _run_and_check([item])
 
 
 @pytest.mark.parametrize(("experts", "m", "k"), [(4, 2080, 7200), (3, 4096 + 32, 7168 + 32), (2, 160, 96)])
-def test_padded_shapes_rowwise_and_columnwise(experts: int, m: int, k: int, variant: str) -> None:
+def test_padded_shapes_rowwise_and_columnwise(experts: int, m: int, k: int, shape: str) -> None:
     g = torch.Generator().manual_seed(m + k)
     _run_and_check([_convert(_te_rowwise(experts, m, k, g)), _convert(_te_columnwise(experts, m, k, g))])
 
 
 @pytest.mark.parametrize(("experts", "m", "k"), [(300, 128, 256), (37, 2080, 7200), (256, 256, 2048), (2, 2048, 7168)])
-def test_per_expert_pointer_tables(experts: int, m: int, k: int, variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_per_expert_pointer_tables(experts: int, m: int, k: int, shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # separate same-shaped tensors (TE's one parameter per expert): one pointer-table job per usage
     g = torch.Generator().manual_seed(experts * 31 + m)
     rows = [_convert(_te_rowwise(1, m, k, g)) for _ in range(experts)]
@@ -261,7 +267,7 @@ def test_per_expert_pointer_tables(experts: int, m: int, k: int, variant: str, m
     assert launches == [2]
 
 
-def test_whole_layer_with_mixed_jobs_in_one_launch(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_whole_layer_with_mixed_jobs_in_one_launch(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # a MoE layer: grouped fc1 (rows + columns), per-expert fc2 (rows + columns), scales TE already
     # swizzled (copies, aligned and not), and odd matrices (gather, misaligned, 1-column)
     g = torch.Generator().manual_seed(11)
@@ -275,18 +281,18 @@ def test_whole_layer_with_mixed_jobs_in_one_launch(variant: str, monkeypatch: py
     work.append(_convert(_randint((2, 90, 60), g)[:, ::3, ::2]))  # gather
     work.append(_convert(_randint((3 * 200 * 13 + 1,), g)[1:].view(3, 200, 13)[:, :, :12]))  # misaligned rows
     work.append(_convert(_randint((1, 300, 1), g)))
-    work.append(_convert(_randint((2, 130, 1040), g)[:, :, :1000]))  # rows wider than one shared stage
+    work.append(_convert(_randint((2, 130, 1040), g)[:, :, :1000]))  # rows too wide for a slab unit
     launches = _count_launches(monkeypatch)
     _run_and_check(work)
     assert len(launches) == 1
 
 
-def test_graph_capture_and_replay_of_a_prepared_launch(variant: str) -> None:
+def test_graph_capture_and_replay_of_a_prepared_launch(shape: str) -> None:
     g = torch.Generator().manual_seed(5)
     work = [_convert(_te_rowwise(4, 2080, 7200, g)), _convert(_te_columnwise(4, 2080, 7200, g))]
     work += [_convert(_te_rowwise(1, 256, 2048, g)) for _ in range(20)]
-    jobs = [launcher.convert_job(s, d) for s, d, _ in work]
-    prepared = launcher.Launch(jobs, torch.device(CUDA))
+    jobs = [convert_job(s, d) for s, d, _ in work]
+    prepared = Launch(jobs, torch.device(CUDA))
     prepared()  # outside capture first, as users must
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -302,23 +308,26 @@ def test_graph_capture_and_replay_of_a_prepared_launch(variant: str) -> None:
             assert torch.equal(dst, swizzle_reference(src, torch.empty_like(dst)))
 
 
-def test_variant_is_selected_and_prepared_launches_keep_theirs(variant: str) -> None:
-    prepared = launcher.Launch([_convert_job_small()], torch.device(CUDA))
-    want = variant if torch.cuda.get_device_capability() >= launcher.BULK_MIN_ARCH else "default"
-    assert prepared.config.variant == want
-    launcher.configure(variant="default" if variant == "bulk" else "bulk")
-    assert prepared.config.variant == want  # configure() changes launches prepared after it only
-
-
-def _convert_job_small() -> launcher.Job:
+def test_launches_take_the_environment_shape_or_the_one_given(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     src, dst, _ = _convert(torch.randint(0, 256, (1, 128, 4), dtype=torch.uint8, device=CUDA))
-    return launcher.convert_job(src, dst)
+    jobs = [convert_job(src, dst)]
+    want = KernelConfig.parse(shape) if shape else LaunchShapes().rowwise  # a rowwise job
+    prepared = Launch(jobs, torch.device(CUDA))
+    given = Launch(jobs, torch.device(CUDA), KernelConfig(16, 64))
+    assert (prepared.config, given.config) == (want, KernelConfig(16, 64))
+    given()
+    torch.cuda.synchronize()
+    assert torch.equal(dst, swizzle_reference(src, torch.empty_like(dst)))
+    monkeypatch.setenv(SHAPE_ENV, "16,128" if want != KernelConfig(16, 128) else "32,256")
+    launch_shapes.cache_clear()
+    assert Launch(jobs, torch.device(CUDA)).config != want
+    assert prepared.config == want  # a prepared launch keeps its configuration
 
 
 def test_capture_without_warm_up_is_refused() -> None:
     src = torch.randint(0, 256, (1, 384, 12), dtype=torch.uint8, device=CUDA)
     out = torch.empty(mok.layout_shape(384, 12), dtype=torch.uint8, device=CUDA)
-    launcher._kernel(src.device, launcher.config_for([launcher.convert_job(src, out)]))  # compiled, never seen
+    _kernel(torch.cuda.current_device(), config_for([convert_job(src, out)], launch_shapes()))  # compiled, never seen
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(mok.LayoutError, match="never converted outside CUDA-graph capture"):
         with torch.cuda.graph(graph):

@@ -1,18 +1,16 @@
-"""Run every kernel variant on the CPU and compare it byte for byte with the torch reference.
+"""Run the kernel on the CPU and compare it byte for byte with the torch reference.
 
-    python -m mok.kernels.emulate [--variants default bulk] [--threads 128] [--grids 1 0]
+    python -m tests.emulator.emulate [--shapes 16x128 32x256] [--grids 1 0]
 
-Builds mxfp8_swizzle.cu with emulator.h (g++ -std=c++20; one std::thread per CUDA thread, the
-copy engine, mbarriers and cp.async modelled with their alignment and completion rules; every
-access checked for alignment, every read of a source tensor (loads, cp.async, bulk copies) for
-staying inside the launch's source tensors; the descriptor tables are not checked) under each
-variant's macros and runs the same job tables the launcher uploads: rowwise 16/4/1-byte rows,
-padded slabs, wide rows (one copy per row), columnwise views, gather, copies, per-expert pointer
-tables (conversions and copies) and mixed layers. It checks the planning, addressing, staging
-and pipeline logic without a GPU; it says nothing about speed, and a hardware rule the model
-lacks can still fail on the device (tests/gpu is the judge). Grid 0 is one block per unit (the
-default kernel's launch, and the persistent bulk grid of a device with at least as many block
-slots as there are units).
+Builds mok/kernels/mxfp8_swizzle.cu with emulator.h (g++ -std=c++20; one std::thread per CUDA thread,
+cp.async modelled with its alignment and completion rules; every access checked for alignment,
+every read of a source tensor (loads, cp.async) for staying inside the launch's source tensors;
+the descriptor tables are not checked) under a configuration's macros and runs the same job
+tables a launch uploads (mok.kernels.jobs): rowwise 16/4/1-byte rows, padded slabs, wide rows, columnwise views,
+gather, copies, per-expert pointer tables (conversions and copies) and mixed layers. It checks the
+planning, addressing and staging logic without a GPU; it says nothing about speed, and a hardware
+rule the model lacks can still fail on the device (tests/gpu is the judge). Grid 0 is one block
+per unit (a launch's grid). A test tool: it lives beside the tests, not in the package.
 """
 
 from __future__ import annotations
@@ -27,21 +25,27 @@ from pathlib import Path
 
 import torch
 
-from mok.kernels import launcher
+import mok.kernels
+from mok.kernels.config import KernelConfig
+from mok.kernels.jobs import describe, jobs_of
+from mok.kernels.launch import upload
 from mok.layout import layout_shape, swizzle_reference
 
 HERE = Path(__file__).parent
+KERNEL_DIR = Path(mok.kernels.__file__).parent  # emulator_main.cpp includes mxfp8_swizzle.cu from here
+# both launch shapes a launch takes (config.LaunchShapes), then another valid block size
+CONFIGS = [KernelConfig(16, 128), KernelConfig(32, 256), KernelConfig(16, 64)]
 Case = tuple[str, Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]]]
 
 
 @functools.cache
-def build(config: launcher.KernelConfig) -> ctypes.CDLL:
+def build(config: KernelConfig) -> ctypes.CDLL:
     """Compile the emulator for one kernel configuration (cached per process)."""
-    out = Path(tempfile.mkdtemp(prefix="mok-emu-")) / f"emu-{config.variant}-{config.threads}.so"
+    out = Path(tempfile.mkdtemp(prefix="mok-emu-")) / f"emu-{config}.so"
     macros = [f"-D{k}={v}" for k, v in config.macros()]
     # alignment checks compiled in, their runtime left out: emulator_main.cpp handles them
     obj = out.with_suffix(".o")
-    compile_ = ["g++", "-std=c++20", "-O1", "-fPIC", "-fsanitize=alignment", *macros, "-c"]
+    compile_ = ["g++", "-std=c++20", "-O1", "-fPIC", "-fsanitize=alignment", f"-I{KERNEL_DIR}", *macros, "-c"]
     subprocess.run([*compile_, str(HERE / "emulator_main.cpp"), "-o", str(obj)], check=True)
     subprocess.run(["g++", "-shared", str(obj), "-o", str(out)], check=True)
     lib = ctypes.CDLL(str(out))
@@ -57,18 +61,17 @@ def build(config: launcher.KernelConfig) -> ctypes.CDLL:
     return lib
 
 
-def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], threads: int, grid: int, variant: str) -> None:
+def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], config: KernelConfig, grid: int) -> None:
     """Run ``work`` ([src, dst, is_copy] on the CPU) in one emulated launch of ``grid`` blocks (at
     most one a unit; 0: one a unit)."""
-    config = launcher.make_config(variant, threads=threads)
-    jobs = launcher.jobs_of([(s, d, copy, None) for s, d, copy in work])  # what mok.swizzle launches
-    rows, arrays, total = launcher._merge(jobs, config)
-    size = len(rows) * len(rows[0]) + sum(len(a) for a in arrays)
-    table = torch.empty(size, dtype=torch.int64)
-    table.copy_(torch.tensor(launcher._table_values(rows, arrays, table.data_ptr()), dtype=torch.int64))
-    grid = total if grid == 0 else min(grid, total)
+    jobs = jobs_of([(s, d, copy, None) for s, d, copy in work])  # what mok.swizzle launches
+    table = describe(jobs, config)
+    words = upload(table, torch.device("cpu"))
+    grid = table.units if grid == 0 else min(grid, table.units)
     readable = torch.tensor([a for s, _, _ in work for a in _span(s)], dtype=torch.int64)
-    errors = build(config).mok_emulate(table.data_ptr(), len(rows), total, max(1, grid), readable.data_ptr(), len(work))
+    errors = build(config).mok_emulate(
+        words.data_ptr(), len(table.rows), table.units, max(1, grid), readable.data_ptr(), len(work)
+    )
     if errors:
         raise AssertionError(f"{errors} violations of the emulated hardware's rules (see stderr)")
 
@@ -119,7 +122,7 @@ def _per_expert(e: int, m: int, k: int) -> Callable[[torch.Generator], list[tupl
 
 def _odd(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
     base = torch.randint(0, 256, (3 * 200 * 13 + 1,), dtype=torch.uint8, generator=g)
-    wide = torch.randint(0, 256, (2, 300, 1040), dtype=torch.uint8, generator=g)  # rows of 1040: per-row copies
+    wide = torch.randint(0, 256, (2, 300, 1040), dtype=torch.uint8, generator=g)  # rows too wide for a slab
     wide_pad = torch.randint(0, 256, (1, 130, 1000), dtype=torch.uint8, generator=g)  # 1000 % 16 != 0, too wide
     src = torch.randint(0, 256, (3 * 16384 + 37,), dtype=torch.uint8, generator=g)
     return [
@@ -169,9 +172,9 @@ def _mixed(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
 def _expert_copies(
     misaligned: bool, device: str = "cpu"
 ) -> Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]]:
-    """Already-swizzled per-expert buffers of one size (one pointer-table copy job under the
-    default kernel), 16-byte aligned, or with one source one byte off (the job copies bytewise);
-    on ``device`` (tests/gpu runs the same case)."""
+    """Already-swizzled per-expert buffers of one size (one pointer-table copy job), 16-byte
+    aligned, or with one source one byte off (the job copies bytewise); on ``device`` (tests/gpu
+    runs the same case)."""
 
     def make(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor, bool]]:
         size = 2 * 16384 + 1000  # three chunks an expert, the last partial
@@ -208,42 +211,33 @@ CASES: list[Case] = [
 def check(
     name: str,
     make: Callable[[torch.Generator], list[tuple[torch.Tensor, torch.Tensor, bool]]],
-    threads: int,
+    config: KernelConfig,
     grid: int,
-    variant: str,
 ) -> None:
-    g = torch.Generator().manual_seed(len(name) * 7919 + threads + grid)
+    g = torch.Generator().manual_seed(len(name) * 7919 + config.threads + grid)
     work = make(g)
-    run(work, threads, grid, variant)
+    run(work, config, grid)
     for i, (src, dst, copy) in enumerate(work):
         want = src.clone() if copy else swizzle_reference(src, torch.empty_like(dst))
         if not torch.equal(dst, want):
             bad = (dst != want).nonzero()[:5].tolist()
             raise AssertionError(
-                f"{name}: work item {i} differs from the reference at {bad} (threads {threads}, grid {grid})"
+                f"{name}: work item {i} differs from the reference at {bad} (shape {config}, grid {grid})"
             )
-
-
-def _threads(variant: str) -> list[int]:
-    """Block sizes to emulate: the launcher's default first (for the default variant, both shapes
-    it picks per launch), then another valid one."""
-    return [256, 128] if variant.startswith("bulk") else [128, 256, 64]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, nargs="*", help="block sizes (default: two per variant)")
+    parser.add_argument("--shapes", nargs="*", default=[str(c) for c in CONFIGS], help="TILESxTHREADS each")
     parser.add_argument("--grids", type=int, nargs="*", default=[1, 3, 7, 0], help="0: one block per unit")
-    parser.add_argument("--variants", nargs="*", default=list(launcher.VARIANTS))
     args = parser.parse_args()
-    for variant in args.variants:
-        for threads in args.threads or _threads(variant):
-            for grid in args.grids:
-                for name, make in CASES:
-                    check(name, make, threads, grid, variant)
-                    label = "per-unit" if grid == 0 else grid
-                    print(f"ok  {variant} threads={threads} grid={label}  {name}", flush=True)
-    print(f"emulation of {', '.join(args.variants)}: every result equals the torch reference")
+    for config in (KernelConfig.parse(shape, "x") for shape in args.shapes):
+        for grid in args.grids:
+            for name, make in CASES:
+                check(name, make, config, grid)
+                label = "per-unit" if grid == 0 else grid
+                print(f"ok  {config} grid={label}  {name}", flush=True)
+    print(f"emulation of {' '.join(args.shapes)}: every result equals the torch reference")
 
 
 if __name__ == "__main__":

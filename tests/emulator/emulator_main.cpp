@@ -34,7 +34,7 @@ extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid
       threadIdx.x = t;
       for (int b = 0; b < grid; ++b) {
         blockIdx.x = b;
-        if (t == 0 && __start_emu_shared) std::memset(__start_emu_shared, 0x5A, __stop_emu_shared - __start_emu_shared);
+        if (t == 0) std::memset(__start_emu_shared, 0x5A, __stop_emu_shared - __start_emu_shared);
         sync.arrive_and_wait();  // shared memory is garbage (as on the device) when the block starts
         mxfp8_swizzle_jobs(jobs, njobs, total);
         if (!emu_copies.empty()) emu_fail("cp.async never waited for");

@@ -1,0 +1,144 @@
+"""Compile (NVRTC through cuda.core, once per device and configuration) and launch the kernel.
+
+A :class:`Launch` is prepared once for a list of jobs (mok.kernels.jobs): its compiled kernel and
+its descriptor table, uploaded the first time a set of buffers is seen and reused after. Calling
+it launches ONE kernel on the current torch stream: later calls (a refresh, a CUDA-graph capture
+and its replays) allocate nothing and never synchronise with the host.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import torch
+
+from mok.errors import LayoutError
+from mok.kernels.config import KernelConfig, launch_shapes
+from mok.kernels.jobs import DescriptorTable, Job, JobGroup, config_for, describe
+
+KERNEL_NAME = "mxfp8_swizzle_jobs"
+MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
+_TABLE_CACHE_SIZE = 256
+
+_lock = threading.Lock()
+_kernels: dict[tuple[int, KernelConfig], Any] = {}
+_tables: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, int, int]] = OrderedDict()
+_streams: dict[int, Any] = {}
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch have it
+
+
+def kernel_source() -> str:
+    return resources.files("mok.kernels").joinpath("mxfp8_swizzle.cu").read_text()
+
+
+def compile_kernel(arch: str, config: KernelConfig) -> Any:
+    """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; returns cuda.core ObjectCode.
+
+    Needs no GPU: CI uses this to check the source through the same path users take.
+    """
+    from cuda.core import Program, ProgramOptions
+
+    options = ProgramOptions(std="c++17", arch=arch, name="mok_mxfp8_swizzle", define_macro=config.macros())
+    return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
+
+
+def _kernel(index: int, config: KernelConfig) -> Any:
+    """The kernel compiled for device ``index`` under ``config``: once per device and
+    configuration, thread-safe."""
+    key = (index, config)
+    hit = _kernels.get(key)
+    if hit is not None:
+        return hit
+    with _lock:
+        hit = _kernels.get(key)
+        if hit is None:
+            from cuda.core import Device
+
+            major, minor = torch.cuda.get_device_capability(index)
+            Device(index).set_current()
+            hit = _kernels[key] = compile_kernel(f"sm_{major}{minor}", config).get_kernel(KERNEL_NAME)
+    return hit
+
+
+def upload(table: DescriptorTable, device: torch.device) -> torch.Tensor:
+    """``table`` as int64 words in a new tensor on ``device`` (its indirect rows point into it)."""
+    words = torch.empty(table.words, dtype=torch.int64, device=device)
+    words.copy_(torch.tensor(table.values(words.data_ptr()), dtype=torch.int64))
+    return words
+
+
+def _table(device: torch.device, jobs: Sequence[Job | JobGroup], config: KernelConfig) -> tuple[torch.Tensor, int, int]:
+    """The device descriptor table of ``jobs`` (uploaded once, then reused): (table, rows, units).
+    Its key is the device, the configuration and the jobs (named tuples: hashed in C)."""
+    key = (device.index or 0, config, tuple(jobs))
+    with _lock:
+        hit = _tables.get(key)
+        if hit is not None:
+            _tables.move_to_end(key)
+            return hit
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise LayoutError(
+            "these scale buffers were never converted outside CUDA-graph capture: call once before "
+            "capturing (the first call uploads their descriptor table; later calls only launch)"
+        )
+    table = describe(jobs, config)
+    result = (upload(table, device), len(table.rows), table.units)
+    with _lock:
+        _tables[key] = result
+        while len(_tables) > _TABLE_CACHE_SIZE:
+            _tables.popitem(last=False)
+    return result
+
+
+def _current_stream_handle(index: int) -> int:
+    """The raw handle of torch's current stream on device ``index`` (cheap on CUDA builds)."""
+    if _raw_stream is not None:
+        return int(_raw_stream(index))
+    return int(torch.cuda.current_stream(index).cuda_stream)
+
+
+def _stream(handle: int) -> Any:
+    """cuda.core's Stream for a raw handle (made once per handle; graph capture uses the capturing
+    stream, which is why the handle is looked up at each call)."""
+    stream = _streams.get(handle)
+    if stream is None:
+        from cuda.core import Stream
+
+        stream = _streams[handle] = Stream.from_handle(handle)
+    return stream
+
+
+class Launch:
+    """One prepared launch of ``jobs`` on ``device``: compiled kernel, uploaded descriptor table,
+    grid, launch arguments. ``config`` fixes the kernel configuration; by default the launch takes
+    the one the environment gives jobs of its kinds (config.launch_shapes). Calling it launches on
+    the current torch stream: no allocation, no host synchronisation, no import (CUDA-graph safe);
+    its host cost is one stream lookup and cuda.core's launch."""
+
+    def __init__(
+        self, jobs: Sequence[Job | JobGroup], device: torch.device, config: KernelConfig | None = None
+    ) -> None:
+        import numpy as np
+        from cuda.core import LaunchConfig, launch
+
+        self.device = device
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self.config = config or config_for(jobs, launch_shapes())
+        self.kernel = _kernel(self._index, self.config)
+        self.table, self.njobs, self.total = _table(device, jobs, self.config)
+        self.grid = max(1, min(self.total, MAX_GRID))
+        self._launch = launch
+        self._launch_config = LaunchConfig(grid=self.grid, block=self.config.threads)
+        self._args = (np.uint64(self.table.data_ptr()), np.int32(self.njobs), np.int64(self.total))
+        self._stream_handle = -1
+        self._stream: Any = None
+
+    def __call__(self) -> None:
+        handle = _current_stream_handle(self._index)
+        if handle != self._stream_handle:
+            self._stream, self._stream_handle = _stream(handle), handle
+        self._launch(self._stream, self._launch_config, self.kernel, *self._args)
