@@ -16,20 +16,30 @@ import torch
 from mok.backend import backend_for
 from mok.checks import check_sequence
 from mok.errors import LayoutError
-from mok.layout import Geometry, as_batch, check_out, empty_layout, logical_view, swizzle_reference
+from mok.layout import (
+    Geometry,
+    as_batch,
+    check_out,
+    empty_layout,
+    logical_view,
+    swizzle_reference,
+    unswizzle_reference,
+)
 from mok.overlap import check_no_overlap
 
 
 class ScaleWork(NamedTuple):
     """Convert ``src`` (logical ``[E, R, C]``) into layout ``dst``, or, with ``copy``, copy the
-    already-swizzled bytes ``src`` into ``dst`` (same size). With ``geometry`` (sizes, strides),
-    ``src`` is the uint8 buffer the logical matrices are that geometry of (from its offset). A
-    named tuple: a view of 256 experts makes 512 of them."""
+    already-swizzled bytes ``src`` into ``dst`` (same size), or, with ``inverse``, bring layout
+    ``src`` back into logical ``dst`` (``[E, R, C]``, any strides; the padding dropped). With
+    ``geometry`` (sizes, strides), ``src`` is the uint8 buffer the logical matrices are that
+    geometry of (from its offset). A named tuple: a view of 256 experts makes 512 of them."""
 
     src: torch.Tensor
     dst: torch.Tensor
     copy: bool = False
     geometry: Geometry | None = None
+    inverse: bool = False
 
     def logical(self) -> torch.Tensor:
         """The logical ``[E, R, C]`` source (a strided view when given as a geometry)."""
@@ -72,6 +82,8 @@ class PreparedWork:
         for item in self.work:
             if item.copy:
                 item.dst.copy_(item.src.view(item.dst.shape))
+            elif item.inverse:
+                unswizzle_reference(item.src, item.dst)
             else:
                 swizzle_reference(item.logical(), item.dst)
 
