@@ -10,9 +10,10 @@ from mok.grouped import grouped_weight_view
 from mok.layer import LayerRefresh, refresh_layer
 from mok.layout import columnwise_scales, layout_offset, layout_shape, padded_shape, rowwise_scales
 from mok.per_expert import split_weight_view
+from mok.readback import logical_scales
 from mok.refresh import RefreshPlan
 from mok.shared_expert import prepare_shared_expert_config
-from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
+from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many, unswizzle_mxfp8_scales
 from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, ViewDirection, storage_view
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "kernel_backend",
     "layout_offset",
     "layout_shape",
+    "logical_scales",
     "padded_shape",
     "prepare_shared_expert_config",
     "refresh_layer",
@@ -41,4 +43,5 @@ __all__ = [
     "storage_view",
     "swizzle_mxfp8_scales",
     "swizzle_mxfp8_scales_many",
+    "unswizzle_mxfp8_scales",
 ]

@@ -22,12 +22,17 @@ class BackendChoice:
     reason: str
 
 
+def backend_argument(backend: object) -> str | None:
+    """A ``backend=`` argument, checked: one of :data:`BACKENDS` (any case) or None."""
+    if backend is not None and (not isinstance(backend, str) or backend.lower() not in BACKENDS):
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))} or None; found {backend!r}")
+    return backend
+
+
 def preference(backend: object) -> str:
     """The asked-for backend: the ``backend`` argument, else the environment variable, else auto."""
-    if backend is not None:
-        if not isinstance(backend, str) or backend.lower() not in BACKENDS:
-            raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))} or None; found {backend!r}")
-        return backend.lower()
+    if backend_argument(backend) is not None:
+        return str(backend).lower()
     raw = os.environ.get(BACKEND_ENV)
     if raw is None or raw == "":
         return "auto"

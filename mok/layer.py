@@ -12,8 +12,8 @@ from mok.grouped import read_grouped
 from mok.per_expert import guarded_names, read_split, watched
 from mok.plan import check_cached, plan_directions
 from mok.refresh import RefreshPlan
-from mok.swizzle import ScaleWork
 from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, param_list
+from mok.work import ScaleWork
 from te_compat import TECompatError, on_refresh
 
 LayerEntry = tuple[object, ExpertWeights]

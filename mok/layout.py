@@ -55,8 +55,9 @@ def layout_shape(rows: int, cols: int, experts: int = 1) -> tuple[int, int, int,
 
 
 def _capacity(device: torch.device) -> int | None:
-    """Bytes of memory ``device`` has in all (None where unknown: a meta tensor has none to run out of)."""
-    if device.type == "cuda":
+    """Bytes of memory ``device`` has in all (None where unknown: a meta tensor has none to run out
+    of, and a fake CUDA tensor may live on a machine without CUDA)."""
+    if device.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(device).total_memory)
     if device.type == "cpu" and hasattr(os, "sysconf"):
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -68,6 +69,8 @@ def empty_layout(rows: int, cols: int, experts: int, device: torch.device, what:
     the device's memory is refused before allocating, and a failed allocation is named, both
     with the bytes required."""
     shape = layout_shape(rows, cols, experts)
+    if torch.compiler.is_compiling():  # traced, not run: the compiled graph allocates it
+        return torch.empty(shape, dtype=torch.uint8, device=device)
     need = math.prod(shape)
     capacity = _capacity(device)
     if capacity is not None and need > capacity:

@@ -5,7 +5,7 @@ The readers of TE (mok.per_expert, mok.grouped) describe each direction of the w
 the logical matrices to convert, TE's swizzled flag; amax) and hand them to :func:`plan_view`,
 which plans the buffers and the work, builds (or refreshes) the view and prepares its launch.
 Nothing else plans kernel work. The path of a first view: the reader, then plan_view, then
-mok.refresh (the guard and the prepared launch), mok.swizzle and the kernel.
+mok.refresh (the guard and the prepared launch), mok.work and the kernel.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from mok.errors import LayoutError, RefreshError
 from mok.formats import Direction, Format
 from mok.layout import Geometry, check_out, empty_layout, layout_shape, logical_view, padded_shape
 from mok.overlap import check_no_overlap
-from mok.swizzle import ScaleWork
 from mok.views import ExpertWeights, SplitExpertWeights, ViewDirection, ptr_table
+from mok.work import ScaleWork
 
 View = TypeVar("View", bound=ExpertWeights)
 

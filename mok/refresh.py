@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from mok.errors import RefreshError
-from mok.swizzle import PreparedWork, ScaleWork
+from mok.work import PreparedWork, ScaleWork
 from te_compat import storage_reader, storage_values
 
 

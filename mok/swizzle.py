@@ -1,96 +1,21 @@
-"""Public entry points of the MXFP8 scale conversion, and the one place that runs it.
+"""Public entry points of the MXFP8 scale conversion and its inverse.
 
-Every conversion is a :class:`ScaleWork` item (convert logical scales into a layout buffer, or
-copy scales TE already swizzled). :func:`run_work` runs a list of them: on CUDA tensors with the
-``cuda`` backend in ONE kernel launch (``mok.kernels``), otherwise with the torch reference.
+Each checks its arguments' shapes, dtypes and devices (which fake tensors have too), allocates
+what it returns, and calls its torch library op (mok.ops), which checks memory overlap on real
+tensors and runs the work: one kernel launch on CUDA, the torch reference on the CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from operator import attrgetter
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import torch
 
-from mok.backend import backend_for
-from mok.checks import check_sequence
+from mok.backend import backend_argument
+from mok.checks import check_int, check_sequence
 from mok.errors import LayoutError
-from mok.layout import (
-    Geometry,
-    as_batch,
-    check_out,
-    empty_layout,
-    logical_view,
-    swizzle_reference,
-    unswizzle_reference,
-)
-from mok.overlap import check_no_overlap
-
-
-class ScaleWork(NamedTuple):
-    """Convert ``src`` (logical ``[E, R, C]``) into layout ``dst``, or, with ``copy``, copy the
-    already-swizzled bytes ``src`` into ``dst`` (same size), or, with ``inverse``, bring layout
-    ``src`` back into logical ``dst`` (``[E, R, C]``, any strides; the padding dropped). With
-    ``geometry`` (sizes, strides), ``src`` is the uint8 buffer the logical matrices are that
-    geometry of (from its offset). A named tuple: a view of 256 experts makes 512 of them."""
-
-    src: torch.Tensor
-    dst: torch.Tensor
-    copy: bool = False
-    geometry: Geometry | None = None
-    inverse: bool = False
-
-    def logical(self) -> torch.Tensor:
-        """The logical ``[E, R, C]`` source (a strided view when given as a geometry)."""
-        return self.src if self.geometry is None else logical_view(self.src, self.geometry)
-
-
-_is_cuda = attrgetter("is_cuda")
-
-
-class PreparedWork:
-    """A list of work items bound to a backend, ready to run again and again (a refresh of
-    unchanged buffers runs its prepared work without planning anything)."""
-
-    def __init__(self, work: Sequence[ScaleWork], backend: str | None = None) -> None:
-        self.work = list(work)
-        self.backend = backend
-        self._launch: Callable[[], None] | None = None
-        if not self.work:
-            return
-        device = self.work[0].dst.device
-        tensors = [t for item in self.work for t in item[:2]]  # src and dst
-        if len(set(map(torch.Tensor.get_device, tensors))) != 1 or not all(map(_is_cuda, tensors)):
-            # off CUDA (or mixed) the index says too little: compare the devices themselves
-            for i, item in enumerate(self.work):
-                if item.src.device != device or item.dst.device != device:
-                    raise LayoutError(
-                        f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
-                        f"expected every tensor on {device}"
-                    )
-        if backend_for(device, backend) == "cuda":
-            from mok.kernels.jobs import jobs_of
-            from mok.kernels.launch import Launch
-
-            self._launch = Launch(jobs_of(self.work), device)
-
-    def run(self) -> None:
-        if self._launch is not None:
-            self._launch()
-            return
-        for item in self.work:
-            if item.copy:
-                item.dst.copy_(item.src.view(item.dst.shape))
-            elif item.inverse:
-                unswizzle_reference(item.src, item.dst)
-            else:
-                swizzle_reference(item.logical(), item.dst)
-
-
-def run_work(work: Sequence[ScaleWork], backend: str | None = None) -> None:
-    """Run every item of ``work`` (one launch on the cuda backend)."""
-    PreparedWork(work, backend).run()
+from mok.layout import MXFP8_BLOCK, as_batch, check_out, empty_layout, layout_shape
+from mok.ops import swizzle_many_op, swizzle_op, unswizzle_op
 
 
 def swizzle_mxfp8_scales(
@@ -109,8 +34,7 @@ def swizzle_mxfp8_scales(
         out = empty_layout(rows, cols, experts, batch.device, "swizzle_mxfp8_scales")
     else:
         check_out(out, batch)
-        check_no_overlap([out], [batch], "swizzle_mxfp8_scales", out_label="out", input_label="scales")
-    run_work([ScaleWork(batch, out)], backend)
+    swizzle_op(batch, out, backend_argument(backend))
     return out
 
 
@@ -144,6 +68,49 @@ def swizzle_mxfp8_scales_many(
             raise LayoutError(f"expected {len(batches)} output buffers, one per scale matrix; found {len(outs)}")
         for i, (b, o) in enumerate(zip(batches, outs, strict=True)):
             check_out(o, b, f"outs[{i}]")
-        check_no_overlap(outs, batches, "swizzle_mxfp8_scales_many", input_label="scales")
-    run_work([ScaleWork(b, o) for b, o in zip(batches, outs, strict=True)], backend)
+    swizzle_many_op(batches, outs, backend_argument(backend))
     return list(outs)
+
+
+def _check_logical_out(out: object, want: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    """``out`` must be uint8 logical scales of shape ``want`` on ``device`` (any strides)."""
+    if not isinstance(out, torch.Tensor):
+        raise LayoutError(f"out: expected a torch.Tensor; found {type(out).__name__}")
+    found = (tuple(out.shape), out.dtype, out.device)
+    if found != (want, torch.uint8, device):
+        raise LayoutError(
+            f"out cannot hold the logical scales: expected shape {want}, dtype torch.uint8, device {device}; "
+            f"found shape {found[0]}, dtype {found[1]}, device {found[2]}"
+        )
+    return out
+
+
+def unswizzle_mxfp8_scales(
+    layout: torch.Tensor,
+    *,
+    rows: int,
+    columns: int,
+    experts: int = 1,
+    out: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The exact inverse of :func:`swizzle_mxfp8_scales`: the layout of ``experts`` MXFP8 weights
+    ``(rows, columns)`` back into their logical scales ``[experts, rows, columns/32]`` (uint8,
+    the layout's padding dropped). With ``out`` (that shape, any strides: the transpose TE keeps
+    columnwise scales in works) the scales are written there and ``out`` is returned."""
+    rows, columns, experts = (
+        check_int(n, v, minimum=1) for n, v in (("rows", rows), ("columns", columns), ("experts", experts))
+    )
+    if columns % MXFP8_BLOCK:
+        raise LayoutError(f"columns: expected a multiple of {MXFP8_BLOCK} (one scale per block); found {columns}")
+    want = layout_shape(rows, columns // MXFP8_BLOCK, experts)
+    if not isinstance(layout, torch.Tensor) or tuple(layout.shape) != want or layout.dtype != torch.uint8:
+        found = (tuple(layout.shape), layout.dtype) if isinstance(layout, torch.Tensor) else type(layout).__name__
+        raise LayoutError(f"layout: expected a uint8 layout of shape {want}; found {found}")
+    if not layout.is_contiguous():
+        raise LayoutError(f"layout: expected a contiguous layout buffer; found strides {layout.stride()}")
+    logical = (experts, rows, columns // MXFP8_BLOCK)
+    if out is None:
+        out = torch.empty(logical, dtype=torch.uint8, device=layout.device)
+    unswizzle_op(layout, _check_logical_out(out, logical, layout.device), backend_argument(backend))
+    return out

@@ -333,7 +333,7 @@ def test_refresh_of_te_swizzled_aligned_scales_moves_no_byte(
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     assert v.row_scales_zero_copy and v.refresh_plan.work is not None and v.refresh_plan.work.work == []
     runs: list[str] = []
-    monkeypatch.setattr(mok.swizzle, "swizzle_reference", lambda *a: runs.append("convert"))
+    monkeypatch.setattr(mok.work, "swizzle_reference", lambda *a: runs.append("convert"))
     monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: runs.append("copy"))
     for p in ps:  # TE re-quantised in place, GEMM layout again: same buffers, new bytes
         p._rowwise_scale_inv.random_(0, 255)
@@ -463,7 +463,7 @@ def test_work_on_two_devices_is_refused() -> None:
     src = torch.zeros(1, 128, 4, dtype=torch.uint8)
     dst = torch.empty(mok.layout_shape(128, 4), dtype=torch.uint8, device="meta")
     with pytest.raises(mok.LayoutError, match="scale work item 0 has tensors on cpu and meta"):
-        mok.swizzle.PreparedWork([mok.swizzle.ScaleWork(src, dst)], "torch")
+        mok.work.PreparedWork([mok.work.ScaleWork(src, dst)], "torch")
 
 
 def test_the_guard_keeps_the_old_memory_alive(installed_te: Installer) -> None:

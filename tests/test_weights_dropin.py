@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import mok
-from mok import swizzle as mok_swizzle
 from mok import weights as W
+from mok import work as mok_work
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 
@@ -251,13 +251,13 @@ def test_split_refresh_of_any_object_with_the_buffers(monkeypatch: pytest.Monkey
         ),
     )
     runs: list[int] = []
-    real_run = mok_swizzle.PreparedWork.run
+    real_run = mok_work.PreparedWork.run
 
-    def counted(self: mok_swizzle.PreparedWork) -> None:
+    def counted(self: mok_work.PreparedWork) -> None:
         runs.append(len(self.work))
         real_run(self)
 
-    monkeypatch.setattr(mok_swizzle.PreparedWork, "run", counted)
+    monkeypatch.setattr(mok_work.PreparedWork, "run", counted)
     assert W._native_split_weight_view(params, rows=ROWS, columns=COLUMNS, use_mxfp8=True, cached_view=cache) is cache
     assert runs == [2 * len(params)]  # one launch: 3 experts x 2 directions
     for e, p in enumerate(params):

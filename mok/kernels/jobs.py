@@ -2,7 +2,7 @@
 (addresses, strides and sizes in, integers out; no device, no environment).
 
 A job converts ``experts`` logical scale matrices into the layout, or copies a buffer already in
-it. :func:`jobs_of` makes the jobs of mok.swizzle's work items; :func:`describe` turns jobs into
+it. :func:`jobs_of` makes the jobs of mok.work's items; :func:`describe` turns jobs into
 the table rows mxfp8_swizzle.cu reads (its ``struct Job``), under one :class:`KernelConfig`.
 """
 
@@ -162,13 +162,13 @@ def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
 
 
 def jobs_of(work: Sequence[Any]) -> list[Job | JobGroup]:
-    """The jobs of ``work`` items (mok.swizzle.ScaleWork: ``src``, ``dst``, ``copy``,
+    """The jobs of ``work`` items (mok.work.ScaleWork: ``src``, ``dst``, ``copy``,
     ``geometry``): a ``convert_job`` or ``copy_job`` each, with the single-matrix conversions of
     one source geometry (every expert of a view) as one :class:`JobGroup` of their addresses,
     which needs no Job per expert. An address whose alignment differs gets a job of its own."""
     jobs: list[Any] = []
     groups: dict[tuple[Any, ...], tuple[Job, list[int], list[int]]] = {}
-    for src, dst, copy, geometry in work:
+    for src, dst, copy, geometry, *_ in work:  # a ScaleWork, or its first four fields
         if copy:
             jobs.append(copy_job(src, dst))
             continue

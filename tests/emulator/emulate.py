@@ -64,7 +64,7 @@ def build(config: KernelConfig) -> ctypes.CDLL:
 def run(work: list[tuple[torch.Tensor, torch.Tensor, bool]], config: KernelConfig, grid: int) -> None:
     """Run ``work`` ([src, dst, is_copy] on the CPU) in one emulated launch of ``grid`` blocks (at
     most one a unit; 0: one a unit)."""
-    jobs = jobs_of([(s, d, copy, None) for s, d, copy in work])  # what mok.swizzle launches
+    jobs = jobs_of([(s, d, copy, None) for s, d, copy in work])  # what mok.work launches
     table = describe(jobs, config)
     words = upload(table, torch.device("cpu"))
     grid = table.units if grid == 0 else min(grid, table.units)

@@ -1,0 +1,70 @@
+"""mok's conversions as torch library ops (namespace ``mok``), so torch sees what they do.
+
+``torch.ops.mok.swizzle_mxfp8_scales`` (one matrix ``[R, C]`` or a batch ``[E, R, C]``, the
+experts of a grouped weight), ``swizzle_mxfp8_scales_many`` (separate per-expert matrices) and
+``unswizzle_mxfp8_scales`` (the exact inverse) each write their ``out`` argument, declared in the
+schema (``Tensor(a!)``): ``torch.compile`` traces them without a graph break, ``FakeTensorMode``
+and meta tensors run their fake implementation (nothing is launched), and
+``torch.library.opcheck`` can check them. The CPU and CUDA implementations run mok's work items:
+the torch reference on the CPU, the kernel on CUDA (or the reference, per ``backend``). Checks
+that need memory addresses (an output overlapping an input) run there, on real tensors; shape
+checks run in the public functions (mok.swizzle), which work on fake tensors too.
+
+The ops are defined with ``torch.library.Library`` rather than ``torch.library.custom_op``: its
+dispatch costs about a microsecond per call, custom_op's about ten, and an eager refresh pays it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mok.layout import as_batch
+from mok.overlap import check_no_overlap
+from mok.work import ScaleWork, run_work
+
+_LIB = torch.library.Library("mok", "DEF")  # type: ignore[no-untyped-call]
+_SCHEMAS = (
+    "swizzle_mxfp8_scales(Tensor scales, Tensor(a!) out, str? backend=None) -> ()",
+    "swizzle_mxfp8_scales_many(Tensor[] scales, Tensor(a!)[] outs, str? backend=None) -> ()",
+    "unswizzle_mxfp8_scales(Tensor layout, Tensor(a!) out, str? backend=None) -> ()",
+)
+for _schema in _SCHEMAS:
+    _LIB.define(_schema)  # type: ignore[no-untyped-call]
+
+
+def _swizzle(scales: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
+    batch = as_batch(scales)
+    check_no_overlap([out], [batch], "swizzle_mxfp8_scales", out_label="out", input_label="scales")
+    run_work([ScaleWork(batch, out)], backend)
+
+
+def _swizzle_many(scales: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], backend: str | None = None) -> None:
+    batches = [as_batch(s, f"scales[{i}]") for i, s in enumerate(scales)]
+    check_no_overlap(outs, batches, "swizzle_mxfp8_scales_many", input_label="scales")
+    run_work([ScaleWork(b, o) for b, o in zip(batches, outs, strict=True)], backend)
+
+
+def _unswizzle(layout: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
+    check_no_overlap([out], [layout], "unswizzle_mxfp8_scales", out_label="out", input_label="layout")
+    run_work([ScaleWork(layout, out, inverse=True)], backend)
+
+
+def _nothing(*args: object, **kwargs: object) -> None:
+    """The fake (meta) implementation: the ops return nothing and write only ``out``, whose shape
+    the public functions have checked."""
+
+
+for _name, _impl in (
+    ("swizzle_mxfp8_scales", _swizzle),
+    ("swizzle_mxfp8_scales_many", _swizzle_many),
+    ("unswizzle_mxfp8_scales", _unswizzle),
+):
+    for _key in ("CPU", "CUDA"):  # mok.work.run_work: the reference on the CPU, the kernel on CUDA
+        _LIB.impl(_name, _impl, _key)  # type: ignore[no-untyped-call]
+    torch.library.register_fake(f"mok::{_name}", _nothing, lib=_LIB)
+
+swizzle_op = torch.ops.mok.swizzle_mxfp8_scales.default
+swizzle_many_op = torch.ops.mok.swizzle_mxfp8_scales_many.default
+unswizzle_op = torch.ops.mok.unswizzle_mxfp8_scales.default

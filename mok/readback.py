@@ -1,0 +1,95 @@
+"""Logical block scales read back from where they are in the GEMM layout: a view's layout
+buffers, or a TE tensor whose scales TE keeps swizzled (TE 2.12+, after
+``te_compat.request_gemm_layout_scales``). For a checkpoint, a comparison of two runs, or a
+look at one value; scales are returned in TE's own orientation, as TE's logical buffers hold
+them (MXFP8: rowwise ``[rows, columns/32]``, columnwise ``[rows/32, columns]``; NVFP4: rowwise
+``[rows, columns/16]``, columnwise ``[columns, rows/16]``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from mok.errors import ExpertWeightError, LayoutError
+from mok.formats import FORMAT_OF_KIND, BlockFormat, Direction
+from mok.layout import layout_shape
+from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
+from mok.work import ScaleWork, run_work
+from te_compat import tensor_kind
+
+DIRECTIONS = ("rowwise", "columnwise")
+
+
+def _direction(block: BlockFormat, name: str) -> Direction:
+    return block.rowwise if name == "rowwise" else block.columnwise
+
+
+def _layout_dims(block: BlockFormat, d: Direction, rows: int, columns: int) -> tuple[int, int]:
+    """``[R, C]`` of the matrix the layout holds for a ``(rows, columns)`` weight."""
+    r, c = (columns, rows) if (d.transposed_storage or d.transposed_scales) else (rows, columns)
+    return r, c // block.block
+
+
+def _unswizzle(
+    block: BlockFormat, d: Direction, layouts: Sequence[torch.Tensor], experts: int, rows: int, columns: int
+) -> list[torch.Tensor]:
+    """Each layout back into logical scales in TE's orientation (the transpose of the layout's
+    matrix where TE's buffer is), all in one launch."""
+    r, c = _layout_dims(block, d, rows, columns)
+    shape = (experts, c, r) if d.transposed_scales else (experts, r, c)
+    outs = [torch.empty(shape, dtype=torch.uint8, device=lay.device) for lay in layouts]
+    matrices = [o.transpose(1, 2) if d.transposed_scales else o for o in outs]
+    run_work([ScaleWork(lay, m, inverse=True) for lay, m in zip(layouts, matrices, strict=True)])
+    return outs
+
+
+def _from_view(view: ExpertWeights, name: str) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    part: ViewDirection | None = view.rowwise if name == "rowwise" else view.columnwise
+    if part is None or part.scales is None:
+        raise ExpertWeightError(f"{name} scales: expected a view with {name} block scales; found none")
+    block = part.format.block_format
+    d = _direction(block, name)
+    if isinstance(view, GroupedExpertWeights):
+        return _unswizzle(block, d, part.scales, view.num_experts, view.rows, view.columns)[0]
+    return tuple(o[0] for o in _unswizzle(block, d, part.scales, 1, view.rows, view.columns))
+
+
+def _from_tensor(param: object, name: str) -> torch.Tensor:
+    block = FORMAT_OF_KIND.get(tensor_kind(param))
+    if block is None:
+        raise ExpertWeightError(
+            f"expected a view, or a TE MXFP8 or NVFP4 tensor; found {type(param).__name__} (kind {tensor_kind(param)})"
+        )
+    d = _direction(block, name)
+    snapshot = block.snapshot(param)
+    buffer = snapshot.need(d.scales.value)
+    rows, columns = snapshot.shape[0], snapshot.shape[-1]
+    if len(snapshot.shape) != 2:
+        raise ExpertWeightError(f"expected a 2-D weight; found shape {tuple(snapshot.shape)}")
+    if not snapshot.scales_swizzled:  # TE keeps them logical: a view of its own buffer
+        logical = block.logical_scales(d, buffer, rows, columns, f"{name} scales")[0]
+        return logical.t() if d.transposed_scales else logical
+    shape = layout_shape(*_layout_dims(block, d, rows, columns))
+    if buffer.numel() != math.prod(shape) or not buffer.is_contiguous():
+        raise LayoutError(
+            f"{name} scales: TE marks them swizzled, so its buffer should be exactly the layout {shape}; "
+            f"found shape {tuple(buffer.shape)}, strides {buffer.stride()}"
+        )
+    layout = buffer.view(torch.uint8).view(shape)
+    return _unswizzle(block, d, [layout], 1, rows, columns)[0][0]
+
+
+def logical_scales(source: object, *, direction: str = "rowwise") -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The logical scales of ``direction`` ("rowwise" or "columnwise") in TE's orientation.
+
+    ``source`` is a view (grouped: one ``[E, ...]`` tensor; per expert: a tuple of one tensor
+    per expert, converted in one launch) or a TE MXFP8/NVFP4 tensor (a view of TE's buffer when
+    TE keeps its scales logical; read back from the layout when TE keeps them swizzled).
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction: expected one of {', '.join(map(repr, DIRECTIONS))}; found {direction!r}")
+    if isinstance(source, ExpertWeights):
+        return _from_view(source, direction)
+    return _from_tensor(source, direction)

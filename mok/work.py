@@ -1,0 +1,81 @@
+"""The one place that runs conversions: :class:`ScaleWork` items (convert logical scales into a
+layout buffer, copy scales TE already swizzled, or bring a layout back into logical scales), in
+ONE kernel launch on CUDA tensors with the ``cuda`` backend (``mok.kernels``), otherwise with the
+torch reference."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import NamedTuple
+
+import torch
+
+from mok.backend import backend_for
+from mok.errors import LayoutError
+from mok.layout import Geometry, logical_view, swizzle_reference, unswizzle_reference
+
+
+class ScaleWork(NamedTuple):
+    """Convert ``src`` (logical ``[E, R, C]``) into layout ``dst``, or, with ``copy``, copy the
+    already-swizzled bytes ``src`` into ``dst`` (same size), or, with ``inverse``, bring layout
+    ``src`` back into logical ``dst`` (``[E, R, C]``, any strides; the padding dropped). With
+    ``geometry`` (sizes, strides), ``src`` is the uint8 buffer the logical matrices are that
+    geometry of (from its offset). A named tuple: a view of 256 experts makes 512 of them."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    copy: bool = False
+    geometry: Geometry | None = None
+    inverse: bool = False
+
+    def logical(self) -> torch.Tensor:
+        """The logical ``[E, R, C]`` source (a strided view when given as a geometry)."""
+        return self.src if self.geometry is None else logical_view(self.src, self.geometry)
+
+
+_is_cuda = attrgetter("is_cuda")
+
+
+class PreparedWork:
+    """A list of work items bound to a backend, ready to run again and again (a refresh of
+    unchanged buffers runs its prepared work without planning anything)."""
+
+    def __init__(self, work: Sequence[ScaleWork], backend: str | None = None) -> None:
+        self.work = list(work)
+        self.backend = backend
+        self._launch: Callable[[], None] | None = None
+        if not self.work:
+            return
+        device = self.work[0].dst.device
+        tensors = [t for item in self.work for t in item[:2]]  # src and dst
+        if len(set(map(torch.Tensor.get_device, tensors))) != 1 or not all(map(_is_cuda, tensors)):
+            # off CUDA (or mixed) the index says too little: compare the devices themselves
+            for i, item in enumerate(self.work):
+                if item.src.device != device or item.dst.device != device:
+                    raise LayoutError(
+                        f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
+                        f"expected every tensor on {device}"
+                    )
+        if backend_for(device, backend) == "cuda":
+            from mok.kernels.jobs import jobs_of
+            from mok.kernels.launch import Launch
+
+            self._launch = Launch(jobs_of(self.work), device)
+
+    def run(self) -> None:
+        if self._launch is not None:
+            self._launch()
+            return
+        for item in self.work:
+            if item.copy:
+                item.dst.copy_(item.src.view(item.dst.shape))
+            elif item.inverse:
+                unswizzle_reference(item.src, item.dst)
+            else:
+                swizzle_reference(item.logical(), item.dst)
+
+
+def run_work(work: Sequence[ScaleWork], backend: str | None = None) -> None:
+    """Run every item of ``work`` (one launch on the cuda backend)."""
+    PreparedWork(work, backend).run()
