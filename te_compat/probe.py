@@ -18,7 +18,13 @@ from packaging.version import Version
 
 from te_compat import table
 from te_compat.caches import on_refresh
-from te_compat.errors import StorageNotFoundError, TECompatError, TENotFoundError, UnsupportedTensorError
+from te_compat.errors import (
+    StorageNotFoundError,
+    TECompatError,
+    TENotFoundError,
+    UnknownStorageNameError,
+    UnsupportedTensorError,
+)
 from te_compat.table import StorageRow, TensorKind
 from te_compat.version import te_status
 
@@ -150,7 +156,9 @@ def resolve(cls: type, logical: str) -> Resolution:
         )
     known = table.logical_names(kind)
     if logical not in known:
-        raise ValueError(f"{logical!r} is not a storage name of {kind} tensors; expected one of {', '.join(known)}")
+        raise UnknownStorageNameError(
+            f"{logical!r} is not a storage name of {kind} tensors; expected one of {', '.join(known)}"
+        )
     release = _installed_release(kind, cls)
     row = table.row_for(kind, release)
     if row is not None and release <= table.checked_through():
