@@ -28,7 +28,14 @@ from packaging.version import Version
 
 from te_compat import table
 from te_compat.errors import TENotFoundError, UnsupportedTensorError
-from te_compat.probe import storage_field, tensor_kind
+from te_compat.probe import (
+    class_path,
+    find_in_lineage,
+    storage_field,
+    tensor_kind,
+    tensor_kind_or_none,
+)
+from te_compat.source_facts import lineage
 from te_compat.table import TE, TensorKind, in_range
 from te_compat.version import release_of, te_status
 
@@ -209,18 +216,6 @@ class GemmLayoutReport:
 # --- the matrix check -------------------------------------------------------------------------
 
 
-def _lineage(classes: dict[str, Any], path: str) -> list[str]:
-    """``path`` and every TE base class of it the release defines."""
-    seen: list[str] = []
-    stack = [path]
-    while stack:
-        current = stack.pop()
-        if current not in seen and current in classes:
-            seen.append(current)
-            stack.extend(classes[current]["bases"])
-    return seen
-
-
 def check_quantizer_rows(
     release: str, classes: dict[str, Any], rows: tuple[QuantizerRow, ...] = QUANTIZER_ROWS
 ) -> list[str]:
@@ -236,7 +231,7 @@ def check_quantizer_rows(
                 f"TE {release}: quantizer row {span} names {row.quantizer}, which this release does not define"
             )
             continue
-        chain = _lineage(classes, row.quantizer)
+        chain = lineage(classes, row.quantizer)
         assigned = {a for c in chain for a in classes[c]["assigns"]} | {
             p for c in chain for p in classes[c]["properties"]
         }
@@ -251,19 +246,17 @@ def check_quantizer_rows(
 # --- the request ------------------------------------------------------------------------------
 
 
-def _class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+def _rows_for_quantizer(quantizer: object) -> tuple[QuantizerRow, ...]:
+    """Rows of the quantizer's class or its nearest TE base, by module path, else by class name."""
+    found = find_in_lineage(type(quantizer), _quantizer_rows_by_path())
+    return found[0] if found is not None else ()
 
 
-def _rows_for_quantizer(quantizer: object) -> list[QuantizerRow]:
-    """Rows of the quantizer's class (or a TE base), by module path, else by class name."""
-    mro = type(quantizer).__mro__
-    paths = {_class_path(k) for k in mro}
-    found = [r for r in QUANTIZER_ROWS if r.quantizer in paths]
-    if found:
-        return found
-    names = {k.__qualname__ for k in mro if k.__module__.startswith("transformer_engine.")}
-    return [r for r in QUANTIZER_ROWS if r.quantizer.rsplit(".", 1)[1] in names]
+def _quantizer_rows_by_path() -> dict[str, tuple[QuantizerRow, ...]]:
+    by_path: dict[str, tuple[QuantizerRow, ...]] = {}
+    for row in QUANTIZER_ROWS:
+        by_path[row.quantizer] = (*by_path.get(row.quantizer, ()), row)
+    return by_path
 
 
 def _shapes(param: object, kind: TensorKind) -> list[tuple[int, ...]]:
@@ -327,7 +320,7 @@ def _judge(name: str, param: object, ctx: _Context) -> GemmLayoutEntry:
         return GemmLayoutEntry(name, kind, GemmLayoutStatus.NOT_QUANTIZED, "a plain tensor: no TE quantizer")
     unsupported = GemmLayoutStatus.UNSUPPORTED
     if kind is TensorKind.OTHER_QUANTIZED:
-        return GemmLayoutEntry(name, kind, unsupported, f"{_class_path(type(param))} is a TE class no table row covers")
+        return GemmLayoutEntry(name, kind, unsupported, f"{class_path(type(param))} is a TE class no table row covers")
     if table.row_for(kind, ctx.release) is None and ctx.release <= table.checked_through():
         return GemmLayoutEntry(name, kind, unsupported, f"TE {ctx.release} has no {kind} storage row")
     quantizers = _quantizers_of(param, kind)
@@ -391,13 +384,7 @@ def _is_module(obj: object) -> bool:
 
 def _is_single(obj: object) -> bool:
     """A tensor, a Parameter, or a TE object (2.13's GroupedTensor is no torch.Tensor)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
-        return True
-    try:
-        return tensor_kind(obj) is not TensorKind.PLAIN
-    except UnsupportedTensorError:
-        return False
+    return tensor_kind_or_none(obj) is not None
 
 
 def _named(params_or_module: object) -> Iterator[tuple[str, object]]:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from te_compat.errors import StorageNotFoundError, UnsupportedTensorError
 from te_compat.probe import (
-    _class_path,
-    _is_torch_tensor,
+    class_path,
+    is_torch_tensor,
     resolve,
     storage_attr,
     storage_field,
@@ -31,7 +31,7 @@ def _need(obj: object, value: Any, name: str) -> Any:
     res = resolve(type(obj), name)
     attrs = " or ".join(repr(a) for a in res.candidates) or "(none in this release)"
     raise StorageNotFoundError(
-        f"{_class_path(type(obj))} holds no {name} (attribute {attrs} is None or absent; "
+        f"{class_path(type(obj))} holds no {name} (attribute {attrs} is None or absent; "
         f"TE {res.release}, {res.kind} row {res.row.span if res.row else 'newest'})"
     )
 
@@ -41,7 +41,7 @@ def _expect_kind(obj: object, expected: tuple[TensorKind, ...], what: str) -> Te
     if kind not in expected:
         raise UnsupportedTensorError(
             f"{what} expects a TE {' or '.join(k.value for k in expected)} tensor; "
-            f"found {_class_path(type(obj))} (kind {kind})"
+            f"found {class_path(type(obj))} (kind {kind})"
         )
     return kind
 
@@ -55,7 +55,7 @@ def _logical_shape(obj: object, *fallbacks: torch.Tensor | None) -> tuple[int, .
     for t in fallbacks:
         if t is not None:
             return tuple(int(d) for d in t.shape)
-    raise StorageNotFoundError(f"{_class_path(type(obj))}: no shape and no data to take it from")
+    raise StorageNotFoundError(f"{class_path(type(obj))}: no shape and no data to take it from")
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,10 @@ def storage_values(obj: object, names: tuple[str, ...] | None = None) -> dict[st
 def _tensor(obj: object, values: dict[str, Any], name: str) -> torch.Tensor | None:
     """``values[name]``, which must be a tensor or None (what storage_attr promises)."""
     value = values.get(name)
-    if value is None or _is_torch_tensor(type(value)):
+    if value is None or is_torch_tensor(type(value)):
         return value
     raise UnsupportedTensorError(
-        f"{name!r} of {_class_path(type(obj))} is expected to be a torch.Tensor or None; found {type(value).__name__}"
+        f"{name!r} of {class_path(type(obj))} is expected to be a torch.Tensor or None; found {type(value).__name__}"
     )
 
 
@@ -285,7 +285,7 @@ def _nvfp4_shape(obj: object, row: torch.Tensor | None, col: torch.Tensor | None
     if col is not None:
         dims = tuple(int(d) for d in col.shape)
         return (*dims[1:-1], dims[-1] * 2, dims[0])
-    raise StorageNotFoundError(f"{_class_path(type(obj))}: no shape and no data to take it from")
+    raise StorageNotFoundError(f"{class_path(type(obj))}: no shape and no data to take it from")
 
 
 def _optional_flag(obj: object, name: str, kind: type) -> Any:
@@ -371,7 +371,7 @@ def _blockwise_shape(
     if col is not None:
         dims = tuple(int(d) for d in col.shape)
         return (*dims[1:], dims[0]) if transposed else dims
-    raise StorageNotFoundError(f"{_class_path(type(obj))}: no shape and no data to take it from")
+    raise StorageNotFoundError(f"{class_path(type(obj))}: no shape and no data to take it from")
 
 
 def blockwise_storage(param: object) -> BlockwiseStorage:
