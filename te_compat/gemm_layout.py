@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -269,11 +269,16 @@ def _shapes(param: object, kind: TensorKind) -> list[tuple[int, ...]]:
 def _condition_refusal(row: QuantizerRow, quantizer: object, shapes: list[tuple[int, ...]]) -> str | None:
     """Why TE would not write GEMM-layout scales for these shapes, or None when it would."""
     name = type(quantizer).__name__
-    paths = [c for c in row.conditions if all(bool(getattr(quantizer, f, False)) is v for f, v in c.flags.items())]
+    found = {f: getattr(quantizer, f, None) for c in row.conditions for f in c.flags}
+    odd = ", ".join(f"{f}={type(v).__name__} {v!r}" for f, v in found.items() if not isinstance(v, (bool, type(None))))
+    if odd:  # TE's quantizers store True or False: which path TE would take is not guessed
+        return f"{name}: expected bool flags (TE stores True or False); found {odd}"
+    flags = {f: v is True for f, v in found.items()}  # None: not set, as in a release without it
+    paths = [c for c in row.conditions if all(flags[f] is v for f, v in c.flags.items())]
     if not paths:
         wanted = "; or ".join(", ".join(f"{f}={v}" for f, v in c.flags.items()) for c in row.conditions)
-        found = ", ".join(f"{f}={getattr(quantizer, f, None)}" for c in row.conditions for f in c.flags)
-        return f"{name} is on no path where TE writes GEMM-layout scales (needs {wanted}; found {found})"
+        have = ", ".join(f"{f}={v}" for f, v in found.items())
+        return f"{name} is on no path where TE writes GEMM-layout scales (needs {wanted}; found {have})"
     cond = paths[0]
     for shape in shapes:
         rows, cols = math.prod(shape[:-1]), shape[-1] if shape else 0
@@ -371,7 +376,9 @@ def _apply(
         )
     for q in pending:
         setattr(q, row.attribute, row.value)
-    now = "already in GEMM layout" if storage_field(param, "scales_swizzled") else "compact until TE re-quantises"
+    now = (
+        "already in GEMM layout" if storage_field(param, "scales_swizzled") is True else "compact until TE re-quantises"
+    )
     where = f" on {len(pending)} quantizers (grouped and members)" if len(pending) > 1 else ""
     return GemmLayoutEntry(
         name, kind, GemmLayoutStatus.ENABLED, f"{qname}.{row.attribute} = {row.value}{where}; scales now: {now}"
@@ -387,20 +394,41 @@ def _is_single(obj: object) -> bool:
     return tensor_kind_or_none(obj) is not None
 
 
-def _named(params_or_module: object) -> Iterator[tuple[str, object]]:
+def _named(params_or_module: object) -> list[tuple[str, object]]:
+    """(name, parameter) for each parameter given; every one checked to be a tensor."""
     if _is_module(params_or_module):
-        yield from params_or_module.named_parameters()  # type: ignore[attr-defined]
-        return
-    if _is_single(params_or_module):
-        yield "<parameter>", params_or_module
-        return
-    if isinstance(params_or_module, (str, bytes)) or not isinstance(params_or_module, Iterable):
+        named = list(params_or_module.named_parameters())  # type: ignore[attr-defined]
+    elif isinstance(params_or_module, Mapping):
+        named = [(str(name), p) for name, p in params_or_module.items()]
+    elif _is_single(params_or_module):
+        named = [("<parameter>", params_or_module)]
+    elif isinstance(params_or_module, (str, bytes)) or not isinstance(params_or_module, Iterable):
         raise UnsupportedTensorError(
-            "expected a torch.nn.Module, a parameter or an iterable of parameters; "
-            f"found {type(params_or_module).__name__}"
+            "request_gemm_layout_scales: params_or_module: expected a torch.nn.Module, a parameter, a mapping "
+            f"of name -> parameter or an iterable of parameters; found {type(params_or_module).__name__}"
         )
-    for i, p in enumerate(params_or_module):
-        yield f"[{i}]", p
+    else:
+        named = [(f"[{i}]", p) for i, p in enumerate(params_or_module)]
+    for name, p in named:
+        if not _is_single(p):
+            raise UnsupportedTensorError(
+                f"request_gemm_layout_scales: {name}: expected a torch.Tensor, a Parameter or a Transformer Engine "
+                f"tensor; found {type(p).__name__}"
+            )
+    return named
+
+
+def _checked_compute_capability(value: object) -> tuple[int, int] | None:
+    """``value`` as (major, minor), or a TypeError/ValueError naming the parameter."""
+    if value is None:
+        return None
+    expected = "a (major, minor) tuple of two ints >= 0 such as (10, 0), or None"
+    found = f"{type(value).__name__} {value!r}"
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise TypeError(f"request_gemm_layout_scales: compute_capability: expected {expected}; found {found}")
+    if len(value) != 2 or min(value) < 0:
+        raise ValueError(f"request_gemm_layout_scales: compute_capability: expected {expected}; found {found}")
+    return value[0], value[1]
 
 
 def _shared_quantizers(params_or_module: object, release: Version) -> dict[int, str]:
@@ -429,13 +457,17 @@ def request_gemm_layout_scales(
 ) -> GemmLayoutReport:
     """Ask TE to write GEMM-layout scales at its next quantisation of each quantized parameter.
 
-    ``params_or_module``: a torch.nn.Module (its named_parameters), one parameter, or an iterable
-    of parameters. Sets the attribute the installed release's table row names on each parameter's
-    quantizer (and, for a GroupedTensor, on its members' copies); converts nothing. Plain tensors
-    are reported as not quantized. ``compute_capability`` defaults to the current CUDA device
-    (only NVFP4 depends on it).
+    ``params_or_module``: a torch.nn.Module (its named_parameters), a mapping of name ->
+    parameter (``dict(model.named_parameters())``; the report uses its names), one parameter, or
+    an iterable of parameters (named ``[i]``). Sets the attribute the installed release's table
+    row names on each parameter's quantizer (and, for a GroupedTensor, on its members' copies);
+    converts nothing. Plain tensors are reported as not quantized. ``compute_capability`` is
+    (major, minor), by default the current CUDA device's (only NVFP4 depends on it). A wrong
+    argument raises TypeError or ValueError (an element that is no tensor:
+    UnsupportedTensorError) naming it.
     """
-    named = list(_named(params_or_module))
+    cc = _checked_compute_capability(compute_capability)
+    named = _named(params_or_module)
     status = te_status()
     release = release_of(status.version) if status.version is not None else None
     if release is None:
@@ -450,6 +482,5 @@ def request_gemm_layout_scales(
             for n, _ in named
         )
         return GemmLayoutReport(None, entries)
-    cc = compute_capability if compute_capability is not None else _current_compute_capability()
-    ctx = _Context(release, cc, _shared_quantizers(params_or_module, release))
+    ctx = _Context(release, cc or _current_compute_capability(), _shared_quantizers(params_or_module, release))
     return GemmLayoutReport(release, tuple(_judge(n, p, ctx) for n, p in named))
