@@ -193,3 +193,29 @@ def test_te_in_table_up_to_the_last_checked_release(installed: str, in_table: bo
     caps = te_compat.capabilities(import_te=False)
     assert caps.te_in_table is in_table
     assert caps.table_checked_through == LAST_CHECKED
+
+
+def test_a_te_without_metadata_has_its_version_once_imported(tmp_path: Path) -> None:
+    # A TE source checkout on PYTHONPATH has no dist-info: before its import, only find_spec sees
+    # it (no version); once imported, its __version__ is the version, for every later question.
+    pkg = tmp_path / "transformer_engine"
+    (pkg / "pytorch").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '2.14.1'\n")
+    (pkg / "pytorch" / "__init__.py").write_text("")
+    out = _run(
+        """
+        import json, te_compat
+        before = te_compat.te_status()
+        caps = te_compat.capabilities(verify=False)
+        after = te_compat.te_status()
+        print(json.dumps([before.version is None, before.source, caps.te_version, caps.te_usable,
+                          str(after.version), after.source, str(te_compat.te_version()), caps.tensor_kinds]))
+        """,
+        tmp_path,
+    )
+    import json
+
+    no_version, source, caps_version, usable, version, after_source, te_version, kinds = json.loads(out)
+    assert no_version is True and source == "transformer_engine (no version metadata)"
+    assert caps_version == "2.14.1" and usable is True and "grouped" in kinds
+    assert version == te_version == "2.14.1" and after_source == "transformer_engine.__version__"
