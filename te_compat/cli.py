@@ -47,11 +47,13 @@ exit codes:
   0  the TE source agrees with the release table
   1  disagreements found (each is printed, naming class, module, attribute and row)
   2  no TE to verify: not installed, or its version or source cannot be read (a
-     file that is not UTF-8 or not Python, a tree that does not say its release)
+     file that is not UTF-8 or not Python, a tree that does not say its release);
+     or a usage error
 {COMMON_EXIT_CODES}"""
 RELEASES_EXIT_CODES = f"""\
 exit codes:
   0  the table was printed
+  2  usage error
 {COMMON_EXIT_CODES}"""
 OUTPUT_FAILED = 3
 INTERNAL_ERROR = 4
