@@ -45,7 +45,8 @@ def storage_values(obj: object, names: tuple[str, ...] | None = None) -> dict[st
 
 
 def _attributes(obj: object, name: str) -> tuple[str, str]:
-    """(TE attribute name(s) of ``name`` for ``obj``, where the table says so) for messages."""
+    """(the TE attribute(s) that hold ``name`` on ``obj``, the release and row that say so): what
+    every error about a storage value names."""
     res = resolve(type(obj), name)
     attrs = " or ".join(repr(a) for a in res.candidates) or "(none in this release)"
     return attrs, f"TE {res.release}, {res.kind} row {res.row.span if res.row else 'newest'}"
@@ -102,7 +103,7 @@ class _Values:
         self.obj = obj
         self.values = storage_values(obj)
 
-    def any(self, name: str) -> Any:
+    def raw(self, name: str) -> Any:
         """The value as TE stores it (None where the release has no such storage)."""
         return self.values.get(name)
 
@@ -235,7 +236,7 @@ def _group_swizzled(v: _Values, members: tuple[object, ...] | None) -> bool:
     """The group's flag (2.14+); 2.13 keeps none on the group, and its MXFP8 members (2.12+)
     carry their own."""
     flag = v.flag("scales_swizzled")
-    if flag is not None or v.any("quantizer") is None or not members:
+    if flag is not None or v.raw("quantizer") is None or not members:
         return bool(flag)
     mxfp8 = [m for m in members if tensor_kind(m) is TensorKind.MXFP8]
     return any(bool(_Values(m, TensorKind.MXFP8, "grouped_storage").flag("scales_swizzled")) for m in mxfp8)
@@ -245,20 +246,20 @@ def grouped_storage(param: object) -> GroupedStorage:
     """Snapshot of a GroupedTensor (2.13 plain class, 2.14+ tensor/Parameter)."""
     v = _Values(param, TensorKind.GROUPED, "grouped_storage")
     row, col = v.payloads("rowwise_data", "columnwise_data")
-    members = v.any("quantized_tensors")
+    members = v.raw("quantized_tensors")
     member_tuple = tuple(members) if members is not None else None
     return GroupedStorage(
         owner=param,
         num_tensors=v.needed(v.count("num_tensors"), "num_tensors"),
-        tensor_shapes=tuple(tuple(int(d) for d in s) for s in v.needed(v.any("tensor_shapes"), "tensor_shapes")),
+        tensor_shapes=tuple(tuple(int(d) for d in s) for s in v.needed(v.raw("tensor_shapes"), "tensor_shapes")),
         rowwise_data=row,
         columnwise_data=col,
         rowwise_scale_inv=v.tensor("rowwise_scale_inv"),
         columnwise_scale_inv=v.tensor("columnwise_scale_inv"),
-        rowwise_scale_inv_offsets=_offsets(v.any("rowwise_scale_inv_offsets")),
-        columnwise_scale_inv_offsets=_offsets(v.any("columnwise_scale_inv_offsets")),
+        rowwise_scale_inv_offsets=_offsets(v.raw("rowwise_scale_inv_offsets")),
+        columnwise_scale_inv_offsets=_offsets(v.raw("columnwise_scale_inv_offsets")),
         members=member_tuple,
-        quantized=v.any("quantizer") is not None,
+        quantized=v.raw("quantizer") is not None,
         scales_swizzled=_group_swizzled(v, member_tuple),
         amax_rowwise=v.tensor("amax_rowwise"),
         amax_columnwise=v.tensor("amax_columnwise"),
@@ -369,7 +370,7 @@ def blockwise_storage(param: object) -> BlockwiseStorage:
     v = _Values(param, TensorKind.FLOAT8_BLOCKWISE, "blockwise_storage")
     row, col = v.payloads("rowwise_data", "columnwise_data")
     is_2d: bool = v.needed(v.flag("is_2d_scaled"), "is_2d_scaled")
-    data_format = _format_name(v.any("data_format"))
+    data_format = _format_name(v.raw("data_format"))
     transposed = not (data_format == "COMPACT" and not is_2d)
     return BlockwiseStorage(
         owner=param,
@@ -410,7 +411,7 @@ class HybridStorage(StorageSnapshot):
 def hybrid_storage(param: object) -> HybridStorage:
     """Snapshot of a HybridQuantizedTensor, Parameter, ``.data`` or storage (TE 2.19+)."""
     v = _Values(param, TensorKind.HYBRID, "hybrid_storage")
-    row, col = v.any("rowwise_storage"), v.any("columnwise_storage")
+    row, col = v.raw("rowwise_storage"), v.raw("columnwise_storage")
     if row is None and col is None:
         raise _not_found(param, "rowwise_storage")
     return HybridStorage(
