@@ -18,6 +18,7 @@ import te_compat
 from te_compat import MissingFeatureError, cli
 from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities
 from te_compat.cli import main
+from tests.test_version import fake_te
 
 ROOT = Path(__file__).resolve().parent.parent
 Installer = Callable[..., None]
@@ -274,17 +275,6 @@ def test_a_te_present_but_unusable_fails_every_te_feature() -> None:
         broken.require("cuda", "mxfp8")
 
 
-def _broken_te(root: Path) -> Path:
-    """A TE whose metadata says 2.20.2 and whose import raises, as on a machine without CUDA."""
-    info = root / "transformer_engine-2.20.2.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: transformer_engine\nVersion: 2.20.2\n")
-    (root / "transformer_engine" / "pytorch").mkdir(parents=True)
-    (root / "transformer_engine" / "__init__.py").write_text("")
-    (root / "transformer_engine" / "pytorch" / "__init__.py").write_text("raise OSError('libcudart.so.13')\n")
-    return root
-
-
 def _cli(*args: str, path: Path | None = None, stdout: object = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
     """``python -m te_compat ARGS`` from the checkout, with ``path`` first on sys.path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (path, ROOT) if p is not None)}
@@ -294,7 +284,8 @@ def _cli(*args: str, path: Path | None = None, stdout: object = subprocess.PIPE)
 
 
 def test_cli_require_fails_with_a_te_that_does_not_import(tmp_path: Path) -> None:
-    done = _cli("report", "--require", "mxfp8", "grouped", path=_broken_te(tmp_path))
+    broken = fake_te(tmp_path, metadata="2.20.2", pytorch_init="raise OSError('libcudart.so.13')\n")
+    done = _cli("report", "--require", "mxfp8", "grouped", path=broken)
     assert done.returncode == 1, done.stderr
     assert "te usable" in done.stdout and "Traceback" not in done.stderr
     assert "mxfp8: Transformer Engine 2.20.2 is present but not usable" in done.stderr
