@@ -7,11 +7,14 @@ when a function is called. See README.md for a tour.
 from te_compat.caches import on_refresh, refresh
 from te_compat.capabilities import Capabilities, capabilities, cuda_device, has_cuda_core
 from te_compat.errors import (
+    AmbiguousStorageNameError,
     MissingFeatureError,
     StorageNotFoundError,
+    StorageValueError,
     TECompatError,
     TENotFoundError,
     TEVersionError,
+    UnknownStorageNameError,
     UnsupportedTensorError,
 )
 from te_compat.gemm_layout import GemmLayoutEntry, GemmLayoutReport, GemmLayoutStatus, request_gemm_layout_scales
@@ -46,6 +49,7 @@ from te_compat.version import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AmbiguousStorageNameError",
     "BlockwiseStorage",
     "Capabilities",
     "Float8Storage",
@@ -60,11 +64,13 @@ __all__ = [
     "StorageName",
     "StorageNotFoundError",
     "StorageReader",
+    "StorageValueError",
     "TECompatError",
     "TENotFoundError",
     "TEStatus",
     "TEVersionError",
     "TensorKind",
+    "UnknownStorageNameError",
     "UnsupportedTensorError",
     "Verification",
     "blockwise_storage",

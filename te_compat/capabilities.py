@@ -79,7 +79,8 @@ class Capabilities:
         return asdict(self)
 
     def missing(self, *features: str) -> dict[str, str]:
-        """Feature -> why it is unavailable, for each of ``features`` that is."""
+        """Feature -> why it is unavailable, for each of ``features`` that is. The features of
+        ``TE_FEATURES`` are all missing while TE is present but not usable (its import failed)."""
         out: dict[str, str] = {}
         for name in features:
             check = FEATURES.get(name)
@@ -94,8 +95,12 @@ class Capabilities:
         """Raise MissingFeatureError naming every missing feature and why."""
         missing = self.missing(*features)
         if missing:
-            lines = "; ".join(f"{k}: {v}" for k, v in missing.items())
-            raise MissingFeatureError(f"required feature(s) not available: {lines}")
+            raise MissingFeatureError(describe_missing(missing))
+
+
+def describe_missing(missing: dict[str, str]) -> str:
+    """One line naming every missing feature and why (what :meth:`Capabilities.require` raises)."""
+    return "required feature(s) not available: " + "; ".join(f"{k}: {v}" for k, v in missing.items())
 
 
 def _te_reason(c: Capabilities) -> str:
@@ -112,7 +117,7 @@ def _kind(kind: TensorKind) -> Callable[[Capabilities], tuple[bool, str]]:
     return check
 
 
-FEATURES: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
+_CHECKS: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
     "te": lambda c: (c.te_usable, _te_reason(c) or "transformer_engine is usable"),
     "cuda": lambda c: (c.cuda_device is not None, "no CUDA device visible to torch"),
     "float8": _kind(TensorKind.FLOAT8),
@@ -139,6 +144,37 @@ FEATURES: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
         f"mok's CUDA kernel needs cuda.core ({'present' if c.cuda_core else 'pip install te-compat[cuda]'}) "
         f"and a CUDA device ({c.cuda_device or 'none visible to torch'})",
     ),
+}
+
+# Features that use the installed TE: where TE is present but unusable (its import failed), each
+# is missing, naming why, whatever its release offers. The others (cuda, mxfp8_hardware,
+# cuda_kernel) are about the device and mok's kernel, which need no TE.
+TE_FEATURES = (
+    "te",
+    "float8",
+    "mxfp8",
+    "float8_blockwise",
+    "nvfp4",
+    "grouped",
+    "hybrid",
+    "verified",
+    "swizzled_scale_flag",
+    "mxfp8_quantization",
+)
+
+
+def _needs_usable_te(check: Callable[[Capabilities], tuple[bool, str]]) -> Callable[[Capabilities], tuple[bool, str]]:
+    def usable_te_first(c: Capabilities) -> tuple[bool, str]:
+        if c.te_present and not c.te_usable:
+            te = f"Transformer Engine {c.te_version}" if c.te_version else "Transformer Engine"
+            return False, f"{te} is present but not usable: {c.te_reason}"
+        return check(c)
+
+    return usable_te_first
+
+
+FEATURES: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
+    name: _needs_usable_te(check) if name in TE_FEATURES else check for name, check in _CHECKS.items()
 }
 
 

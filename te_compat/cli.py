@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from te_compat import table
-from te_compat.capabilities import FEATURES, Capabilities, capabilities
-from te_compat.errors import MissingFeatureError, TENotFoundError, TEVersionError
+from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities, capabilities, describe_missing
+from te_compat.errors import TECompatError
 from te_compat.verify import Verification, verify_installed
 
 # Entry points of this group add a section to the report: a zero-argument callable returning
@@ -24,23 +26,58 @@ REPORT_SECTIONS = "te_compat.report"
 
 DESCRIPTION = """\
 te-compat report: what this process can do (TE, torch, the GPU), plus sections that other
-  installed packages contribute.
+  installed packages contribute. te-compat alone (or python -m te_compat) prints the report.
 te-compat verify: check the installed TE's own source against the release table.
 te-compat releases: the release table.
 """
-REPORT_EXIT_CODES = """\
+# Every command: an error is one line on stderr, never a traceback.
+COMMON_EXIT_CODES = """\
+  3  the output could not be written (a closed pipe, as with | head; a full disk)
+  4  an unexpected error inside te-compat (a bug: please report the line printed)
+"""
+REPORT_EXIT_CODES = f"""\
 exit codes:
   0  the report was printed; with --require, every FEATURE is available
   1  --require: a FEATURE is not available (the reasons go to stderr)
   2  usage error (an unknown FEATURE name: the known ones are listed), or the
      capabilities could not be read at all
-"""
-VERIFY_EXIT_CODES = """\
+{COMMON_EXIT_CODES}"""
+VERIFY_EXIT_CODES = f"""\
 exit codes:
   0  the TE source agrees with the release table
   1  disagreements found (each is printed, naming class, module, attribute and row)
-  2  no TE to verify: not installed, or its version or source cannot be read
-"""
+  2  no TE to verify: not installed, or its version or source cannot be read (a
+     file that is not UTF-8 or not Python, a tree that does not say its release);
+     or a usage error
+{COMMON_EXIT_CODES}"""
+RELEASES_EXIT_CODES = f"""\
+exit codes:
+  0  the table was printed
+  2  usage error
+{COMMON_EXIT_CODES}"""
+OUTPUT_FAILED = 3
+INTERNAL_ERROR = 4
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command has to say: its exit code, its output and at most one line for stderr."""
+
+    code: int
+    out: str = ""
+    err: str = ""
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line, whatever an exception's message held."""
+    return " ".join(text.split())
+
+
+def _failed(args: argparse.Namespace, code: int, line: str) -> Outcome:
+    """A command that could not run: the line on stderr and, with --json, as JSON on stdout."""
+    line = _one_line(line)
+    out = json.dumps({"ok": False, "error": line}, indent=2) + "\n" if args.json else ""
+    return Outcome(code, out, line)
 
 
 def _fmt(value: object) -> str:
@@ -97,65 +134,52 @@ def report_sections() -> dict[str, dict[str, object]]:
     return sections
 
 
-def _print_report(caps: Capabilities, sections: dict[str, dict[str, object]], as_json: bool) -> None:
+def _report_text(caps: Capabilities, sections: dict[str, dict[str, object]], as_json: bool) -> str:
     if as_json:
-        print(json.dumps({**caps.as_dict(), "sections": sections}, indent=2, sort_keys=True, default=str))
-        return
+        return json.dumps({**caps.as_dict(), "sections": sections}, indent=2, sort_keys=True, default=str) + "\n"
     rows = [(k.replace("_", " "), _fmt(v)) for k, v in caps.as_dict().items()]
-    print("te-compat report")
-    print(_table(rows, ("capability", "value")))
+    lines = ["te-compat report", _table(rows, ("capability", "value"))]
     for name, section in sections.items():
-        print(f"\n{name}")
-        print(_table([(k.replace("_", " "), _fmt(v)) for k, v in section.items()], ("item", "value")))
+        lines += ["", name, _table([(k.replace("_", " "), _fmt(v)) for k, v in section.items()], ("item", "value"))]
+    return "\n".join(lines) + "\n"
 
 
-def report(args: argparse.Namespace) -> int:
+def report(args: argparse.Namespace) -> Outcome:
     unknown = [f for f in args.require or () if f not in FEATURES]
     if unknown:
         names = ", ".join(repr(f) for f in unknown)
-        print(f"te-compat report: unknown feature {names}; known features: {', '.join(FEATURES)}", file=sys.stderr)
-        return 2
+        return _failed(args, 2, f"te-compat report: unknown feature {names}; known features: {', '.join(FEATURES)}")
     try:
         caps = capabilities(import_te=not args.no_import)
     except Exception as exc:  # capabilities() promises not to raise; if it does, say so plainly
-        print(f"te-compat report: could not read the capabilities: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    _print_report(caps, report_sections(), args.json)
-    if args.require:
-        try:
-            caps.require(*args.require)
-        except MissingFeatureError as exc:
-            print(f"te-compat: {exc}", file=sys.stderr)
-            return 1
-    return 0
+        return _failed(args, 2, f"te-compat report: could not read the capabilities: {type(exc).__name__}: {exc}")
+    text = _report_text(caps, report_sections(), args.json)
+    missing = caps.missing(*args.require or ())
+    if missing:
+        return Outcome(1, text, f"te-compat: {describe_missing(missing)}")
+    return Outcome(0, text)
 
 
-def _print_verification(result: Verification, as_json: bool) -> None:
+def _verification_text(result: Verification, as_json: bool) -> str:
     if as_json:
-        print(json.dumps(result.as_dict(), indent=2))
-        return
-    print(result.verdict)
-    print(f"rows used: {', '.join(result.rows)}")
-    for line in result.problems:
-        print(f"  - {line}")
+        return json.dumps(result.as_dict(), indent=2) + "\n"
+    lines = [result.verdict, f"rows used: {', '.join(result.rows)}"]
+    lines += [f"  - {line}" for line in result.problems]
     if result.uncovered:
-        print(f"not covered by the table (read as other_quantized): {', '.join(result.uncovered)}")
-    print(f"{result.files} files read in {result.elapsed_s * 1000:.0f} ms")
+        lines.append(f"not covered by the table (read as other_quantized): {', '.join(result.uncovered)}")
+    lines.append(f"{result.files} files read in {result.elapsed_s * 1000:.0f} ms")
+    return "\n".join(lines) + "\n"
 
 
-def verify(args: argparse.Namespace) -> int:
+def verify(args: argparse.Namespace) -> Outcome:
     try:
         result = verify_installed(source_dir=args.source, release=args.release)
-    except (TENotFoundError, TEVersionError) as exc:
-        if args.json:
-            print(json.dumps({"ok": False, "error": str(exc)}, indent=2))
-        print(f"te-compat verify: {exc}", file=sys.stderr)
-        return 2
-    _print_verification(result, args.json)
-    return 0 if result.ok else 1
+    except TECompatError as exc:  # no TE, an unreadable version, source file or tree
+        return _failed(args, 2, f"te-compat verify: {exc}")
+    return Outcome(0 if result.ok else 1, _verification_text(result, args.json))
 
 
-def releases(args: argparse.Namespace) -> int:
+def releases(args: argparse.Namespace) -> Outcome:
     if args.json:
         data = [
             {
@@ -168,19 +192,17 @@ def releases(args: argparse.Namespace) -> int:
             }
             for r in table.ROWS
         ]
-        print(json.dumps(data, indent=2))
-        return 0
+        return Outcome(0, json.dumps(data, indent=2) + "\n")
     rows = []
     for r in table.ROWS:
         attrs = " ".join(sorted(set(r.storage.values())))
         rows.append((r.kind.value, r.span, r.classes[-1].rsplit(".", 1)[1], r.introduced_by, attrs))
-    print(_table(rows, ("kind", "TE", "storage class", "introduced by", "attributes probed")))
-    print(f"\nchecked against real release sources through TE {table.CHECKED_THROUGH}")
-    return 0
+    table_text = _table(rows, ("kind", "TE", "storage class", "introduced by", "attributes probed"))
+    return Outcome(0, f"{table_text}\n\nchecked against real release sources through TE {table.CHECKED_THROUGH}\n")
 
 
 def _subparser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, epilog: str | None = None
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, epilog: str
 ) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=help, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
 
@@ -190,32 +212,73 @@ def build_parser() -> argparse.ArgumentParser:
         prog="te-compat",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"report {REPORT_EXIT_CODES}\nverify {VERIFY_EXIT_CODES}",
+        epilog=f"report {REPORT_EXIT_CODES}\nverify {VERIFY_EXIT_CODES}\nreleases {RELEASES_EXIT_CODES}",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")
     rep = _subparser(sub, "report", help="what TE, torch and the GPU offer this process", epilog=REPORT_EXIT_CODES)
     rep.add_argument("--json", action="store_true", help="print JSON (other packages' sections under 'sections')")
     rep.add_argument("--no-import", action="store_true", help="do not import TE (metadata only)")
     rep.add_argument(
         "--require",
         nargs="+",
+        action="extend",
         metavar="FEATURE",
-        help=f"exit 1 unless every FEATURE is available ({', '.join(FEATURES)})",
+        help=f"exit 1 unless every FEATURE is available; may be repeated ({', '.join(FEATURES)}). "
+        f"With TE present but not usable, each of {', '.join(TE_FEATURES)} is missing",
     )
     rep.set_defaults(func=report)
     ver = _subparser(
         sub, "verify", help="check the installed TE's source against the release table", epilog=VERIFY_EXIT_CODES
     )
     ver.add_argument("--json", action="store_true", help="print JSON")
-    ver.add_argument("--source", metavar="DIR", help="read this TE source tree instead of the installed one")
+    ver.add_argument(
+        "--source",
+        metavar="DIR",
+        help="read this TE source tree instead of the installed one (its release from build_tools/VERSION.txt "
+        "or the transformer_engine dist-info beside the package, unless --release is given)",
+    )
     ver.add_argument("--release", metavar="VERSION", help="verify against this TE version (default: the installed)")
     ver.set_defaults(func=verify)
-    rel = _subparser(sub, "releases", help="the per-release storage table")
+    rel = _subparser(sub, "releases", help="the per-release storage table", epilog=RELEASES_EXIT_CODES)
     rel.add_argument("--json", action="store_true", help="print JSON")
     rel.set_defaults(func=releases)
     return parser
 
 
+def _drop_stdout() -> None:
+    """Point stdout's file at /dev/null: what it still buffers would fail again when Python
+    flushes it at exit (the recipe of Python's signal docs, "Note on SIGPIPE")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no file behind it (a test's capture): nothing to flush
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _emit(outcome: Outcome) -> int:
+    """Write the outcome; an output that cannot be written is one line on stderr and exit 3."""
+    try:
+        sys.stdout.write(outcome.out)
+        sys.stdout.flush()
+    except OSError as exc:  # BrokenPipeError (te-compat releases | head -1), ENOSPC (> /dev/full)
+        _drop_stdout()
+        print(f"te-compat: the output could not be written: {exc.strerror or exc}", file=sys.stderr)
+        return OUTPUT_FAILED
+    if outcome.err:
+        print(outcome.err, file=sys.stderr)
+    return outcome.code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # te-compat alone, or python -m te_compat: the report
+        args = parser.parse_args(["report"])
+    try:
+        outcome = args.func(args)
+    except Exception as exc:  # a bug of ours: one line and its own code, never a traceback
+        line = f"te-compat {args.command}: internal error: {type(exc).__name__}: {exc}"
+        outcome = Outcome(INTERNAL_ERROR, err=_one_line(line))
+    return _emit(outcome)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -28,7 +28,14 @@ from packaging.version import Version
 
 from te_compat import table
 from te_compat.errors import TENotFoundError, UnsupportedTensorError
-from te_compat.probe import storage_field, tensor_kind
+from te_compat.probe import (
+    class_path,
+    find_in_lineage,
+    storage_field,
+    tensor_kind,
+    tensor_kind_or_none,
+)
+from te_compat.source_facts import lineage
 from te_compat.table import TE, TensorKind, in_range
 from te_compat.version import release_of, te_status
 
@@ -209,18 +216,6 @@ class GemmLayoutReport:
 # --- the matrix check -------------------------------------------------------------------------
 
 
-def _lineage(classes: dict[str, Any], path: str) -> list[str]:
-    """``path`` and every TE base class of it the release defines."""
-    seen: list[str] = []
-    stack = [path]
-    while stack:
-        current = stack.pop()
-        if current not in seen and current in classes:
-            seen.append(current)
-            stack.extend(classes[current]["bases"])
-    return seen
-
-
 def check_quantizer_rows(
     release: str, classes: dict[str, Any], rows: tuple[QuantizerRow, ...] = QUANTIZER_ROWS
 ) -> list[str]:
@@ -236,7 +231,7 @@ def check_quantizer_rows(
                 f"TE {release}: quantizer row {span} names {row.quantizer}, which this release does not define"
             )
             continue
-        chain = _lineage(classes, row.quantizer)
+        chain = lineage(classes, row.quantizer)
         assigned = {a for c in chain for a in classes[c]["assigns"]} | {
             p for c in chain for p in classes[c]["properties"]
         }
@@ -251,19 +246,17 @@ def check_quantizer_rows(
 # --- the request ------------------------------------------------------------------------------
 
 
-def _class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+def _rows_for_quantizer(quantizer: object) -> tuple[QuantizerRow, ...]:
+    """Rows of the quantizer's class or its nearest TE base, by module path, else by class name."""
+    found = find_in_lineage(type(quantizer), _quantizer_rows_by_path())
+    return found[0] if found is not None else ()
 
 
-def _rows_for_quantizer(quantizer: object) -> list[QuantizerRow]:
-    """Rows of the quantizer's class (or a TE base), by module path, else by class name."""
-    mro = type(quantizer).__mro__
-    paths = {_class_path(k) for k in mro}
-    found = [r for r in QUANTIZER_ROWS if r.quantizer in paths]
-    if found:
-        return found
-    names = {k.__qualname__ for k in mro if k.__module__.startswith("transformer_engine.")}
-    return [r for r in QUANTIZER_ROWS if r.quantizer.rsplit(".", 1)[1] in names]
+def _quantizer_rows_by_path() -> dict[str, tuple[QuantizerRow, ...]]:
+    by_path: dict[str, tuple[QuantizerRow, ...]] = {}
+    for row in QUANTIZER_ROWS:
+        by_path[row.quantizer] = (*by_path.get(row.quantizer, ()), row)
+    return by_path
 
 
 def _shapes(param: object, kind: TensorKind) -> list[tuple[int, ...]]:
@@ -276,11 +269,16 @@ def _shapes(param: object, kind: TensorKind) -> list[tuple[int, ...]]:
 def _condition_refusal(row: QuantizerRow, quantizer: object, shapes: list[tuple[int, ...]]) -> str | None:
     """Why TE would not write GEMM-layout scales for these shapes, or None when it would."""
     name = type(quantizer).__name__
-    paths = [c for c in row.conditions if all(bool(getattr(quantizer, f, False)) is v for f, v in c.flags.items())]
+    found = {f: getattr(quantizer, f, None) for c in row.conditions for f in c.flags}
+    odd = ", ".join(f"{f}={type(v).__name__} {v!r}" for f, v in found.items() if not isinstance(v, (bool, type(None))))
+    if odd:  # TE's quantizers store True or False: which path TE would take is not guessed
+        return f"{name}: expected bool flags (TE stores True or False); found {odd}"
+    flags = {f: v is True for f, v in found.items()}  # None: not set, as in a release without it
+    paths = [c for c in row.conditions if all(flags[f] is v for f, v in c.flags.items())]
     if not paths:
         wanted = "; or ".join(", ".join(f"{f}={v}" for f, v in c.flags.items()) for c in row.conditions)
-        found = ", ".join(f"{f}={getattr(quantizer, f, None)}" for c in row.conditions for f in c.flags)
-        return f"{name} is on no path where TE writes GEMM-layout scales (needs {wanted}; found {found})"
+        have = ", ".join(f"{f}={v}" for f, v in found.items())
+        return f"{name} is on no path where TE writes GEMM-layout scales (needs {wanted}; found {have})"
     cond = paths[0]
     for shape in shapes:
         rows, cols = math.prod(shape[:-1]), shape[-1] if shape else 0
@@ -327,7 +325,7 @@ def _judge(name: str, param: object, ctx: _Context) -> GemmLayoutEntry:
         return GemmLayoutEntry(name, kind, GemmLayoutStatus.NOT_QUANTIZED, "a plain tensor: no TE quantizer")
     unsupported = GemmLayoutStatus.UNSUPPORTED
     if kind is TensorKind.OTHER_QUANTIZED:
-        return GemmLayoutEntry(name, kind, unsupported, f"{_class_path(type(param))} is a TE class no table row covers")
+        return GemmLayoutEntry(name, kind, unsupported, f"{class_path(type(param))} is a TE class no table row covers")
     if table.row_for(kind, ctx.release) is None and ctx.release <= table.checked_through():
         return GemmLayoutEntry(name, kind, unsupported, f"TE {ctx.release} has no {kind} storage row")
     quantizers = _quantizers_of(param, kind)
@@ -378,7 +376,9 @@ def _apply(
         )
     for q in pending:
         setattr(q, row.attribute, row.value)
-    now = "already in GEMM layout" if storage_field(param, "scales_swizzled") else "compact until TE re-quantises"
+    now = (
+        "already in GEMM layout" if storage_field(param, "scales_swizzled") is True else "compact until TE re-quantises"
+    )
     where = f" on {len(pending)} quantizers (grouped and members)" if len(pending) > 1 else ""
     return GemmLayoutEntry(
         name, kind, GemmLayoutStatus.ENABLED, f"{qname}.{row.attribute} = {row.value}{where}; scales now: {now}"
@@ -391,29 +391,44 @@ def _is_module(obj: object) -> bool:
 
 def _is_single(obj: object) -> bool:
     """A tensor, a Parameter, or a TE object (2.13's GroupedTensor is no torch.Tensor)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
-        return True
-    try:
-        return tensor_kind(obj) is not TensorKind.PLAIN
-    except UnsupportedTensorError:
-        return False
+    return tensor_kind_or_none(obj) is not None
 
 
-def _named(params_or_module: object) -> Iterator[tuple[str, object]]:
+def _named(params_or_module: object) -> list[tuple[str, object]]:
+    """(name, parameter) for each parameter given; every one checked to be a tensor."""
     if _is_module(params_or_module):
-        yield from params_or_module.named_parameters()  # type: ignore[attr-defined]
-        return
-    if _is_single(params_or_module):
-        yield "<parameter>", params_or_module
-        return
-    if isinstance(params_or_module, (str, bytes)) or not isinstance(params_or_module, Iterable):
+        named = list(params_or_module.named_parameters())  # type: ignore[attr-defined]
+    elif isinstance(params_or_module, Mapping):
+        named = [(str(name), p) for name, p in params_or_module.items()]
+    elif _is_single(params_or_module):
+        named = [("<parameter>", params_or_module)]
+    elif isinstance(params_or_module, (str, bytes)) or not isinstance(params_or_module, Iterable):
         raise UnsupportedTensorError(
-            "expected a torch.nn.Module, a parameter or an iterable of parameters; "
-            f"found {type(params_or_module).__name__}"
+            "request_gemm_layout_scales: params_or_module: expected a torch.nn.Module, a parameter, a mapping "
+            f"of name -> parameter or an iterable of parameters; found {type(params_or_module).__name__}"
         )
-    for i, p in enumerate(params_or_module):
-        yield f"[{i}]", p
+    else:
+        named = [(f"[{i}]", p) for i, p in enumerate(params_or_module)]
+    for name, p in named:
+        if not _is_single(p):
+            raise UnsupportedTensorError(
+                f"request_gemm_layout_scales: {name}: expected a torch.Tensor, a Parameter or a Transformer Engine "
+                f"tensor; found {type(p).__name__}"
+            )
+    return named
+
+
+def _checked_compute_capability(value: object) -> tuple[int, int] | None:
+    """``value`` as (major, minor), or a TypeError/ValueError naming the parameter."""
+    if value is None:
+        return None
+    expected = "a (major, minor) tuple of two ints >= 0 such as (10, 0), or None"
+    found = f"{type(value).__name__} {value!r}"
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise TypeError(f"request_gemm_layout_scales: compute_capability: expected {expected}; found {found}")
+    if len(value) != 2 or min(value) < 0:
+        raise ValueError(f"request_gemm_layout_scales: compute_capability: expected {expected}; found {found}")
+    return value[0], value[1]
 
 
 def _shared_quantizers(params_or_module: object, release: Version) -> dict[int, str]:
@@ -442,13 +457,17 @@ def request_gemm_layout_scales(
 ) -> GemmLayoutReport:
     """Ask TE to write GEMM-layout scales at its next quantisation of each quantized parameter.
 
-    ``params_or_module``: a torch.nn.Module (its named_parameters), one parameter, or an iterable
-    of parameters. Sets the attribute the installed release's table row names on each parameter's
-    quantizer (and, for a GroupedTensor, on its members' copies); converts nothing. Plain tensors
-    are reported as not quantized. ``compute_capability`` defaults to the current CUDA device
-    (only NVFP4 depends on it).
+    ``params_or_module``: a torch.nn.Module (its named_parameters), a mapping of name ->
+    parameter (``dict(model.named_parameters())``; the report uses its names), one parameter, or
+    an iterable of parameters (named ``[i]``). Sets the attribute the installed release's table
+    row names on each parameter's quantizer (and, for a GroupedTensor, on its members' copies);
+    converts nothing. Plain tensors are reported as not quantized. ``compute_capability`` is
+    (major, minor), by default the current CUDA device's (only NVFP4 depends on it). A wrong
+    argument raises TypeError or ValueError (an element that is no tensor:
+    UnsupportedTensorError) naming it.
     """
-    named = list(_named(params_or_module))
+    cc = _checked_compute_capability(compute_capability)
+    named = _named(params_or_module)
     status = te_status()
     release = release_of(status.version) if status.version is not None else None
     if release is None:
@@ -463,6 +482,5 @@ def request_gemm_layout_scales(
             for n, _ in named
         )
         return GemmLayoutReport(None, entries)
-    cc = compute_capability if compute_capability is not None else _current_compute_capability()
-    ctx = _Context(release, cc, _shared_quantizers(params_or_module, release))
+    ctx = _Context(release, cc or _current_compute_capability(), _shared_quantizers(params_or_module, release))
     return GemmLayoutReport(release, tuple(_judge(n, p, ctx) for n, p in named))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import cache
 
 from te_compat import table
+from te_compat.errors import AmbiguousStorageNameError, UnknownStorageNameError
 from te_compat.table import StorageRow, TensorKind
 
 
@@ -45,14 +46,13 @@ def _what(kind: TensorKind | None) -> str:
     return "tensors of any kind" if kind is None else f"{kind} tensors"
 
 
-def logical_storage_name(attr: str, kind: TensorKind | None = None) -> str:
-    """The logical storage name (for ``storage_attr``) of TE attribute ``attr``.
+def known_storage_name(attr: str, kind: TensorKind | None = None) -> str | None:
+    """The logical name :func:`logical_storage_name` would return for ``attr``, or None where
+    ``attr`` is neither a TE attribute name nor a logical name of ``kind`` (of any kind when
+    ``kind`` is None): the lookup for callers that try a kind's names before every kind's.
 
-    ``attr`` is an attribute some release in the table uses for ``kind``'s storage (every kind
-    when ``kind`` is None), public or private, or already a logical name (returned as it is).
-    When several logical names share the attribute as aliases, ``attr`` itself is preferred if it
-    is one of them (grouped ``"scale_inv"``), else the first in sorted order. Raises ValueError,
-    naming ``attr`` and listing the known names, for an unknown or ambiguous name.
+    A TE attribute that stands for different storage in different rows still raises
+    :class:`AmbiguousStorageNameError`: no single answer exists, and None would mean "unknown".
     """
     attr = str(attr)  # a StorageName or a plain string
     names = _inverse(kind).get(attr)
@@ -61,24 +61,29 @@ def logical_storage_name(attr: str, kind: TensorKind | None = None) -> str:
     if names and _aliases(attr, names, kind):
         return attr if attr in names else sorted(names)[0]
     if names:
-        raise ValueError(
+        raise AmbiguousStorageNameError(
             f"TE attribute {attr!r} holds different storage in different rows of the release table "
             f"for {_what(kind)}: it stands for {', '.join(sorted(names))}; pass a logical name "
             "(or the tensor kind) instead"
         )
-    if attr in _logical_names(kind):
-        return attr
-    raise ValueError(
-        f"{attr!r} is neither a TE storage attribute nor a logical storage name of {_what(kind)} "
+    return attr if attr in _logical_names(kind) else None
+
+
+def logical_storage_name(attr: str, kind: TensorKind | None = None) -> str:
+    """The logical storage name (for ``storage_attr``) of TE attribute ``attr``.
+
+    ``attr`` is an attribute some release in the table uses for ``kind``'s storage (every kind
+    when ``kind`` is None), public or private, or already a logical name (returned as it is).
+    When several logical names share the attribute as aliases, ``attr`` itself is preferred if it
+    is one of them (grouped ``"scale_inv"``), else the first in sorted order. Raises
+    :class:`UnknownStorageNameError` (a ValueError), naming ``attr`` and listing the known names,
+    for an unknown name, and :class:`AmbiguousStorageNameError` (a ValueError) for an ambiguous one.
+    """
+    found = known_storage_name(attr, kind)
+    if found is not None:
+        return found
+    raise UnknownStorageNameError(
+        f"{str(attr)!r} is neither a TE storage attribute nor a logical storage name of {_what(kind)} "
         f"in the release table; known attributes: {', '.join(sorted(_inverse(kind)))}; logical names: "
         f"{', '.join(sorted(_logical_names(kind)))}"
     )
-
-
-def known_storage_name(attr: str, kind: TensorKind | None = None) -> str | None:
-    """:func:`logical_storage_name`, or None where ``attr`` is neither a TE storage attribute nor
-    a logical name of ``kind`` (any kind: None). An ambiguous name still raises."""
-    attr = str(attr)
-    if attr in _inverse(kind) or attr in _logical_names(kind):
-        return logical_storage_name(attr, kind)
-    return None

@@ -10,22 +10,30 @@ from __future__ import annotations
 import operator
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from packaging.version import Version
 
 from te_compat import table
 from te_compat.caches import on_refresh
-from te_compat.errors import StorageNotFoundError, TECompatError, TENotFoundError, UnsupportedTensorError
+from te_compat.errors import (
+    StorageNotFoundError,
+    TECompatError,
+    TENotFoundError,
+    UnknownStorageNameError,
+    UnsupportedTensorError,
+)
+from te_compat.source_facts import PACKAGE
 from te_compat.table import StorageRow, TensorKind
-from te_compat.version import te_status
+from te_compat.version import release_of, te_status
 
 if TYPE_CHECKING:
     import torch
 
 _MISSING = object()
+T = TypeVar("T")
 
 
 class Resolution(NamedTuple):
@@ -52,7 +60,7 @@ class StorageReader(NamedTuple):
     read_one: Callable[[object], Any] | None = None
 
 
-_kind_cache: dict[type, TensorKind] = {}
+_kind_cache: dict[type, TensorKind | None] = {}
 _resolution_cache: dict[tuple[type, str], Resolution] = {}
 _warned: set[str] = set()
 _reader_cache: dict[tuple[type, tuple[str, ...] | None], StorageReader] = {}
@@ -66,7 +74,8 @@ def clear_caches() -> None:
     _warned.clear()
 
 
-def _class_path(cls: type) -> str:
+def class_path(cls: type) -> str:
+    """``module.Class``: how the release table and error messages name a class."""
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -76,35 +85,47 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _is_torch_tensor(cls: type) -> bool:
+def is_torch_tensor(cls: type) -> bool:
+    """``cls`` is a torch.Tensor subclass; False while torch is not imported (nothing is one then)."""
     torch = sys.modules.get("torch")
     return torch is not None and issubclass(cls, torch.Tensor)
 
 
-def _kind_of_class(cls: type) -> TensorKind:
-    index = table.class_index()
-    for klass in cls.__mro__:
-        kind = index.get(_class_path(klass))
-        if kind is not None:
-            return kind
-    by_name = table.class_names()
-    for klass in cls.__mro__:
-        if klass.__module__.startswith("transformer_engine.") and klass.__qualname__ in by_name:
+def find_in_lineage(cls: type, by_path: Mapping[str, T]) -> tuple[T, type, bool] | None:
+    """(value, class, found by bare name) for the first class of ``cls.__mro__`` that ``by_path``
+    (``module.Class`` -> value) names; else the first Transformer Engine class whose bare name
+    some entry has (a TE that moved the class to another module; third item True); else None.
+
+    The MRO is the order Python's attribute lookup follows, so a subclass's own entry wins over
+    its bases' (the same order :func:`te_compat.source_facts.lineage` gives TE's source).
+    """
+    mro = cls.__mro__
+    for klass in mro:
+        found = by_path.get(class_path(klass))
+        if found is not None:
+            return found, klass, False
+    by_name = {path.rsplit(".", 1)[-1]: value for path, value in by_path.items()}
+    for klass in mro:
+        if klass.__module__.startswith(f"{PACKAGE}.") and klass.__qualname__ in by_name:
+            return by_name[klass.__qualname__], klass, True
+    return None
+
+
+def _kind_of_class(cls: type) -> TensorKind | None:
+    found = find_in_lineage(cls, table.class_index())
+    if found is not None:
+        kind, klass, moved = found
+        if moved:
             _warn_once(
-                f"moved:{_class_path(klass)}",
-                f"te_compat: {_class_path(klass)} is not at any module path the release table "
-                f"knows; reading it as {by_name[klass.__qualname__]} by its class name",
+                f"moved:{class_path(klass)}",
+                f"te_compat: {class_path(klass)} is not at any module path the release table "
+                f"knows; reading it as {kind} by its class name",
             )
-            return by_name[klass.__qualname__]
+        return kind
     bases = {path for path, _, _ in table.QUANTIZED_BASES}
-    if any(_class_path(k) in bases for k in cls.__mro__):
+    if any(class_path(k) in bases for k in cls.__mro__):
         return TensorKind.OTHER_QUANTIZED
-    if _is_torch_tensor(cls):
-        return TensorKind.PLAIN
-    raise UnsupportedTensorError(
-        f"expected a torch.Tensor, a torch.nn.Parameter or a Transformer Engine tensor; "
-        f"found an object of class {_class_path(cls)}"
-    )
+    return TensorKind.PLAIN if is_torch_tensor(cls) else None
 
 
 def tensor_kind(obj: object) -> TensorKind:
@@ -120,18 +141,35 @@ def _installed_release(kind: TensorKind, cls: type) -> Version:
     status = te_status()
     if status.version is None:
         raise TENotFoundError(
-            f"cannot read the storage of a {kind} tensor ({_class_path(cls)}): the release table "
+            f"cannot read the storage of a {kind} tensor ({class_path(cls)}): the release table "
             f"is keyed by TE release, and no Transformer Engine version was found "
             f"({status.reason})"
         )
-    return Version(".".join(str(p) for p in status.version.release))
+    return release_of(status.version)
 
 
 def tensor_kind_of_class(cls: type) -> TensorKind:
-    kind = _kind_cache.get(cls)
+    """:func:`tensor_kind` of an instance of ``cls``; raises for a class that is no tensor."""
+    kind = tensor_kind_or_none_of_class(cls)
     if kind is None:
-        kind = _kind_cache[cls] = _kind_of_class(cls)
+        raise UnsupportedTensorError(
+            f"expected a torch.Tensor, a torch.nn.Parameter or a Transformer Engine tensor; "
+            f"found an object of class {class_path(cls)}"
+        )
     return kind
+
+
+def tensor_kind_or_none_of_class(cls: type) -> TensorKind | None:
+    """The kind of an instance of ``cls``, or None for a class that is no tensor (cached)."""
+    kind = _kind_cache.get(cls, _MISSING)
+    if kind is _MISSING:
+        kind = _kind_cache[cls] = _kind_of_class(cls)
+    return cast("TensorKind | None", kind)
+
+
+def tensor_kind_or_none(obj: object) -> TensorKind | None:
+    """:func:`tensor_kind`, or None where that raises: for asking whether ``obj`` is a tensor at all."""
+    return tensor_kind_or_none_of_class(type(obj))
 
 
 def resolve(cls: type, logical: str) -> Resolution:
@@ -146,11 +184,13 @@ def resolve(cls: type, logical: str) -> Resolution:
         raise UnsupportedTensorError(
             f"expected a Transformer Engine tensor of a kind in the release table "
             f"({', '.join(k.value for k in TensorKind if k not in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED))}); "
-            f"found {_class_path(cls)}, of kind {kind}"
+            f"found {class_path(cls)}, of kind {kind}"
         )
     known = table.logical_names(kind)
     if logical not in known:
-        raise ValueError(f"{logical!r} is not a storage name of {kind} tensors; expected one of {', '.join(known)}")
+        raise UnknownStorageNameError(
+            f"{logical!r} is not a storage name of {kind} tensors; expected one of {', '.join(known)}"
+        )
     release = _installed_release(kind, cls)
     row = table.row_for(kind, release)
     if row is not None and release <= table.checked_through():
@@ -166,7 +206,7 @@ def resolve(cls: type, logical: str) -> Resolution:
     else:
         first = table.rows_for(kind)[0].since
         raise UnsupportedTensorError(
-            f"{_class_path(cls)} is a {kind} tensor, but the installed Transformer Engine "
+            f"{class_path(cls)} is a {kind} tensor, but the installed Transformer Engine "
             f"{release} predates every {kind} row of the release table (first: TE {first})"
         )
     _resolution_cache[key] = resolution
@@ -222,7 +262,7 @@ def storage_field(obj: object, name: str) -> Any:
         return value
     # .data of a TE Parameter is a new wrapper sharing the same buffers; reading it goes through
     # torch's detach, so it is only the fallback for an attribute the object itself lacks.
-    inner = getattr(obj, "data", _MISSING) if _is_torch_tensor(type(obj)) else _MISSING
+    inner = getattr(obj, "data", _MISSING) if is_torch_tensor(type(obj)) else _MISSING
     if inner is not _MISSING and inner is not obj and tensor_kind_of_class(type(inner)) is resolution.kind:
         value = _read(inner, resolve(type(inner), name))
         if value is not _MISSING:
@@ -230,7 +270,7 @@ def storage_field(obj: object, name: str) -> Any:
     row = resolution.row
     where = f"row {row.kind} {row.span}" if row else "every known row (newer than the table)"
     raise StorageNotFoundError(
-        f"{_class_path(type(obj))} has no attribute {' or '.join(map(repr, resolution.candidates))} "
+        f"{class_path(type(obj))} has no attribute {' or '.join(map(repr, resolution.candidates))} "
         f"for {resolution.kind} storage {name!r} (TE {resolution.release}, {where}), "
         f"neither on the object nor on its .data"
     )
@@ -282,7 +322,7 @@ def storage_fingerprint(obj: object) -> tuple[Any, ...]:
         value = storage_field(obj, name)
         if value is None or isinstance(value, (bool, int, str)):
             parts.append(value)
-        elif _is_torch_tensor(type(value)):
+        elif is_torch_tensor(type(value)):
             parts.append((id(value), value.data_ptr()))
         else:
             parts.append(id(value))
@@ -297,9 +337,9 @@ def storage_attr(param: object, name: str) -> torch.Tensor | None:
     turns it into the attribute the installed release uses. Never materialises the tensor.
     """
     value = storage_field(param, name)
-    if value is None or _is_torch_tensor(type(value)):
+    if value is None or is_torch_tensor(type(value)):
         return cast("torch.Tensor | None", value)
     raise UnsupportedTensorError(
-        f"{name!r} of {_class_path(type(param))} is expected to be a torch.Tensor or None; "
+        f"{name!r} of {class_path(type(param))} is expected to be a torch.Tensor or None; "
         f"found {type(value).__name__} (use storage_field for flags, counts and lists)"
     )

@@ -2,19 +2,26 @@
 
 A snapshot holds references to TE's own buffers (no copy). Take a new one after TE may have
 reassigned them (an in-place swizzle or re-quantisation reassigns attributes).
+
+Every snapshot is read the same way: one :func:`storage_values` call for all of the object's
+storage, then each value checked against the type TE stores there (a tensor, a bool flag, an int
+count) as it is taken: a value of another type is a :class:`StorageValueError`, never coerced
+(``bool("False")`` is True). A shape comes from TE's own ``shape`` where the object has one, and
+from its first payload otherwise (:func:`_logical_shape`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+import reprlib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from te_compat.errors import StorageNotFoundError, UnsupportedTensorError
+from te_compat.errors import StorageNotFoundError, StorageValueError, UnknownStorageNameError, UnsupportedTensorError
 from te_compat.probe import (
-    _class_path,
-    _is_torch_tensor,
+    class_path,
+    is_torch_tensor,
     resolve,
-    storage_attr,
     storage_field,
     storage_reader,
     tensor_kind,
@@ -25,45 +32,133 @@ if TYPE_CHECKING:
     import torch
 
 
-def _need(obj: object, value: Any, name: str) -> Any:
-    if value is not None:
-        return value
+def storage_values(obj: object, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Storage values of ``obj`` by logical name (default: all its kind has), without building a
+    snapshot: one C-level read when the object holds them itself (a TE tensor or Parameter
+    does), else name by name with the ``.data`` fallback. For hot paths over many experts; a
+    name the release lacks is absent from the result."""
+    reader = storage_reader(obj, names)
+    try:
+        return dict(zip(reader.names, reader.read(obj), strict=True))
+    except AttributeError:  # StorageReader's contract: an attribute kept only on .data
+        return {name: storage_field(obj, name) for name in reader.names}
+
+
+def _attributes(obj: object, name: str) -> tuple[str, str]:
+    """(the TE attribute(s) that hold ``name`` on ``obj``, the release and row that say so): what
+    every error about a storage value names."""
     res = resolve(type(obj), name)
     attrs = " or ".join(repr(a) for a in res.candidates) or "(none in this release)"
-    raise StorageNotFoundError(
-        f"{_class_path(type(obj))} holds no {name} (attribute {attrs} is None or absent; "
-        f"TE {res.release}, {res.kind} row {res.row.span if res.row else 'newest'})"
+    return attrs, f"TE {res.release}, {res.kind} row {res.row.span if res.row else 'newest'}"
+
+
+def _not_found(obj: object, name: str) -> StorageNotFoundError:
+    attrs, where = _attributes(obj, name)
+    return StorageNotFoundError(
+        f"{class_path(type(obj))} holds no {name} (attribute {attrs} is None or absent; {where})"
     )
 
 
-def _expect_kind(obj: object, expected: tuple[TensorKind, ...], what: str) -> TensorKind:
-    kind = tensor_kind(obj)
-    if kind not in expected:
-        raise UnsupportedTensorError(
-            f"{what} expects a TE {' or '.join(k.value for k in expected)} tensor; "
-            f"found {_class_path(type(obj))} (kind {kind})"
+@dataclass(frozen=True)
+class StorageSnapshot:
+    """What every snapshot has: the object read (``owner``) and :meth:`need`."""
+
+    owner: object
+    # field -> the logical storage name it holds, where the two differ (hybrid's directions)
+    _storage_names: ClassVar[dict[str, str]] = {}
+
+    def need(self, name: str) -> Any:
+        """The named field, or StorageNotFoundError naming the attribute, class and TE release."""
+        name = str(name)  # a StorageName or a plain string
+        if name not in self.__dataclass_fields__:
+            known = ", ".join(f.name for f in fields(self))
+            raise UnknownStorageNameError(f"{type(self).__name__} has no field {name!r}; expected one of {known}")
+        value = getattr(self, name)
+        if value is None:
+            raise _not_found(self.owner, self._storage_names.get(name, name))
+        return value
+
+
+def _is_tensor(value: object) -> bool:
+    return is_torch_tensor(type(value))
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Values:
+    """One object's storage, read once, each value checked as it is taken (see the module doc)."""
+
+    def __init__(self, obj: object, kind: TensorKind, caller: str) -> None:
+        found = tensor_kind(obj)
+        if found is not kind:
+            raise UnsupportedTensorError(
+                f"{caller} expects a TE {kind.value} tensor; found {class_path(type(obj))} (kind {found})"
+            )
+        self.obj = obj
+        self.values = storage_values(obj)
+
+    def raw(self, name: str) -> Any:
+        """The value as TE stores it (None where the release has no such storage)."""
+        return self.values.get(name)
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        return cast("torch.Tensor | None", self._typed(name, _is_tensor, "a torch.Tensor or None"))
+
+    def flag(self, name: str) -> bool | None:
+        return cast("bool | None", self._typed(name, _is_bool, "a bool (TE stores True or False)"))
+
+    def count(self, name: str) -> int | None:
+        return cast("int | None", self._typed(name, _is_int, "an int"))
+
+    def needed(self, value: Any, name: str) -> Any:
+        if value is None:
+            raise _not_found(self.obj, name)
+        return value
+
+    def payloads(self, *names: str) -> list[torch.Tensor | None]:
+        """The payload tensors ``names``; at least one of them must be there."""
+        found = [self.tensor(name) for name in names]
+        if all(t is None for t in found):
+            raise _not_found(self.obj, names[0])
+        return found
+
+    def _typed(self, name: str, accepts: Callable[[object], bool], expected: str) -> Any:
+        value = self.values.get(name)
+        if value is None or accepts(value):
+            return value
+        attrs, where = _attributes(self.obj, name)
+        raise StorageValueError(
+            f"{class_path(type(self.obj))}: attribute {attrs} (storage {name!r}; {where}) is expected to be "
+            f"{expected}; found {type(value).__name__} {reprlib.repr(value)}"
         )
-    return kind
 
 
-def _logical_shape(obj: object, *fallbacks: torch.Tensor | None) -> tuple[int, ...]:
+def _logical_shape(obj: object, payloads: list[tuple[torch.Tensor | None, bool]], packed: int = 1) -> tuple[int, ...]:
+    """The logical shape: TE's own ``shape`` where the object has one (a storage-only object has
+    none), else the first payload present, ``(tensor, stored transposed)``: its last dim holds
+    ``packed`` values an element, and a transposed payload keeps the last logical dim first."""
     shape = getattr(obj, "shape", None)
-    if isinstance(shape, tuple):  # torch.Size is a tuple of ints
-        return tuple(shape)
     if shape is not None and not callable(shape):
         return tuple(int(d) for d in shape)
-    for t in fallbacks:
-        if t is not None:
-            return tuple(int(d) for d in t.shape)
-    raise StorageNotFoundError(f"{_class_path(type(obj))}: no shape and no data to take it from")
+    for payload, transposed in payloads:
+        if payload is not None:
+            dims = [int(d) for d in payload.shape]
+            dims[-1] *= packed
+            return (*dims[1:], dims[0]) if transposed else tuple(dims)
+    raise StorageNotFoundError(f"{class_path(type(obj))}: no shape and no data to take it from")
 
 
 @dataclass(frozen=True)
-class MXFP8Storage:
+class MXFP8Storage(StorageSnapshot):
     """The buffers of one MXFP8 tensor. Payloads are uint8 ``[M, K]`` (columnwise too, not
     transposed); scales are uint8 and padded by TE (see ``docs``/the layout spec)."""
 
-    owner: object
     shape: tuple[int, ...]
     rowwise_data: torch.Tensor | None
     rowwise_scale_inv: torch.Tensor | None
@@ -71,30 +166,21 @@ class MXFP8Storage:
     columnwise_scale_inv: torch.Tensor | None
     scales_swizzled: bool  # TE 2.12+: scales already in GEMM layout; always False before
 
-    def need(self, name: str) -> Any:
-        """The named buffer, or an error naming the attribute, class and TE release."""
-        return _need(self.owner, getattr(self, name), name)
-
 
 @dataclass(frozen=True)
-class Float8Storage:
+class Float8Storage(StorageSnapshot):
     """The buffers of one Float8 (per-tensor scaled) tensor."""
 
-    owner: object
     shape: tuple[int, ...]
     data: torch.Tensor | None
     transpose: torch.Tensor | None  # shape [K] + shape[:-1], when TE cached it
     scale_inv: torch.Tensor | None  # fp32 [1]
 
-    def need(self, name: str) -> Any:
-        return _need(self.owner, getattr(self, name), name)
-
 
 @dataclass(frozen=True)
-class GroupedStorage:
+class GroupedStorage(StorageSnapshot):
     """The buffers of one GroupedTensor (all experts in flat 1-D buffers)."""
 
-    owner: object
     num_tensors: int
     tensor_shapes: tuple[tuple[int, ...], ...]
     rowwise_data: torch.Tensor | None  # 2.13 "data", 2.14+ "rowwise_data"
@@ -109,69 +195,32 @@ class GroupedStorage:
     amax_rowwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("amax")
     amax_columnwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("columnwise_amax")
 
-    def need(self, name: str) -> Any:
-        return _need(self.owner, getattr(self, name), name)
-
-
-def storage_values(obj: object, names: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """Storage values of ``obj`` by logical name (default: all its kind has), without building a
-    snapshot: one C-level read when the object holds them itself (a TE tensor or Parameter
-    does), else name by name with the ``.data`` fallback. For hot paths over many experts; a
-    name the release lacks is absent from the result."""
-    reader = storage_reader(obj, names)
-    try:
-        return dict(zip(reader.names, reader.read(obj), strict=True))
-    except AttributeError:
-        return {name: storage_field(obj, name) for name in reader.names}
-
-
-def _tensor(obj: object, values: dict[str, Any], name: str) -> torch.Tensor | None:
-    """``values[name]``, which must be a tensor or None (what storage_attr promises)."""
-    value = values.get(name)
-    if value is None or _is_torch_tensor(type(value)):
-        return value
-    raise UnsupportedTensorError(
-        f"{name!r} of {_class_path(type(obj))} is expected to be a torch.Tensor or None; found {type(value).__name__}"
-    )
-
-
-def _swizzled_flag(obj: object) -> bool:
-    flag = storage_field(obj, "scales_swizzled")
-    return bool(flag) if flag is not None else False
-
 
 def mxfp8_storage(param: object) -> MXFP8Storage:
     """Snapshot of an MXFP8 tensor or Parameter. Raises if it holds neither usage."""
-    _expect_kind(param, (TensorKind.MXFP8,), "mxfp8_storage")
-    values = storage_values(param)
-    row = _tensor(param, values, "rowwise_data")
-    col = _tensor(param, values, "columnwise_data")
-    if row is None and col is None:
-        _need(param, None, "rowwise_data")
+    v = _Values(param, TensorKind.MXFP8, "mxfp8_storage")
+    row, col = v.payloads("rowwise_data", "columnwise_data")
     return MXFP8Storage(
         owner=param,
-        shape=_logical_shape(param, row, col),
+        shape=_logical_shape(param, [(row, False), (col, False)]),
         rowwise_data=row,
-        rowwise_scale_inv=_tensor(param, values, "rowwise_scale_inv"),
+        rowwise_scale_inv=v.tensor("rowwise_scale_inv"),
         columnwise_data=col,
-        columnwise_scale_inv=_tensor(param, values, "columnwise_scale_inv"),
-        scales_swizzled=bool(values.get("scales_swizzled")),
+        columnwise_scale_inv=v.tensor("columnwise_scale_inv"),
+        scales_swizzled=bool(v.flag("scales_swizzled")),  # None: a release before the flag
     )
 
 
 def float8_storage(param: object) -> Float8Storage:
     """Snapshot of a Float8 tensor or Parameter (1.x ``_fp8_attrs`` and 2.x layouts)."""
-    _expect_kind(param, (TensorKind.FLOAT8,), "float8_storage")
-    data = storage_attr(param, "data")
-    transpose = storage_attr(param, "transpose")
-    if data is None and transpose is None:
-        _need(param, None, "data")
+    v = _Values(param, TensorKind.FLOAT8, "float8_storage")
+    data, transpose = v.payloads("data", "transpose")
     return Float8Storage(
         owner=param,
-        shape=_logical_shape(param, data),
+        shape=_logical_shape(param, [(data, False), (transpose, True)]),
         data=data,
         transpose=transpose,
-        scale_inv=storage_attr(param, "scale_inv"),
+        scale_inv=v.tensor("scale_inv"),
     )
 
 
@@ -183,42 +232,37 @@ def _offsets(value: Any) -> tuple[int, ...] | None:
     return tuple(int(v) for v in value)
 
 
+def _group_swizzled(v: _Values, members: tuple[object, ...] | None) -> bool:
+    """The group's flag (2.14+); 2.13 keeps none on the group, and its MXFP8 members (2.12+)
+    carry their own."""
+    flag = v.flag("scales_swizzled")
+    if flag is not None or v.raw("quantizer") is None or not members:
+        return bool(flag)
+    mxfp8 = [m for m in members if tensor_kind(m) is TensorKind.MXFP8]
+    return any(bool(_Values(m, TensorKind.MXFP8, "grouped_storage").flag("scales_swizzled")) for m in mxfp8)
+
+
 def grouped_storage(param: object) -> GroupedStorage:
     """Snapshot of a GroupedTensor (2.13 plain class, 2.14+ tensor/Parameter)."""
-    _expect_kind(param, (TensorKind.GROUPED,), "grouped_storage")
-    num = storage_field(param, "num_tensors")
-    shapes = storage_field(param, "tensor_shapes")
-    members = storage_field(param, "quantized_tensors")
-    row = storage_attr(param, "rowwise_data")
-    col = storage_attr(param, "columnwise_data")
-    if row is None and col is None:
-        _need(param, None, "rowwise_data")
-    if num is None:
-        _need(param, None, "num_tensors")
-    if shapes is None:
-        _need(param, None, "tensor_shapes")
+    v = _Values(param, TensorKind.GROUPED, "grouped_storage")
+    row, col = v.payloads("rowwise_data", "columnwise_data")
+    members = v.raw("quantized_tensors")
     member_tuple = tuple(members) if members is not None else None
-    quantized = storage_field(param, "quantizer") is not None
-    flag = storage_field(param, "scales_swizzled")
-    swizzled = bool(flag)
-    if flag is None and quantized and member_tuple:
-        # 2.13 keeps no flag on the group; its MXFP8 members (2.12+) carry their own.
-        swizzled = any(tensor_kind(m) is TensorKind.MXFP8 and _swizzled_flag(m) for m in member_tuple)
     return GroupedStorage(
         owner=param,
-        num_tensors=int(num),
-        tensor_shapes=tuple(tuple(int(d) for d in s) for s in shapes),
+        num_tensors=v.needed(v.count("num_tensors"), "num_tensors"),
+        tensor_shapes=tuple(tuple(int(d) for d in s) for s in v.needed(v.raw("tensor_shapes"), "tensor_shapes")),
         rowwise_data=row,
         columnwise_data=col,
-        rowwise_scale_inv=storage_attr(param, "rowwise_scale_inv"),
-        columnwise_scale_inv=storage_attr(param, "columnwise_scale_inv"),
-        rowwise_scale_inv_offsets=_offsets(storage_field(param, "rowwise_scale_inv_offsets")),
-        columnwise_scale_inv_offsets=_offsets(storage_field(param, "columnwise_scale_inv_offsets")),
+        rowwise_scale_inv=v.tensor("rowwise_scale_inv"),
+        columnwise_scale_inv=v.tensor("columnwise_scale_inv"),
+        rowwise_scale_inv_offsets=_offsets(v.raw("rowwise_scale_inv_offsets")),
+        columnwise_scale_inv_offsets=_offsets(v.raw("columnwise_scale_inv_offsets")),
         members=member_tuple,
-        quantized=quantized,
-        scales_swizzled=swizzled,
-        amax_rowwise=storage_attr(param, "amax_rowwise"),
-        amax_columnwise=storage_attr(param, "amax_columnwise"),
+        quantized=v.raw("quantizer") is not None,
+        scales_swizzled=_group_swizzled(v, member_tuple),
+        amax_rowwise=v.tensor("amax_rowwise"),
+        amax_columnwise=v.tensor("amax_columnwise"),
     )
 
 
@@ -226,7 +270,7 @@ def grouped_storage(param: object) -> GroupedStorage:
 
 
 @dataclass(frozen=True)
-class NVFP4Storage:
+class NVFP4Storage(StorageSnapshot):
     """The buffers of one NVFP4 tensor (TE 2.8+), as TE's source shapes them (checked in every
     release 2.8-2.20.2: NVFP4Quantizer.get_scale_shape, get_columnwise_shape and
     convert_shape_for_fp4 in pytorch/tensor/nvfp4_tensor.py are the same in all of them).
@@ -248,7 +292,6 @@ class NVFP4Storage:
     (storage/nvfp4_tensor_storage.py's constructor; matrix/records).
     """
 
-    owner: object
     shape: tuple[int, ...]  # logical, unpacked: [..., K]
     rowwise_data: torch.Tensor | None
     rowwise_scale_inv: torch.Tensor | None
@@ -261,59 +304,26 @@ class NVFP4Storage:
     nvfp4_e4m3_max: int | None  # TE 2.17+
     nvfp4_use_4over6: bool | None  # TE 2.17+
 
-    def need(self, name: str) -> Any:
-        """The named buffer or flag, or an error naming the attribute, class and TE release."""
-        return _need(self.owner, getattr(self, name), name)
-
-
-def _tensor_shape(obj: object) -> tuple[int, ...] | None:
-    """The logical shape of a TE tensor (a storage-only object has none)."""
-    shape = getattr(obj, "shape", None)
-    if shape is None or callable(shape):
-        return None
-    return tuple(int(d) for d in shape)
-
-
-def _nvfp4_shape(obj: object, row: torch.Tensor | None, col: torch.Tensor | None) -> tuple[int, ...]:
-    """TE's NVFP4 size(): rowwise bytes [..., K/2] -> [..., K]; columnwise [K, M/2] -> [M, K]."""
-    shape = _tensor_shape(obj)
-    if shape is not None:
-        return shape
-    if row is not None:
-        dims = tuple(int(d) for d in row.shape)
-        return (*dims[:-1], dims[-1] * 2)
-    if col is not None:
-        dims = tuple(int(d) for d in col.shape)
-        return (*dims[1:-1], dims[-1] * 2, dims[0])
-    raise StorageNotFoundError(f"{_class_path(type(obj))}: no shape and no data to take it from")
-
-
-def _optional_flag(obj: object, name: str, kind: type) -> Any:
-    value = storage_field(obj, name)
-    return None if value is None else kind(value)
-
 
 def nvfp4_storage(param: object) -> NVFP4Storage:
     """Snapshot of an NVFP4 tensor, Parameter, ``.data`` or storage. Raises if it holds neither
     direction."""
-    _expect_kind(param, (TensorKind.NVFP4,), "nvfp4_storage")
-    row = storage_attr(param, "rowwise_data")
-    col = storage_attr(param, "columnwise_data")
-    if row is None and col is None:
-        _need(param, None, "rowwise_data")
+    v = _Values(param, TensorKind.NVFP4, "nvfp4_storage")
+    row, col = v.payloads("rowwise_data", "columnwise_data")
     return NVFP4Storage(
         owner=param,
-        shape=_nvfp4_shape(param, row, col),
+        # TE's NVFP4 size(): rowwise bytes [..., K/2] -> [..., K]; columnwise [K, M/2] -> [M, K]
+        shape=_logical_shape(param, [(row, False), (col, True)], packed=2),
         rowwise_data=row,
-        rowwise_scale_inv=storage_attr(param, "rowwise_scale_inv"),
+        rowwise_scale_inv=v.tensor("rowwise_scale_inv"),
         columnwise_data=col,
-        columnwise_scale_inv=storage_attr(param, "columnwise_scale_inv"),
-        amax_rowwise=storage_attr(param, "amax_rowwise"),
-        amax_columnwise=storage_attr(param, "amax_columnwise"),
-        scales_swizzled=_swizzled_flag(param),
-        row_scaled_nvfp4=_optional_flag(param, "row_scaled_nvfp4", bool),
-        nvfp4_e4m3_max=_optional_flag(param, "nvfp4_e4m3_max", int),
-        nvfp4_use_4over6=_optional_flag(param, "nvfp4_use_4over6", bool),
+        columnwise_scale_inv=v.tensor("columnwise_scale_inv"),
+        amax_rowwise=v.tensor("amax_rowwise"),
+        amax_columnwise=v.tensor("amax_columnwise"),
+        scales_swizzled=bool(v.flag("scales_swizzled")),  # None: a release before the flag
+        row_scaled_nvfp4=v.flag("row_scaled_nvfp4"),
+        nvfp4_e4m3_max=v.count("nvfp4_e4m3_max"),
+        nvfp4_use_4over6=v.flag("nvfp4_use_4over6"),
     )
 
 
@@ -321,7 +331,7 @@ def nvfp4_storage(param: object) -> NVFP4Storage:
 
 
 @dataclass(frozen=True)
-class BlockwiseStorage:
+class BlockwiseStorage(StorageSnapshot):
     """The buffers of one Float8 blockwise tensor (TE 2.3+), as Float8BlockQuantizer shapes them
     (pytorch/tensor/float8_blockwise_tensor.py: get_scale_shape, get_columnwise_shape,
     make_empty / inner_tensor_specs; checked 2.3.0-2.20.2). Blocks are 128 long; with
@@ -337,7 +347,6 @@ class BlockwiseStorage:
       ``columnwise_transposed`` says which; ``data_format`` is None outside 2.5-2.11.
     """
 
-    owner: object
     shape: tuple[int, ...]
     rowwise_data: torch.Tensor | None
     rowwise_scale_inv: torch.Tensor | None
@@ -346,10 +355,6 @@ class BlockwiseStorage:
     is_2d_scaled: bool  # 128x128 blocks (True) or 1x128 (False)
     data_format: str | None  # TE 2.5-2.11: "GEMM_READY" or "COMPACT"
     columnwise_transposed: bool  # columnwise data is [K, M] (False only for 2.5-2.11 COMPACT 1-D)
-
-    def need(self, name: str) -> Any:
-        """The named buffer, or an error naming the attribute, class and TE release."""
-        return _need(self.owner, getattr(self, name), name)
 
 
 def _format_name(value: Any) -> str | None:
@@ -360,37 +365,20 @@ def _format_name(value: Any) -> str | None:
     return str(name) if name is not None else str(value).rsplit(".", 1)[-1]
 
 
-def _blockwise_shape(
-    obj: object, row: torch.Tensor | None, col: torch.Tensor | None, transposed: bool
-) -> tuple[int, ...]:
-    shape = _tensor_shape(obj)
-    if shape is not None:
-        return shape
-    if row is not None:
-        return tuple(int(d) for d in row.shape)
-    if col is not None:
-        dims = tuple(int(d) for d in col.shape)
-        return (*dims[1:], dims[0]) if transposed else dims
-    raise StorageNotFoundError(f"{_class_path(type(obj))}: no shape and no data to take it from")
-
-
 def blockwise_storage(param: object) -> BlockwiseStorage:
     """Snapshot of a Float8 blockwise tensor, Parameter, ``.data`` or storage (TE 2.3+)."""
-    _expect_kind(param, (TensorKind.FLOAT8_BLOCKWISE,), "blockwise_storage")
-    row = storage_attr(param, "rowwise_data")
-    col = storage_attr(param, "columnwise_data")
-    if row is None and col is None:
-        _need(param, None, "rowwise_data")
-    is_2d = bool(_need(param, storage_field(param, "is_2d_scaled"), "is_2d_scaled"))
-    data_format = _format_name(storage_field(param, "data_format"))
+    v = _Values(param, TensorKind.FLOAT8_BLOCKWISE, "blockwise_storage")
+    row, col = v.payloads("rowwise_data", "columnwise_data")
+    is_2d: bool = v.needed(v.flag("is_2d_scaled"), "is_2d_scaled")
+    data_format = _format_name(v.raw("data_format"))
     transposed = not (data_format == "COMPACT" and not is_2d)
     return BlockwiseStorage(
         owner=param,
-        shape=_blockwise_shape(param, row, col, transposed),
+        shape=_logical_shape(param, [(row, False), (col, transposed)]),
         rowwise_data=row,
-        rowwise_scale_inv=storage_attr(param, "rowwise_scale_inv"),
+        rowwise_scale_inv=v.tensor("rowwise_scale_inv"),
         columnwise_data=col,
-        columnwise_scale_inv=storage_attr(param, "columnwise_scale_inv"),
+        columnwise_scale_inv=v.tensor("columnwise_scale_inv"),
         is_2d_scaled=is_2d,
         data_format=data_format,
         columnwise_transposed=transposed,
@@ -401,7 +389,7 @@ def blockwise_storage(param: object) -> BlockwiseStorage:
 
 
 @dataclass(frozen=True)
-class HybridStorage:
+class HybridStorage(StorageSnapshot):
     """The two sub-storages of a HybridQuantizedTensor (TE 2.19+, experimental; PR 2817).
 
     pytorch/tensor/hybrid_tensor.py: HybridQuantizer pins its rowwise sub-quantizer to rowwise
@@ -412,24 +400,20 @@ class HybridStorage:
     (``mxfp8_storage``, ``nvfp4_storage``, ...).
     """
 
-    owner: object
+    _storage_names: ClassVar[dict[str, str]] = {"rowwise": "rowwise_storage", "columnwise": "columnwise_storage"}
+
     rowwise: object | None
     columnwise: object | None
     rowwise_kind: TensorKind | None
     columnwise_kind: TensorKind | None
 
-    def need(self, name: str) -> Any:
-        """The named sub-storage, or an error naming the attribute, class and TE release."""
-        return _need(self.owner, getattr(self, name), f"{name}_storage")
-
 
 def hybrid_storage(param: object) -> HybridStorage:
     """Snapshot of a HybridQuantizedTensor, Parameter, ``.data`` or storage (TE 2.19+)."""
-    _expect_kind(param, (TensorKind.HYBRID,), "hybrid_storage")
-    row = storage_field(param, "rowwise_storage")
-    col = storage_field(param, "columnwise_storage")
+    v = _Values(param, TensorKind.HYBRID, "hybrid_storage")
+    row, col = v.raw("rowwise_storage"), v.raw("columnwise_storage")
     if row is None and col is None:
-        _need(param, None, "rowwise_storage")
+        raise _not_found(param, "rowwise_storage")
     return HybridStorage(
         owner=param,
         rowwise=row,

@@ -199,16 +199,27 @@ def extract_sources(files: Iterable[tuple[str, bytes | str]]) -> dict[str, Class
 
 
 def lineage(classes: Classes, path: str) -> list[str]:
-    """``path`` and every TE base class of it that the release defines, depth first."""
-    seen: list[str] = []
-    stack = [path]
-    while stack:
-        current = stack.pop()
-        if current in seen or current not in classes:
-            continue
-        seen.append(current)
-        stack.extend(reversed(classes[current]["bases"]))
-    return seen
+    """``path`` and every TE base class of it that the release defines, in Python's method
+    resolution order (C3): the order attribute lookup on an instance follows, so the first class
+    of it that assigns an attribute is the one an instance's value comes from. Bases the release
+    does not define (torch.Tensor, abc.ABC) are left out; [] for a class it does not define."""
+    return _linearised(classes, path, {}) if path in classes else []
+
+
+def _linearised(classes: Classes, path: str, done: dict[str, list[str]]) -> list[str]:
+    """C3 over the classes the release defines. A hierarchy C3 cannot order (one Python would
+    refuse to define, or a class naming itself) takes the first candidate, so a check still runs."""
+    if path in done:
+        return done[path]
+    done[path] = [path]  # a class that names itself as a base ends the walk there
+    bases = [b for b in dict.fromkeys(classes[path]["bases"]) if b in classes and b != path]
+    pending = [_linearised(classes, b, done) for b in bases] + [bases]
+    order = [path]
+    while pending := [rest for seq in pending if (rest := [c for c in seq if c not in order])]:
+        heads = (seq[0] for seq in pending if not any(seq[0] in other[1:] for other in pending))
+        order.append(next(heads, pending[0][0]))
+    done[path] = order
+    return order
 
 
 def assigned(classes: Classes, paths: Iterable[str]) -> tuple[set[str], set[str]]:

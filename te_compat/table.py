@@ -20,6 +20,8 @@ from functools import cache
 
 from packaging.version import Version
 
+from te_compat.version import release_of
+
 TE = "transformer_engine.pytorch"
 # The newest release matrix/ checked this table against; a newer TE gets the newest rows, every
 # name any row knows, and a warning. `python -m matrix.refresh` moves it.
@@ -45,7 +47,7 @@ class TensorKind(str, Enum):
 
 def in_range(release: Version, since: str, until: str | None) -> bool:
     """``since <= release < until`` on release segments (a dev build of X counts as X; 2.14 is 2.14.0)."""
-    plain = Version(".".join(str(p) for p in release.release))
+    plain = release_of(release)
     return Version(since) <= plain and (until is None or plain < Version(until))
 
 
@@ -420,12 +422,6 @@ def row_for(kind: TensorKind, release: Version) -> StorageRow | None:
 def class_index() -> dict[str, TensorKind]:
     """``module.Class`` -> kind, over every row of every release."""
     return {path: row.kind for row in ROWS for path in row.classes}
-
-
-@cache
-def class_names() -> dict[str, TensorKind]:
-    """Bare class name -> kind: the fallback for a TE that moved a class to a new module."""
-    return {path.rsplit(".", 1)[1]: kind for path, kind in class_index().items()}
 
 
 def kinds_in(release: Version) -> tuple[TensorKind, ...]:

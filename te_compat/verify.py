@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import distributions
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ from te_compat.source_facts import (
     uncovered_quantized,
 )
 from te_compat.table import StorageRow, TensorKind
-from te_compat.version import parse_te_version, release_of, te_status
+from te_compat.version import DISTRIBUTIONS, parse_te_version, release_of, te_status
 
 # path -> ((mtime_ns, size), facts of its classes): a file is parsed again only when it changed.
 _FILE_FACTS: dict[str, tuple[tuple[int, int], dict[str, ClassFacts]]] = {}
@@ -174,31 +176,78 @@ def _check_beyond(
     return result + check_bases(release, classes), newest_ok
 
 
-def _version_to_verify(release: str | Version | None) -> Version:
+def source_release(pkg: Path) -> str | None:
+    """The TE version a source tree states, or None where it states none.
+
+    A TE git checkout keeps it in ``build_tools/VERSION.txt`` beside the package (the first line,
+    as TE's own build reads it: build_tools/te_version.py); an installed or unpacked wheel in the
+    metadata of its distribution beside the package (``transformer_engine-*.dist-info``).
+    """
+    version_file = pkg.parent / "build_tools" / "VERSION.txt"
+    if version_file.is_file():
+        try:
+            first = version_file.read_text(encoding="utf-8").partition("\n")[0].strip()
+        except (OSError, ValueError) as exc:
+            raise TEVersionError(
+                f"cannot read the TE version of the source at {pkg}: expected a readable UTF-8 {version_file}; "
+                f"found {type(exc).__name__}: {exc}"
+            ) from exc
+        return first or None
+    found = {_normalised(d.metadata["Name"] or ""): d.version for d in distributions(path=[str(pkg.parent)])}
+    return next((found[name] for name in DISTRIBUTIONS if name in found), None)
+
+
+def _normalised(name: str) -> str:
+    """A distribution name as PEP 503 compares them: transformer_engine_cu12 -> transformer-engine-cu12."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _version_to_verify(release: str | Version | None, pkg: Path | None) -> Version:
+    """``release``; else, for a source tree given, the release it states; else the installed TE's."""
     if isinstance(release, Version):
         return release
     if release is not None:
         return parse_te_version(release)
+    if pkg is not None:
+        stated = source_release(pkg)
+        if stated is None:
+            raise TEVersionError(
+                f"cannot tell which TE release the source at {pkg} is: expected {pkg.parent / 'build_tools'}"
+                f"/VERSION.txt (a TE checkout) or a transformer_engine dist-info in {pkg.parent}; found neither. "
+                "Name the release: verify_installed(release=...), te-compat verify --release VERSION"
+            )
+        return parse_te_version(stated)
     status = te_status()
     if status.version is not None:
         return status.version
     if not status.present and status.source is None:
         raise TENotFoundError(
             "Transformer Engine is not installed, so there is no source to verify; to verify a source "
-            "tree, name it and its version (source_dir= and release=; te-compat verify --source --release)"
+            "tree, name it (source_dir=; te-compat verify --source DIR)"
         )
     raise TEVersionError(f"cannot verify the installed Transformer Engine: {status.reason or 'its version is unknown'}")
 
 
-def _source_to_verify(source_dir: str | os.PathLike[str] | None) -> Path:
-    if source_dir is not None:
-        return package_dir(source_dir)
+def _installed_source() -> Path:
     found = find_te_source()
     if found is None:
         raise TENotFoundError(
             f"expected an installed {PACKAGE} package (importlib.util.find_spec({PACKAGE!r})); found none"
         )
     return package_dir(found)
+
+
+def _check_arguments(source_dir: object, release: object) -> None:
+    if source_dir is not None and not isinstance(source_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"verify_installed: source_dir: expected a path (str or os.PathLike) or None; "
+            f"found {type(source_dir).__name__} {source_dir!r}"
+        )
+    if release is not None and not isinstance(release, (str, Version)):
+        raise TypeError(
+            f"verify_installed: release: expected a version string such as '2.14.1', a packaging Version "
+            f"or None; found {type(release).__name__} {release!r}"
+        )
 
 
 def verify_installed(
@@ -209,14 +258,19 @@ def verify_installed(
 ) -> Verification:
     """Check the release table against a TE's own source (default: the installed TE's).
 
-    ``release`` (default: the installed TE's version, see :func:`te_compat.te_status`) picks the
-    rows; ``source_dir`` (default: where ``transformer_engine`` is installed) is read. Raises
-    TENotFoundError when there is no TE to read, TEVersionError when its version is unreadable.
+    ``source_dir`` (default: where ``transformer_engine`` is installed) is read. ``release`` picks
+    the rows; by default the release ``source_dir`` states (:func:`source_release`), or without
+    ``source_dir`` the installed TE's version (:func:`te_compat.te_status`). Raises
+    TENotFoundError when there is no TE to read, TEVersionError when its version is unreadable
+    or unstated, TECompatError for a source file that is not UTF-8 Python, and TypeError naming
+    the parameter for an argument of the wrong type.
     ``rows`` (default: the table) lets a maintainer try candidate rows on a TE checkout.
     """
+    _check_arguments(source_dir, release)
     start = time.perf_counter()
-    version = _version_to_verify(release)
-    pkg = _source_to_verify(source_dir)
+    given = package_dir(source_dir) if source_dir is not None else None
+    version = _version_to_verify(release, given)
+    pkg = given or _installed_source()
     classes, files = read_source_dir(pkg)
     beyond = release_of(version) > table.checked_through()
     if beyond:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -15,8 +16,9 @@ from packaging.version import Version
 
 import te_compat
 from te_compat import MissingFeatureError, cli
-from te_compat.capabilities import FEATURES, Capabilities
+from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities
 from te_compat.cli import main
+from tests.test_version import fake_te
 
 ROOT = Path(__file__).resolve().parent.parent
 Installer = Callable[..., None]
@@ -212,3 +214,153 @@ def test_report_prints_a_dash_for_an_empty_list(installed_te, capsys) -> None:  
     assert main(["report", "--no-import"]) == 0
     line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("tensor kinds"))
     assert line.split()[-1] == "-"
+
+
+# ---- --require repeated; a TE that is present but not usable ----
+
+
+def test_require_may_be_repeated_and_the_lists_merge(
+    installed_te: Installer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    installed_te("2.11.0")  # float8 (1.x) and mxfp8 (2.0) are there, grouped (2.13) is not
+    assert main(["report", "--no-import", "--require", "grouped", "--require", "te", "float8"]) == 1
+    err = capsys.readouterr().err
+    assert "grouped: needs TE >= 2.13; found 2.11.0" in err and err.count("\n") == 1
+    assert main(["report", "--no-import", "--require", "te", "--require", "float8", "--require", "mxfp8"]) == 0
+    assert main(["report", "--no-import", "--require", "float8", "--require", "bogus"]) == 2
+    assert "unknown feature 'bogus'" in capsys.readouterr().err
+
+
+# Every feature that uses the installed TE (the README and --require's help list them): with TE
+# present but unusable, each is missing whatever its release offers; the device features are not.
+TE_DEPENDENT = set(
+    "te float8 mxfp8 float8_blockwise nvfp4 grouped hybrid verified swizzled_scale_flag mxfp8_quantization".split()
+)
+
+
+def _everything(**changes: object) -> Capabilities:
+    """Capabilities of a process that has it all: TE 2.20.2 usable and verified, a B200, cuda.core."""
+    full = Capabilities(
+        te_present=True,
+        te_version="2.20.2",
+        te_source="transformer-engine",
+        te_usable=True,
+        te_reason="imported",
+        te_in_table=True,
+        te_verified=True,
+        te_verification="agrees",
+        table_checked_through="2.20.2",
+        torch_version="2.13.0",
+        cuda_device="NVIDIA B200",
+        compute_capability=(10, 0),
+        tensor_kinds=("float8", "mxfp8", "float8_blockwise", "nvfp4", "grouped", "hybrid", "identity"),
+        grouped_tensors=True,
+        swizzled_scale_flag=True,
+        mxfp8_hardware=True,
+        mxfp8_quantization=True,
+        cuda_core=True,
+    )
+    return dataclasses.replace(full, **changes)  # type: ignore[arg-type]
+
+
+def test_a_te_present_but_unusable_fails_every_te_feature() -> None:
+    assert _everything().missing(*FEATURES) == {}
+    why = "import transformer_engine.pytorch failed: OSError: libcudart.so.13"
+    broken = _everything(te_usable=False, te_reason=why, mxfp8_quantization=False)
+    missing = broken.missing(*FEATURES)
+    assert set(missing) == TE_DEPENDENT == set(TE_FEATURES)
+    for feature, reason in missing.items():
+        assert f"Transformer Engine 2.20.2 is present but not usable: {why}" in reason, feature
+    with pytest.raises(MissingFeatureError, match="mxfp8: Transformer Engine 2.20.2 is present but not usable"):
+        broken.require("cuda", "mxfp8")
+
+
+def _cli(*args: str, path: Path | None = None, stdout: object = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    """``python -m te_compat ARGS`` from the checkout, with ``path`` first on sys.path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (path, ROOT) if p is not None)}
+    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, "-m", "te_compat", *args], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )
+
+
+def test_cli_require_fails_with_a_te_that_does_not_import(tmp_path: Path) -> None:
+    broken = fake_te(tmp_path, metadata="2.20.2", pytorch_init="raise OSError('libcudart.so.13')\n")
+    done = _cli("report", "--require", "mxfp8", "grouped", path=broken)
+    assert done.returncode == 1, done.stderr
+    assert "te usable" in done.stdout and "Traceback" not in done.stderr
+    assert "mxfp8: Transformer Engine 2.20.2 is present but not usable" in done.stderr
+    assert "grouped: Transformer Engine 2.20.2 is present but not usable" in done.stderr
+
+
+# ---- never a traceback: output that cannot be written, internal errors, a bare call ----
+
+
+def test_a_closed_pipe_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    # te-compat releases | head -1: the reader is gone before the table is written
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "te_compat", "releases", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert err == "te-compat: the output could not be written: Broken pipe\n"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("command", [["report"], ["report", "--json"], ["releases"], ["verify", "--json"]])
+def test_a_full_disk_is_one_line_and_exit_3(command: list[str]) -> None:
+    with open("/dev/full", "w") as full:
+        done = _cli(*command, stdout=full)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == "te-compat: the output could not be written: No space left on device\n"
+
+
+class _FailingStdout:
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_output_errors_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "stdout", _FailingStdout())
+    assert main(["releases"]) == 3
+    assert capsys.readouterr().err == "te-compat: the output could not be written: Broken pipe\n"
+
+
+def test_an_internal_error_is_one_line_and_exit_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(args: object) -> object:
+        raise RuntimeError("table\nexploded")
+
+    monkeypatch.setattr(cli, "releases", broken)
+    assert main(["releases"]) == 4
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "te-compat releases: internal error: RuntimeError: table exploded\n"
+
+
+def test_a_bare_call_prints_the_report(installed_te: Installer, capsys: pytest.CaptureFixture[str]) -> None:
+    installed_te(None)
+    assert main([]) == 0
+    assert capsys.readouterr().out.startswith("te-compat report\n")
+    done = _cli()
+    assert done.returncode == 0 and done.stdout.startswith("te-compat report\n"), done.stderr
+
+
+def test_the_exit_codes_are_documented_in_help_and_readme(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "releases exit codes:" in out
+    assert out.count("  3  the output could not be written") == 3 and out.count("  4  an unexpected error") == 3
+    readme = (ROOT / "README.md").read_text()
+    commands = readme[readme.index("## Commands") : readme.index("`nox -l`")]
+    for line in ("3 the output could not be written", "4 an unexpected error", "python -m te_compat"):
+        assert line in " ".join(commands.split()), line

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -343,3 +344,72 @@ def test_importing_the_module_imports_neither_torch_nor_te() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- arguments: compute capability, a mapping of names, elements, flags -----------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ((9,), ValueError),
+        ((9, 0, 0), ValueError),
+        ((9, -1), ValueError),
+        ((-1, 0), ValueError),
+        ("9.0", TypeError),
+        (("a", "b"), TypeError),
+        (-1, TypeError),
+        (9.0, TypeError),
+        ((True, False), TypeError),
+        ((9.0, 0), TypeError),
+    ],
+)
+@pytest.mark.parametrize("te", [None, "2.20.2"])
+def test_a_bad_compute_capability_is_named(value: object, error: type, te: str | None, installed_te: Installer) -> None:
+    installed_te(te)
+    with pytest.raises(error, match=r"compute_capability: expected a \(major, minor\) tuple of two ints >= 0") as info:
+        request_gemm_layout_scales([torch.zeros(1)], compute_capability=value)  # type: ignore[arg-type]
+    assert f"found {type(value).__name__} {value!r}" in str(info.value)
+
+
+@pytest.mark.parametrize("cc", [BLACKWELL, [10, 0]])
+def test_a_good_compute_capability_is_used(cc: Any, installed_te: Installer) -> None:
+    release = release_versions()[-1]
+    installed_te(release)
+    param, q = _nvfp4(release, with_rht=True)
+    assert request_gemm_layout_scales(param, compute_capability=cc).enabled == ("<parameter>",)
+    assert getattr(q, GEMM_ATTR) is True
+
+
+def test_a_mapping_of_names_to_parameters_is_reported_by_name(installed_te: Installer) -> None:
+    # like dict(model.named_parameters()): the names are the keys, the parameters the values
+    release = RELEASES_WITH[-1]
+    installed_te(release)
+    weight, q = _mxfp8(release)
+    report = request_gemm_layout_scales({"fc1.weight": weight, "fc1.bias": torch.zeros(4)})
+    assert report.enabled == ("fc1.weight",) and report.not_quantized == ("fc1.bias",)
+    assert getattr(q, GEMM_ATTR) is True
+    assert request_gemm_layout_scales({}).entries == ()
+
+
+@pytest.mark.parametrize(
+    ("given", "where"),
+    [([torch.zeros(1), "x"], "[1]"), ({"w": torch.zeros(1), "b": 3}, "b"), ((torch.zeros(1), None), "[1]")],
+)
+def test_an_element_that_is_no_tensor_is_named(given: object, where: str, installed_te: Installer) -> None:
+    installed_te(RELEASES_WITH[-1])
+    with pytest.raises(UnsupportedTensorError, match=rf"request_gemm_layout_scales: {re.escape(where)}: expected"):
+        request_gemm_layout_scales(given)
+
+
+@pytest.mark.parametrize("value", ["True", 1, "False"])
+def test_a_quantizer_flag_that_is_not_a_bool_is_not_guessed(value: object, installed_te: Installer) -> None:
+    # TE's quantizers store True or False; "False" must not read as True (bool("False"))
+    release = release_versions()[-1]
+    installed_te(release)
+    param, q = _nvfp4(release, with_rht=value)
+    (entry,) = request_gemm_layout_scales(param, compute_capability=BLACKWELL).entries
+    assert entry.status is UNSUPPORTED and getattr(q, GEMM_ATTR) is False
+    assert f"expected bool flags (TE stores True or False); found with_rht={type(value).__name__} {value!r}" in (
+        entry.reason
+    )

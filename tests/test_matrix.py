@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from matrix.check import check_record, check_release
+from matrix.check import check_record, check_release, lineage
 from matrix.extract import dumps, extract_wheel, load_record, record_path
-from matrix.releases import matrix_releases, release_versions
+from matrix.releases import matrix_release, matrix_releases, release_versions
 from te_compat import table
+from te_compat.gemm_layout import QUANTIZER_ROWS, check_quantizer_rows
 from te_compat.table import TensorKind
 
 
@@ -156,3 +157,78 @@ def test_release_check_covers_the_quantizer_rows() -> None:
     problems = check_release("2.20.2", record)
     assert any("'optimize_for_gemm'" in p and "MXFP8Quantizer" in p for p in problems), problems
     assert check_release("2.20.2") == []
+
+
+def test_a_row_that_leaves_out_a_class_the_release_defines_fails() -> None:
+    # 2.20.2 defines MXFP8TensorStorage (the 2.9+ rows name it); a 2.12+ row without it must fail
+    # on that alone: its probes are still found through MXFP8Tensor's bases
+    storage_class = "transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage.MXFP8TensorStorage"
+    assert storage_class in load_record("2.20.2")["classes"]
+    row = next(r for r in table.ROWS if r.kind is TensorKind.MXFP8 and r.since == "2.12")
+    kept = tuple(c for c in row.classes if c != storage_class)
+    assert len(kept) == len(row.classes) - 1
+    problems = check_record(load_record("2.20.2"), _with_row(TensorKind.MXFP8, "2.12", classes=kept))
+    assert problems == [f"TE 2.20.2: defines {storage_class} (mxfp8), which mxfp8 row 2.12 + does not name"]
+
+
+# ---- lineage: the order of a class and its TE bases ----
+
+
+def _python_mro(classes: dict[str, dict[str, list[str]]], path: str) -> list[str]:
+    """What Python itself makes of the hierarchy: empty classes with the record's bases (those
+    the record defines), and their ``__mro__``."""
+    made: dict[str, type] = {}
+
+    def make(p: str) -> type:
+        if p not in made:
+            bases = tuple(make(b) for b in classes[p]["bases"] if b in classes)
+            made[p] = type(p.rsplit(".", 1)[1], bases, {"path": p})
+        return made[p]
+
+    return [k.path for k in make(path).__mro__[:-1]]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("version", release_versions())
+def test_lineage_is_pythons_method_resolution_order(version: str) -> None:
+    classes = load_record(matrix_release(version).source_from)["classes"]
+    for path in classes:
+        assert lineage(classes, path) == _python_mro(classes, path), path
+
+
+def test_lineage_orders_a_diamond_as_python_does() -> None:
+    # D(B, C), B(A), C(A): attribute lookup on a D tries B, then C, then A; a depth-first walk
+    # would put A before C, a walk from the last base would put C before B
+    def cls(name: str, *bases: str) -> dict[str, list[str]]:
+        return {"bases": [f"m.{b}" for b in bases], "assigns": [], "properties": []}
+
+    classes = {"m.A": cls("A"), "m.B": cls("B", "A"), "m.C": cls("C", "A"), "m.D": cls("D", "B", "C")}
+
+    class A: ...
+
+    class B(A): ...
+
+    class C(A): ...
+
+    class D(B, C): ...
+
+    expected = [f"m.{k.__name__}" for k in D.__mro__[:-1]]
+    assert expected == ["m.D", "m.B", "m.C", "m.A"]
+    assert lineage(classes, "m.D") == expected == _python_mro(classes, "m.D")  # type: ignore[arg-type]
+    # a class naming itself (or a cycle) ends the walk instead of looping
+    assert lineage({"m.X": cls("X", "X")}, "m.X") == ["m.X"]
+    assert lineage(classes, "m.Missing") == []
+
+
+def test_the_quantizer_check_walks_the_same_lineage() -> None:
+    # the quantizer rows' check names the bases it looked in, in the same (Python's) order
+    row = next(r for r in QUANTIZER_ROWS if r.quantizer.endswith(".MXFP8Quantizer"))
+    quantizer = row.quantizer
+    module = quantizer.rsplit(".", 1)[0]
+    classes = {
+        quantizer: {"bases": [f"{module}.B", f"{module}.C"], "assigns": [], "properties": []},
+        f"{module}.B": {"bases": [f"{module}.A"], "assigns": [], "properties": []},
+        f"{module}.C": {"bases": [f"{module}.A"], "assigns": [], "properties": []},
+        f"{module}.A": {"bases": [], "assigns": [], "properties": []},
+    }
+    (problem,) = check_quantizer_rows("2.20.2", classes, (row,))
+    assert f"its TE bases {module}.B, {module}.C, {module}.A" in problem

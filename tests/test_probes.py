@@ -12,6 +12,7 @@ from packaging.version import Version
 import te_compat
 from matrix.releases import release_versions
 from te_compat import StorageNotFoundError, TensorKind, UnsupportedTensorError, storage_attr, storage_field
+from te_compat.probe import class_path, find_in_lineage, tensor_kind_or_none
 from te_compat.table import ROWS, StorageRow
 from tests import te_objects as T
 from tests.standins import StandInDispatched, assigned_names, make_standin, standin_class
@@ -259,6 +260,27 @@ def test_moved_class_is_read_by_name_with_a_warning(installed_te: Installer) -> 
     obj.__dict__.update(p.__dict__)
     with pytest.warns(RuntimeWarning, match="not at any module path the release table knows"):
         assert te_compat.tensor_kind(obj) is TensorKind.MXFP8
+
+
+def test_the_nearest_class_of_the_mro_decides() -> None:
+    # a class deriving from two table classes reads as the one Python's attribute lookup meets
+    # first; a TE class at an unknown module path is matched by name; a non-TE one is not
+    mx = type("MXFP8Tensor", (), {"__module__": "transformer_engine.pytorch.tensor.mxfp8_tensor"})
+    fp4 = type("NVFP4Tensor", (), {"__module__": "transformer_engine.pytorch.tensor.nvfp4_tensor"})
+    by_path = {class_path(mx): "mxfp8", class_path(fp4): "nvfp4"}
+    both = type("Both", (fp4, mx), {"__module__": "user"})
+    assert find_in_lineage(both, by_path) == ("nvfp4", fp4, False)
+    assert find_in_lineage(type("Both", (mx, fp4), {}), by_path) == ("mxfp8", mx, False)
+    moved = type("MXFP8Tensor", (), {"__module__": "transformer_engine.pytorch.elsewhere"})
+    assert find_in_lineage(moved, by_path) == ("mxfp8", moved, True)
+    assert find_in_lineage(type("MXFP8Tensor", (), {"__module__": "not_te"}), by_path) is None
+
+
+def test_kind_or_none_answers_without_raising(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    assert tensor_kind_or_none("weight") is None and tensor_kind_or_none(None) is None
+    assert tensor_kind_or_none(torch.zeros(1)) is TensorKind.PLAIN
+    assert tensor_kind_or_none(T.mxfp8_tensor("2.20.2", 32, 32)) is TensorKind.MXFP8
 
 
 def test_uncovered_te_quantized_class(installed_te: Installer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -11,8 +12,15 @@ import te_compat
 from matrix.check import lineage
 from matrix.extract import load_record
 from matrix.releases import matrix_release
-from te_compat import StorageNotFoundError, UnsupportedTensorError
+from te_compat import (
+    StorageNotFoundError,
+    StorageValueError,
+    UnknownStorageNameError,
+    UnsupportedTensorError,
+)
+from te_compat.snapshots import StorageSnapshot
 from tests import te_objects as T
+from tests.standins import make_standin
 
 Installer = Callable[..., None]
 
@@ -144,3 +152,112 @@ def test_wrong_kind(installed_te: Installer) -> None:
         te_compat.mxfp8_storage(T.float8_tensor("2.20.2", 32, 32))
     with pytest.raises(UnsupportedTensorError, match="grouped_storage expects"):
         te_compat.grouped_storage(torch.zeros(3))
+
+
+# ---- one snapshot base: one need, one shape rule, flags and counts checked, never coerced ----
+
+# The public fields of every snapshot, in order (te_compat's API: callers build on them).
+SNAPSHOT_FIELDS = {
+    te_compat.MXFP8Storage: "owner shape rowwise_data rowwise_scale_inv columnwise_data columnwise_scale_inv "
+    "scales_swizzled",
+    te_compat.Float8Storage: "owner shape data transpose scale_inv",
+    te_compat.GroupedStorage: "owner num_tensors tensor_shapes rowwise_data columnwise_data rowwise_scale_inv "
+    "columnwise_scale_inv rowwise_scale_inv_offsets columnwise_scale_inv_offsets members quantized "
+    "scales_swizzled amax_rowwise amax_columnwise",
+    te_compat.NVFP4Storage: "owner shape rowwise_data rowwise_scale_inv columnwise_data columnwise_scale_inv "
+    "amax_rowwise amax_columnwise scales_swizzled row_scaled_nvfp4 nvfp4_e4m3_max nvfp4_use_4over6",
+    te_compat.BlockwiseStorage: "owner shape rowwise_data rowwise_scale_inv columnwise_data columnwise_scale_inv "
+    "is_2d_scaled data_format columnwise_transposed",
+    te_compat.HybridStorage: "owner rowwise columnwise rowwise_kind columnwise_kind",
+}
+
+
+@pytest.mark.parametrize("cls", list(SNAPSHOT_FIELDS), ids=lambda c: c.__name__)
+def test_snapshots_keep_their_fields_and_share_one_need(cls: type) -> None:
+    assert [f.name for f in dataclasses.fields(cls)] == SNAPSHOT_FIELDS[cls].split()
+    assert issubclass(cls, StorageSnapshot) and cls.need is StorageSnapshot.need  # type: ignore[attr-defined]
+
+
+def test_need_of_a_field_no_snapshot_has_is_a_named_error(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    s = te_compat.mxfp8_storage(T.mxfp8_tensor("2.20.2", 64, 64))
+    with pytest.raises(UnknownStorageNameError, match="MXFP8Storage has no field 'rowwise_dta'; expected one of owner"):
+        s.need("rowwise_dta")
+    assert s.need(te_compat.StorageName.ROWWISE_DATA) is s.rowwise_data  # the enum names the field too
+
+
+def test_float8_shape_comes_from_the_transpose_when_data_is_gone(installed_te: Installer) -> None:
+    # Float8's transpose is [K] + shape[:-1] (TE's _create_transpose); a storage-only object with
+    # only the transpose has the logical shape back from it
+    installed_te("2.20.2")
+    st = make_standin(
+        "2.20.2",
+        T.storage_class_path("2.20.2", "Float8Tensor"),
+        {"_data": None, "_transpose": torch.zeros(48, 2, 16, dtype=torch.uint8), "_scale_inv": torch.ones(1)},
+    )
+    assert te_compat.float8_storage(st).shape == (2, 16, 48)
+
+
+FLAG_ATTRS = [
+    ("MXFP8Tensor", "_with_gemm_swizzled_scales", "2.12.0"),
+    ("NVFP4Tensor", "_with_gemm_swizzled_scales", "2.12.0"),
+    ("NVFP4Tensor", "_row_scaled_nvfp4", "2.16.0"),
+    ("NVFP4Tensor", "_nvfp4_use_4over6", "2.17.0"),
+    ("Float8BlockwiseQTensor", "_is_2D_scaled", "2.3.0"),
+    ("GroupedTensor", "_with_gemm_swizzled_scales", "2.14.0"),
+]
+
+
+def _make(name: str, release: str, **attrs: object) -> tuple[object, Callable[[object], object]]:
+    if name == "MXFP8Tensor":
+        return T.mxfp8_tensor(release, 64, 64, **attrs), te_compat.mxfp8_storage
+    if name == "NVFP4Tensor":
+        return T.nvfp4_tensor(release, 64, 64, **attrs), te_compat.nvfp4_storage
+    if name == "Float8BlockwiseQTensor":
+        return T.blockwise_tensor(release, 128, 128, **attrs), te_compat.blockwise_storage
+    g = T.grouped_tensor(release, 2, 64, 64, mxfp8=True)
+    for attr, value in attrs.items():
+        setattr(g, attr, value)
+    return g, te_compat.grouped_storage
+
+
+@pytest.mark.parametrize(("name", "attr", "release"), FLAG_ATTRS)
+@pytest.mark.parametrize("value", ["False", "True", "", 0, 1, None])
+def test_a_flag_that_is_not_a_bool_is_a_named_error(
+    name: str, attr: str, release: str, value: object, installed_te: Installer
+) -> None:
+    installed_te(release)
+    obj, snapshot = _make(name, release, **{attr: value})
+    if value is None and attr != "_is_2D_scaled":  # TE's "not set": the flag reads False or None
+        snapshot(obj)
+        return
+    expected = StorageNotFoundError if value is None else StorageValueError
+    with pytest.raises(expected) as info:
+        snapshot(obj)
+    if value is not None:
+        message = str(info.value)
+        assert name in message and repr(attr) in message and f"TE {release}" in message
+        assert f"found {type(value).__name__} {value!r}" in message and "expected to be a bool" in message
+        assert isinstance(info.value, TypeError) and isinstance(info.value, UnsupportedTensorError)
+
+
+@pytest.mark.parametrize("value", ["abc", "448", 448.0, True, None])
+def test_the_nvfp4_e4m3_max_must_be_an_int(value: object, installed_te: Installer) -> None:
+    installed_te("2.17.0")
+    p = T.nvfp4_tensor("2.17.0", 64, 64, _nvfp4_e4m3_max=value)
+    if value is None:
+        assert te_compat.nvfp4_storage(p).nvfp4_e4m3_max is None
+        return
+    with pytest.raises(StorageValueError, match=r"NVFP4Tensor: attribute '_nvfp4_e4m3_max' .* expected to be an int"):
+        te_compat.nvfp4_storage(p)
+    assert te_compat.nvfp4_storage(T.nvfp4_tensor("2.17.0", 64, 64, _nvfp4_e4m3_max=256)).nvfp4_e4m3_max == 256
+
+
+def test_a_tensor_slot_holding_something_else_is_a_named_error(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    for make, snapshot in [
+        (lambda: T.mxfp8_tensor("2.20.2", 64, 64, _rowwise_scale_inv=[1, 2]), te_compat.mxfp8_storage),
+        (lambda: T.nvfp4_tensor("2.20.2", 64, 64, _amax_rowwise=1.0), te_compat.nvfp4_storage),
+    ]:
+        with pytest.raises(StorageValueError, match="is expected to be a torch.Tensor or None; found"):
+            snapshot(make())

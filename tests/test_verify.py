@@ -188,7 +188,9 @@ def test_no_te_and_bad_input(installed_te: Installer, tmp_path: Path, te_source:
         verify_installed(tmp_path, "2.20.2")
     installed_te("not a version")
     with pytest.raises(TEVersionError, match="cannot verify the installed Transformer Engine"):
-        verify_installed(te_source("2.20.2"))
+        verify_installed()
+    # a source tree given says its own release (here its dist-info): the installed TE's is not asked
+    assert verify_installed(te_source("2.20.2")).release == "2.20.2"
     with pytest.raises(TEVersionError, match="'2.x'"):
         verify_installed(te_source("2.20.2"), "2.x")
 
@@ -240,3 +242,84 @@ def test_an_unparsable_source_file_is_a_named_error_not_a_crash(tmp_path) -> Non
         te_compat.TECompatError, match=r"cannot read Transformer Engine source .*broken\.py.*SyntaxError"
     ):
         te_compat.verify_installed(source_dir=tmp_path / "transformer_engine", release="2.20.2")
+
+
+# ---- a source tree that cannot be read, or that says which release it is ----
+
+
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [(b'NAME = "\xff\xfe"\n', "not UTF-8"), (b"class Broken(:\n", "not Python"), (b"x = 1\x00\n", "a NUL byte")],
+)
+def test_cli_verify_an_unreadable_source_file_is_one_line_and_exit_2(
+    content: bytes, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "transformer_engine" / "pytorch" / "tensor" / "broken.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(content)
+    assert main(["verify", "--source", str(tmp_path), "--release", "2.20.2"]) == 2, what
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert (
+        captured.err.startswith("te-compat verify: cannot read Transformer Engine source")
+        and "broken.py" in captured.err
+    )
+    assert main(["verify", "--json", "--source", str(tmp_path), "--release", "2.20.2"]) == 2
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["ok"] is False and "broken.py" in data["error"] and "SyntaxError" in data["error"]
+
+
+def test_cli_verify_source_reads_the_release_the_tree_states(
+    te_source: Unpacker, installed_te: Installer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # an unpacked wheel states its release in its dist-info; the installed TE (none, or another
+    # release) is not asked
+    for installed in (None, "2.20.2"):
+        installed_te(installed)
+        assert main(["verify", "--json", "--source", str(te_source("2.14.1"))]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["release"] == "2.14.1" and data["ok"] is True
+        assert {"grouped 2.14 +", "mxfp8 2.12 +"} <= set(data["rows"])
+
+
+def test_a_te_checkout_states_its_release_in_build_tools(te_source: Unpacker, tmp_path: Path) -> None:
+    # TE's own build reads the first line of build_tools/VERSION.txt (build_tools/te_version.py),
+    # "2.21.0-dev0" on its main branch
+    checkout = tmp_path / "TransformerEngine"
+    shutil.copytree(te_source("2.20.2") / "transformer_engine", checkout / "transformer_engine")
+    (checkout / "build_tools").mkdir()
+    (checkout / "build_tools" / "VERSION.txt").write_text("2.21.0-dev0\n")
+    result = verify_installed(checkout)
+    assert result.release == "2.21.0.dev0" and result.beyond_table and result.ok
+    assert verify_installed(checkout / "transformer_engine").release == "2.21.0.dev0"
+    assert verify_installed(checkout, "2.20.2").release == "2.20.2"  # --release wins
+
+
+def test_a_tree_that_states_no_release_asks_for_one(
+    te_source: Unpacker, tmp_path: Path, installed_te: Installer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    installed_te("2.20.2")
+    bare = shutil.copytree(te_source("2.20.2") / "transformer_engine", tmp_path / "transformer_engine")
+    with pytest.raises(
+        TEVersionError, match=r"cannot tell which TE release the source at .* te-compat verify --release"
+    ):
+        verify_installed(bare)
+    assert main(["verify", "--source", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell which TE release" in err and "--release VERSION" in err and err.count("\n") == 1
+    assert main(["verify", "--source", str(tmp_path), "--release", "2.20.2"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"release": 2.14}, r"release: expected a version string such as '2.14.1'.*; found float 2.14"),
+        ({"release": b"2.14"}, r"release: expected .*; found bytes b'2.14'"),
+        ({"source_dir": 123}, r"source_dir: expected a path \(str or os.PathLike\) or None; found int 123"),
+        ({"source_dir": ["te"]}, r"source_dir: expected a path .*; found list \['te'\]"),
+    ],
+)
+def test_verify_installed_names_a_bad_argument(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        verify_installed(**kwargs)  # type: ignore[arg-type]

@@ -111,15 +111,24 @@ def test_module_version_wins_when_imported(tmp_path: Path) -> None:
     assert out == "2.14.1 transformer_engine.__version__"
 
 
+def fake_te(root: Path, *, metadata: str | None, init: str = "", pytorch_init: str = "") -> Path:
+    """A transformer_engine package in ``root`` (for sys.path): with a dist-info of version
+    ``metadata`` or none (a source checkout), and the given ``__init__`` sources."""
+    if metadata is not None:
+        info = root / f"transformer_engine-{metadata}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: transformer_engine\nVersion: {metadata}\n")
+    pkg = root / "transformer_engine"
+    (pkg / "pytorch").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(init)
+    (pkg / "pytorch" / "__init__.py").write_text(pytorch_init)
+    return root
+
+
 def test_te_whose_import_raises_is_present_but_unusable(tmp_path: Path) -> None:
     # A TE that installs (metadata) but whose native loader fails, as on a machine without CUDA.
-    info = tmp_path / "transformer_engine-2.20.2.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: transformer_engine\nVersion: 2.20.2\n")
-    pkg = tmp_path / "transformer_engine"
-    (pkg / "pytorch").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "pytorch" / "__init__.py").write_text("raise OSError('libcudart.so.13: cannot open shared object file')\n")
+    raises = "raise OSError('libcudart.so.13: cannot open shared object file')\n"
+    fake_te(tmp_path, metadata="2.20.2", pytorch_init=raises)
     out = _run(
         """
         import json, te_compat
@@ -193,3 +202,26 @@ def test_te_in_table_up_to_the_last_checked_release(installed: str, in_table: bo
     caps = te_compat.capabilities(import_te=False)
     assert caps.te_in_table is in_table
     assert caps.table_checked_through == LAST_CHECKED
+
+
+def test_a_te_without_metadata_has_its_version_once_imported(tmp_path: Path) -> None:
+    # A TE source checkout on PYTHONPATH has no dist-info: before its import, only find_spec sees
+    # it (no version); once imported, its __version__ is the version, for every later question.
+    fake_te(tmp_path, metadata=None, init="__version__ = '2.14.1'\n")
+    out = _run(
+        """
+        import json, te_compat
+        before = te_compat.te_status()
+        caps = te_compat.capabilities(verify=False)
+        after = te_compat.te_status()
+        print(json.dumps([before.version is None, before.source, caps.te_version, caps.te_usable,
+                          str(after.version), after.source, str(te_compat.te_version()), caps.tensor_kinds]))
+        """,
+        tmp_path,
+    )
+    import json
+
+    no_version, source, caps_version, usable, version, after_source, te_version, kinds = json.loads(out)
+    assert no_version is True and source == "transformer_engine (no version metadata)"
+    assert caps_version == "2.14.1" and usable is True and "grouped" in kinds
+    assert version == te_version == "2.14.1" and after_source == "transformer_engine.__version__"
