@@ -38,7 +38,7 @@ from mok.per_expert import split_weight_view
 from mok.shared_expert import prepare_shared_expert_config
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
-from te_compat import TECompatError, TensorKind, grouped_storage, known_storage_name, storage_field, tensor_kind
+from te_compat import TECompatError, TensorKind, grouped_storage, known_storage_name, storage_field, tensor_kind_or_none
 
 __all__ = [
     "_SHARED_EXPERT_BF16_WARNING_EMITTED",
@@ -138,10 +138,8 @@ def _seams_are_own(names: Sequence[str] = _SEAMS) -> bool:
 
 def _te_kind(obj: object) -> TensorKind | None:
     """te_compat's kind of a TE class its table covers; None for plain tensors and other objects."""
-    if isinstance(obj, torch.Tensor) or type(obj).__module__.startswith("transformer_engine."):
-        kind = tensor_kind(obj)
-        return None if kind in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED) else kind
-    return None
+    kind = tensor_kind_or_none(obj)
+    return None if kind in (None, TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED) else kind
 
 
 def _logical(name: str, kind: TensorKind) -> str | None:

@@ -19,7 +19,15 @@ from te_compat.errors import (
 )
 from te_compat.gemm_layout import GemmLayoutEntry, GemmLayoutReport, GemmLayoutStatus, request_gemm_layout_scales
 from te_compat.names import known_storage_name, logical_storage_name
-from te_compat.probe import StorageReader, storage_attr, storage_field, storage_fingerprint, storage_reader, tensor_kind
+from te_compat.probe import (
+    StorageReader,
+    storage_attr,
+    storage_field,
+    storage_fingerprint,
+    storage_reader,
+    tensor_kind,
+    tensor_kind_or_none,
+)
 from te_compat.snapshots import (
     BlockwiseStorage,
     Float8Storage,
@@ -99,5 +107,6 @@ __all__ = [
     "te_status",
     "te_version",
     "tensor_kind",
+    "tensor_kind_or_none",
     "verify_installed",
 ]
