@@ -27,7 +27,26 @@ from mok.refresh import RefreshPlan
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, eq=False)
+def _brief(value: object) -> str:
+    """``value`` for a repr without printing a tensor's values (nor calling a TE tensor's repr,
+    which would dequantize it): dtype, shape and device; per-expert tuples by count."""
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype}{list(value.shape)} {value.device}"
+    if isinstance(value, Format):
+        return value.value
+    if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
+        shapes = sorted({_brief(v) for v in value})
+        return f"{len(value)} x {shapes[0]}" if len(shapes) == 1 else f"{len(value)} tensors ({', '.join(shapes)})"
+    return repr(value)
+
+
+def _repr(obj: object) -> str:
+    fields_ = getattr(obj, "__dataclass_fields__", {})
+    parts = ", ".join(f"{n}={_brief(getattr(obj, n))}" for n, f in fields_.items() if f.repr)
+    return f"{type(obj).__name__}({parts})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class ViewDirection:
     """One direction of a view: what a kernel reads for one GEMM operand.
 
@@ -46,6 +65,8 @@ class ViewDirection:
     scales_zero_copy: bool = False
     amax: tuple[torch.Tensor, ...] | None = None
     amax_ptrs: torch.Tensor | None = None
+
+    __repr__ = _repr
 
 
 class _Flat(Generic[T]):
@@ -72,7 +93,7 @@ class _Flat(Generic[T]):
 Tensors = tuple[torch.Tensor, ...]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class ExpertWeights:
     """What both view types are: ``num_experts`` weights ``(rows, columns)`` of ``format`` and
     their directions (``columnwise`` None where TE keeps none). ``refresh_plan`` reruns the
@@ -86,6 +107,8 @@ class ExpertWeights:
     columnwise: ViewDirection | None = None
     refresh_plan: RefreshPlan = field(default_factory=RefreshPlan, repr=False)
 
+    __repr__ = _repr
+
     @property
     def use_mxfp8(self) -> bool:
         return self.format is Format.MXFP8
@@ -98,7 +121,7 @@ class ExpertWeights:
     col_scales_zero_copy = _Flat[bool | None]("columnwise", "scales_zero_copy")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class GroupedExpertWeights(ExpertWeights):
     """Views over one grouped Parameter of shape ``(E, rows, columns)``: each direction's data,
     scales and amax are one tensor over every expert.
@@ -117,7 +140,7 @@ class GroupedExpertWeights(ExpertWeights):
     col_amax = _Flat[torch.Tensor | None]("columnwise", "amax", first=True)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class SplitExpertWeights(ExpertWeights):
     """Views over one Parameter per expert, with device pointer tables for a kernel: each
     direction's data, scales and amax are one tensor per expert, with an int64 table of their

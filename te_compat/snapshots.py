@@ -15,6 +15,7 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from te_compat.errors import StorageNotFoundError, StorageValueError, UnknownStorageNameError, UnsupportedTensorError
@@ -59,13 +60,19 @@ def _not_found(obj: object, name: str) -> StorageNotFoundError:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class StorageSnapshot:
     """What every snapshot has: the object read (``owner``) and :meth:`need`."""
 
     owner: object
     # field -> the logical storage name it holds, where the two differ (hybrid's directions)
     _storage_names: ClassVar[dict[str, str]] = {}
+
+    def __repr__(self) -> str:
+        """Class, shapes, dtypes, devices and flags; never TE's own repr of a tensor (TE's
+        ``MXFP8Tensor.__repr__`` dequantizes the whole tensor)."""
+        parts = ", ".join(f"{f.name}={brief(getattr(self, f.name))}" for f in fields(self))
+        return f"{type(self).__name__}({parts})"
 
     def need(self, name: str) -> Any:
         """The named field, or StorageNotFoundError naming the attribute, class and TE release."""
@@ -77,6 +84,22 @@ class StorageSnapshot:
         if value is None:
             raise _not_found(self.owner, self._storage_names.get(name, name))
         return value
+
+
+def brief(value: object) -> str:
+    """``value`` for a repr, without calling a tensor's own repr or str: a tensor (TE's or
+    torch's) as its class, dtype, shape and device; a sequence of them by count; an object of
+    another class by name; plain values (numbers, flags, strings, shapes) as they are."""
+    if is_torch_tensor(type(value)):
+        t: Any = value
+        name = "" if type(value).__module__.startswith("torch") else f"{type(value).__name__} "
+        return f"{name}{t.dtype}{list(t.shape)} {t.device}"
+    if isinstance(value, (tuple, list)) and value and not all(isinstance(v, (int, float, str)) for v in value):
+        kinds = sorted({brief(v) if not is_torch_tensor(type(v)) else type(v).__name__ for v in value})
+        return f"{len(value)} x {' | '.join(kinds)}"
+    if value is None or isinstance(value, (bool, int, float, str, tuple, list, Enum)):
+        return repr(value)
+    return f"<{type(value).__name__}>"
 
 
 def _is_tensor(value: object) -> bool:
@@ -154,7 +177,7 @@ def _logical_shape(obj: object, payloads: list[tuple[torch.Tensor | None, bool]]
     raise StorageNotFoundError(f"{class_path(type(obj))}: no shape and no data to take it from")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class MXFP8Storage(StorageSnapshot):
     """The buffers of one MXFP8 tensor. Payloads are uint8 ``[M, K]`` (columnwise too, not
     transposed); scales are uint8 and padded by TE (see ``docs``/the layout spec)."""
@@ -167,7 +190,7 @@ class MXFP8Storage(StorageSnapshot):
     scales_swizzled: bool  # TE 2.12+: scales already in GEMM layout; always False before
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Float8Storage(StorageSnapshot):
     """The buffers of one Float8 (per-tensor scaled) tensor."""
 
@@ -177,7 +200,7 @@ class Float8Storage(StorageSnapshot):
     scale_inv: torch.Tensor | None  # fp32 [1]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GroupedStorage(StorageSnapshot):
     """The buffers of one GroupedTensor (all experts in flat 1-D buffers)."""
 
@@ -269,7 +292,7 @@ def grouped_storage(param: object) -> GroupedStorage:
 # --- NVFP4 -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class NVFP4Storage(StorageSnapshot):
     """The buffers of one NVFP4 tensor (TE 2.8+), as TE's source shapes them (checked in every
     release 2.8-2.20.2: NVFP4Quantizer.get_scale_shape, get_columnwise_shape and
@@ -330,7 +353,7 @@ def nvfp4_storage(param: object) -> NVFP4Storage:
 # --- Float8 blockwise --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class BlockwiseStorage(StorageSnapshot):
     """The buffers of one Float8 blockwise tensor (TE 2.3+), as Float8BlockQuantizer shapes them
     (pytorch/tensor/float8_blockwise_tensor.py: get_scale_shape, get_columnwise_shape,
@@ -388,7 +411,7 @@ def blockwise_storage(param: object) -> BlockwiseStorage:
 # --- Hybrid (TE 2.19+) -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class HybridStorage(StorageSnapshot):
     """The two sub-storages of a HybridQuantizedTensor (TE 2.19+, experimental; PR 2817).
 

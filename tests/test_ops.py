@@ -8,12 +8,14 @@ these checks are in tests/gpu/test_ops_gpu.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mok
+import te_compat
 from mok import work
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
@@ -209,3 +211,44 @@ def test_logical_scales_of_te_tensors(installed_te: Installer) -> None:
         mok.logical_scales(q, direction="up")
     with pytest.raises(mok.ExpertWeightError, match="expected a view, or a TE MXFP8 or NVFP4 tensor"):
         mok.logical_scales(torch.zeros(4, 4))
+
+
+# ------------------------------------------------------------------ reprs
+
+
+class Unprintable(torch.Tensor):
+    """A tensor whose own repr and str fail, as printing TE's MXFP8Tensor dequantizes it."""
+
+    def __repr__(self, *args: object, **kwargs: object) -> str:
+        raise AssertionError("the tensor's own repr was called")
+
+    __str__ = __repr__  # type: ignore[assignment]
+
+
+def _unprintable(t: torch.Tensor) -> torch.Tensor:
+    return t.as_subclass(Unprintable)
+
+
+def test_snapshot_repr_names_shapes_and_flags_only(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    p = T.mxfp8_tensor(
+        "2.20.2", 160, 96, param=True, _rowwise_scale_inv=_unprintable(torch.zeros(256, 4, dtype=torch.uint8))
+    )
+    text = repr(te_compat.mxfp8_storage(p))  # the owner is a stand-in whose dispatch fails too
+    assert text.startswith("MXFP8Storage(owner=MXFP8Tensor torch.bfloat16[160, 96] cpu, shape=(160, 96)")
+    assert "rowwise_scale_inv=Unprintable torch.uint8[256, 4] cpu" in text and "scales_swizzled=False" in text
+    g = T.grouped_tensor("2.20.2", 3, 128, 64, mxfp8=True)
+    assert "members=3 x MXFP8Tensor" in repr(te_compat.grouped_storage(g))
+
+
+def test_view_repr_names_shapes_and_formats_only(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", 160, 96, seed=e, param=True) for e in range(3)]
+    v = mok.split_weight_view(ps, rows=160, columns=96, use_mxfp8=True)
+    hidden = replace(v, rowwise=replace(v.rowwise, data=tuple(_unprintable(d) for d in v.rowwise.data)))
+    text = repr(hidden)
+    assert text.startswith(
+        "SplitExpertWeights(num_experts=3, rows=160, columns=96, format=mxfp8, rowwise=ViewDirection("
+    )
+    assert "data=3 x torch.float8_e4m3fn[160, 96] cpu" in text and "scales=3 x torch.uint8[2, 1, 32, 16] cpu" in text
+    assert str(hidden) == text
