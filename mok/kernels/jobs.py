@@ -202,7 +202,10 @@ def jobs_of(work: Sequence[Any]) -> list[Job | JobGroup]:
             raise LayoutError(f"scale work item {i} is both a copy and an inverse; expected one of them")
         first.setdefault(inverse, i)
         if len(first) > 1:
-            raise LayoutError(f"scale work items {first[False]} and {first[True]}: {MIXED_DIRECTIONS}")
+            raise LayoutError(
+                f"scale work item {first[True]} is an inverse and item {first[False]} a conversion or copy; "
+                f"{MIXED_DIRECTIONS}"
+            )
         if copy:
             jobs.append(copy_job(src, dst))
             continue
