@@ -194,6 +194,17 @@ __device__ __forceinline__ int thread_in_unit() {
   return N == THREADS ? (int)threadIdx.x : PART_THREAD;
 }
 
+// Piece p of thread t among the N threads of a unit W tiles wide (rows and gather): item t+N*p is
+// row item/(W/4), columns 16*(item%(W/4))..+15 of the unit.
+struct Piece {
+  int row, col;
+};
+template <int N, int W>
+__device__ __forceinline__ Piece piece(const int t, const int p) {
+  const int item = t + p * N;
+  return {item / (W / 4), (item % (W / 4)) * 16};
+}
+
 template <bool COLS, int N, int W>
 __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
   static_assert(ROWS * W / 4 == PIECES * N, "every thread of a unit reads PIECES 16-byte pieces");
@@ -217,11 +228,9 @@ __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
     }
     return;
   }
-  constexpr int PER_ROW = W / 4;  // 16-byte pieces per unit row
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
-    const int item = t + p * N;
-    const int row = item / PER_ROW, col = (item % PER_ROW) * 16;
+    const auto [row, col] = piece<N, W>(t, p);
     const bool full = row < U.rv && col + 16 <= U.cv;
     if (U.mode == MODE_ROWS && full && U.vec == 16) {
       v[p] = __ldg(reinterpret_cast<const uint4*>(U.src + (long long)(U.r0 + row) * U.rs + U.c0 + col));
@@ -284,12 +293,11 @@ __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES],
     }
     return;
   }
-  constexpr int PER_ROW = W / 4;
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
-    const int item = t + p * N;
-    if ((item % PER_ROW) * 16 >= U.ntiles * 4) continue;  // columns write_tiles never reads (a short unit)
-    unsigned* o = reinterpret_cast<unsigned*>(tile + (item / PER_ROW) * P + (item % PER_ROW) * 16);
+    const auto [row, col] = piece<N, W>(t, p);
+    if (col >= U.ntiles * 4) continue;  // columns write_tiles never reads (a short unit)
+    unsigned* o = reinterpret_cast<unsigned*>(tile + row * P + col);
     o[0] = v[p].x;
     o[1] = v[p].y;
     o[2] = v[p].z;
@@ -573,11 +581,9 @@ __device__ __forceinline__ void restore_unit(const Unit& U, unsigned char* tile)
     }
     return;
   }
-  constexpr int PER_ROW = W / 4;  // 16-byte pieces per unit row
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
-    const int item = t + p * THREADS;
-    const int row = item / PER_ROW, col = (item % PER_ROW) * 16;
+    const auto [row, col] = piece<THREADS, W>(t, p);
     if (row >= U.rv || col >= U.cv) continue;
     const unsigned* s = reinterpret_cast<const unsigned*>(tile + row * P + col);
     unsigned char* o = out + (long long)(U.r0 + row) * U.rs + (long long)(U.c0 + col) * U.cs;
