@@ -294,32 +294,64 @@ def inverse_per_expert(
     return make
 
 
-def _inverse_odd(g: torch.Generator) -> Pairs:
+def inverse_odd(device: str = "cpu") -> Callable[[torch.Generator], Pairs]:
     """A gather (every other row, every third column), one row, one column, and 1-byte rows."""
-    gather = marked((2, 90, 60), (90 * 60, 60, 1))[:, ::2, ::3]
+
+    def make(g: torch.Generator) -> Pairs:
+        gather = marked((2, 90, 60), (90 * 60, 60, 1), 0, device)[:, ::2, ::3]
+        return [
+            (_layout(g, 2, 45, 20, device), gather),
+            (_layout(g, 1, 1, 5, device), marked((1, 1, 5), (5, 5, 1), 0, device)),
+            (_layout(g, 1, 130, 1, device), marked((1, 130, 1), (130, 1, 1), 3, device)),
+            (_layout(g, 3, 160, 7, device), marked((3, 160, 7), (160 * 7, 7, 1), 1, device)),
+        ]
+
+    return make
+
+
+def inverse_cases(device: str = "cpu") -> list[InverseCase]:
+    """The inverse cases with their tensors on ``device`` (tests/gpu runs them on the GPU)."""
     return [
-        (_layout(g, 2, 45, 20), gather),
-        (_layout(g, 1, 1, 5), marked((1, 1, 5), (5, 5, 1))),
-        (_layout(g, 1, 130, 1), marked((1, 130, 1), (130, 1, 1), 3)),
-        (_layout(g, 3, 160, 7), marked((3, 160, 7), (160 * 7, 7, 1), 1)),
+        ("inverse rows aligned E=3 256x32", inverse_rows(3, 256, 32, 32, 0, device)),
+        ("inverse rows padded E=2 300x57, stride 60", inverse_rows(2, 300, 57, 60, 0, device)),
+        ("inverse rows TE-padded E=2 200x225, stride 228", inverse_rows(2, 200, 225, 228, 0, device)),
+        ("inverse rows 16-byte stride E=2 130x101, stride 112", inverse_rows(2, 130, 101, 112, 0, device)),
+        ("inverse rows wide E=1 130x300, stride 304", inverse_rows(1, 130, 300, 304, 0, device)),
+        ("inverse rows 1-byte E=2 200x13, offset 1", inverse_rows(2, 200, 13, 13, 1, device)),
+        ("inverse columns TE-padded E=2 544x65, stride 640", inverse_columns(2, 544, 65, 640, device)),
+        ("inverse columns E=1 200x30, stride 204", inverse_columns(1, 200, 30, 204, device)),
+        ("inverse columns E=2 130x9, stride 131", inverse_columns(2, 130, 9, 131, device)),
+        ("inverse many experts E=9 130x20", inverse_rows(9, 130, 20, 20, 0, device)),
+        ("inverse per-expert tables E=5 300x57", inverse_per_expert(5, 300, 57, False, device)),
+        ("inverse per-expert tables, one misaligned, E=3 130x9", inverse_per_expert(3, 130, 9, True, device)),
+        ("inverse gather, one row, one column, 1-byte rows", inverse_odd(device)),
     ]
 
 
-INVERSE_CASES: list[InverseCase] = [
-    ("inverse rows aligned E=3 256x32", inverse_rows(3, 256, 32, 32)),
-    ("inverse rows padded E=2 300x57, stride 60", inverse_rows(2, 300, 57, 60)),
-    ("inverse rows TE-padded E=2 200x225, stride 228", inverse_rows(2, 200, 225, 228)),
-    ("inverse rows 16-byte stride E=2 130x101, stride 112", inverse_rows(2, 130, 101, 112)),
-    ("inverse rows wide E=1 130x300, stride 304", inverse_rows(1, 130, 300, 304)),
-    ("inverse rows 1-byte E=2 200x13, offset 1", inverse_rows(2, 200, 13, 13, 1)),
-    ("inverse columns TE-padded E=2 544x65, stride 640", inverse_columns(2, 544, 65, 640)),
-    ("inverse columns E=1 200x30, stride 204", inverse_columns(1, 200, 30, 204)),
-    ("inverse columns E=2 130x9, stride 131", inverse_columns(2, 130, 9, 131)),
-    ("inverse many experts E=9 130x20", inverse_rows(9, 130, 20, 20)),
-    ("inverse per-expert tables E=5 300x57", inverse_per_expert(5, 300, 57)),
-    ("inverse per-expert tables, one misaligned, E=3 130x9", inverse_per_expert(3, 130, 9, misaligned=True)),
-    ("inverse gather, one row, one column, 1-byte rows", _inverse_odd),
-]
+INVERSE_CASES = inverse_cases()
+
+
+def inverse_reference(pairs: Pairs) -> list[torch.Tensor]:
+    """Each output's whole buffer as it must be after the inverse of ``pairs``: the reference's
+    bytes in the view, the buffer's own (MARK) elsewhere. Each output has a buffer of its own."""
+    wants = []
+    for layout, out in pairs:
+        want = _buffer(out).clone()
+        unswizzle_reference(layout, want.as_strided(out.shape, out.stride(), out.storage_offset()))
+        wants.append(want)
+    return wants
+
+
+def compare_buffers(pairs: Pairs, wants: list[torch.Tensor], what: str) -> None:
+    """Raise AssertionError naming the first bytes where an output's buffer differs from its want."""
+    for i, ((_, out), want) in enumerate(zip(pairs, wants, strict=True)):
+        got = _buffer(out)
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero().flatten()[:5].tolist()
+            raise AssertionError(
+                f"{what}: item {i} differs from the reference at buffer bytes {bad}, the view starting at byte "
+                f"{out.storage_offset()}"
+            )
 
 
 def check_inverse(
@@ -329,20 +361,9 @@ def check_inverse(
     the view) against the reference's."""
     g = torch.Generator().manual_seed(len(name) * 7919 + config.threads + grid)
     pairs = make(g)
-    wants = []
-    for layout, out in pairs:
-        want = _buffer(out).clone()
-        unswizzle_reference(layout, want.as_strided(out.shape, out.stride(), out.storage_offset()))
-        wants.append(want)
+    wants = inverse_reference(pairs)
     run([ScaleWork(layout, out, inverse=True) for layout, out in pairs], config, grid, kernel_dir)
-    for i, ((_, out), want) in enumerate(zip(pairs, wants, strict=True)):
-        got = _buffer(out)
-        if not torch.equal(got, want):
-            bad = (got != want).nonzero().flatten()[:5].tolist()
-            raise AssertionError(
-                f"{name}: item {i} differs from the reference at buffer bytes {bad}, the view starting at byte "
-                f"{out.storage_offset()} (shape {config}, grid {grid})"
-            )
+    compare_buffers(pairs, wants, f"{name} (shape {config}, grid {grid})")
 
 
 def _buffer(t: torch.Tensor) -> torch.Tensor:

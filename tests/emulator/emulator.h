@@ -40,9 +40,8 @@ using std::max;
 using std::min;
 
 std::atomic<int> emu_errors{0};
-inline void emu_fail(const char* what) {
-  std::fprintf(stderr, "emulator: %s\n", what);
-  emu_errors++;
+inline void emu_fail(const char* what) {  // counted; the first few printed
+  if (emu_errors++ < 20) std::fprintf(stderr, "emulator: %s\n", what);
 }
 // The source bytes a launch may read, [lo, hi) each (registered by emulate.py through
 // mok_emulate): a read outside them would be outside the tensors the kernel was given, which on
