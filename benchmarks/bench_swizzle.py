@@ -32,6 +32,9 @@ Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as
   TE discrete    TE 2.18+ grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights
                  (eager; g:TE discrete its graph replay)
 The compat keys ``g:kernel/copy``, ``g:exp/copy`` and ``kernel/exp`` are the first shape's.
+The ``inverse`` row (ROW_CASES[0]) times the inverse kernel bringing layouts back into TE's padded
+rowwise buffers, in the same columns: ``kernel`` and ``exp`` are the inverse, grouped and per
+expert; the copies copy the layout buffers it reads; no TE columns, no ``g:slices``.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ import mok
 from mok.kernels.config import SHAPE_ENV, KernelConfig, launch_shapes
 from mok.kernels.jobs import Job, convert_job, copy_job
 from mok.kernels.launch import Launch
-from mok.layout import swizzle_reference
+from mok.layout import swizzle_reference, unswizzle_reference
+from mok.work import ScaleWork, run_work
 
 Fn = Callable[[], object]
 ROW_CASES = [(256, 2048, 7168), (32, 4096, 7168), (8, 7168, 2048), (1, 65536, 7168), (256, 2080, 7200)]
@@ -66,6 +70,11 @@ STARTING_SHAPE = os.environ.get(SHAPE_ENV)  # the shape "default" stands for
 
 def _ru(v: int, m: int) -> int:
     return -(-v // m) * m
+
+
+def _sizes(e: int, m: int, k: int, dry: bool) -> tuple[int, int, int]:
+    """A case's (E, M, K): as given, or a dry run's tiny ones (padded where the case is)."""
+    return (DRY[e], m // 16 + (m % 128), k // 16 + (k % 128)) if dry else (e, m, k)
 
 
 @dataclass
@@ -150,6 +159,11 @@ class Case:
     notes: dict[str, str] = field(default_factory=dict)  # column -> why it is missing
     runs: list[dict[str, float]] = field(default_factory=list)
     equal: dict[str, bool] = field(default_factory=dict)
+    inverse: bool = False  # the checks' pairs are (layout, logical output)
+
+    def reference(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The torch reference's result for one checked pair, written into ``out``."""
+        return unswizzle_reference(src, out) if self.inverse else swizzle_reference(src, out)
 
 
 def use_shape(spec: str) -> None:
@@ -204,6 +218,29 @@ def matrix_case(kind: str, e: int, m: int, k: int, clock: Clock, shapes: list[st
     case.checks.append((shapes[0], sliced, [(batch, out)]))
     if te and kind == "rowwise" and dev.type == "cuda":
         te_columns(case, e, m, k, clock)
+    return case
+
+
+def inverse_case(e: int, m: int, k: int, clock: Clock, shapes: list[str]) -> Case:
+    """The inverse of the rowwise case: layouts (grouped, and one per expert) back into the logical
+    regions of TE's padded buffers, bounded by copies of the layouts it reads."""
+    dev = clock.device
+    batch, _ = logical("rowwise", e, m, k, dev)
+    per_expert = [logical("rowwise", 1, m, k, dev)[0] for _ in range(e)]
+    backend = "cuda" if dev.type == "cuda" else "torch"
+    layout = mok.swizzle_mxfp8_scales(batch, backend=backend)
+    layouts = [mok.swizzle_mxfp8_scales(p, backend=backend) for p in per_expert]
+    case = Case(f"inverse rowwise E={e} {m}x{k}", 2 * batch.numel(), inverse=True)
+    src = torch.randint(0, 256, (batch.numel(),), dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    case.fns["g:copy"] = clock.graph(lambda: dst.copy_(src))
+    _copy_columns(case, clock, shapes, [layout], layouts)
+    grouped = lambda: run_work([ScaleWork(layout, batch, inverse=True)], backend)  # noqa: E731
+    items = [ScaleWork(la, p, inverse=True) for la, p in zip(layouts, per_expert, strict=True)]
+    separate = lambda: run_work(items, backend)  # noqa: E731
+    _shape_columns(case, clock, shapes, grouped, separate)
+    pairs = [(layout, batch)] + [(la, p) for la, p in zip(layouts, per_expert, strict=True)]
+    case.checks = [(v, lambda: (grouped(), separate()), pairs) for v in shapes]
     return case
 
 
@@ -343,8 +380,8 @@ def check(case: Case, device: torch.device) -> None:
             torch.cuda.synchronize()
         else:  # a dry run: the reference against itself, to exercise the comparison
             for s, o in pairs:
-                swizzle_reference(s, o)
-        same = all(torch.equal(o, swizzle_reference(s, torch.empty_like(o))) for s, o in pairs)
+                case.reference(s, o)
+        same = all(torch.equal(o, case.reference(s, torch.empty_like(o))) for s, o in pairs)
         case.equal[shape] = case.equal.get(shape, True) and same  # a shape may have several checks
 
 
@@ -456,9 +493,8 @@ def main() -> None:
     cases = []
     for kind, sizes in (("rowwise", ROW_CASES), ("columnwise", COL_CASES)):
         for e, m, k in sizes:
-            if args.dry_run:
-                e, m, k = DRY[e], m // 16 + (m % 128), k // 16 + (k % 128)
-            cases.append(matrix_case(kind, e, m, k, clock, shapes, not args.no_te))
+            cases.append(matrix_case(kind, *_sizes(e, m, k, args.dry_run), clock, shapes, not args.no_te))
+    cases.append(inverse_case(*_sizes(*ROW_CASES[0], args.dry_run), clock, shapes))
     cases.append(layer_case(clock, shapes, args.dry_run))
     for case in cases:
         check(case, device)

@@ -6,11 +6,13 @@ launch), or the shapes named as arguments.
     compute-sanitizer --tool racecheck python benchmarks/sanitizer_case.py
     compute-sanitizer --tool synccheck python benchmarks/sanitizer_case.py [default 16x128]
 
-Public API only: mok.swizzle_mxfp8_scales(_many) and mok.kernels' job API (jobs.convert_job,
-jobs.copy_job, launch.Launch); a shape is chosen through MOK_KERNEL_SHAPE (bench_swizzle.use_shape).
-Every job mode (rows 16/4/1-byte, padded slabs, rows wider than a slab, columnwise transpose,
-gather, copy), per-expert pointer tables (conversions and copies of one size) and one mixed
-launch; each result is checked against the torch reference. Exits non-zero on a mismatch.
+Public API only: mok.swizzle_mxfp8_scales(_many), mok.work.run_work and mok.kernels' job API
+(jobs.convert_job, jobs.copy_job, launch.Launch); a shape is chosen through MOK_KERNEL_SHAPE
+(bench_swizzle.use_shape). Every job mode (rows 16/4/1-byte, padded slabs, rows wider than a slab,
+columnwise transpose, gather, copy), per-expert pointer tables (conversions and copies of one size),
+one mixed launch, and one inverse launch (every case's layout back into an output of the case's own
+geometry, per-expert tables included); each result is checked against the torch reference, and the
+inverse's outputs' buffers outside them for untouched bytes. Exits non-zero on a mismatch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import mok
 from mok.kernels.jobs import convert_job, copy_job
 from mok.kernels.launch import Launch
 from mok.layout import swizzle_reference
+from mok.work import ScaleWork, run_work
 
 SHAPES = ["default", "16x128", "32x256"]
 
@@ -79,7 +82,25 @@ def _one_shape(shape: str, dev: str) -> None:
             raise SystemExit(f"{shape}: mismatch in the mixed launch for shape {tuple(s.shape)}")
     if not all(torch.equal(s, d) for s, d in copies):
         raise SystemExit(f"{shape}: mismatch in a copy job")
+    _inverse_launch(shape, cases + mats)
     use_shape("default")
+
+
+def _inverse_launch(shape: str, scales: list[torch.Tensor]) -> None:
+    """One inverse launch: each logical matrix's layout back into a buffer of its own (0xAB) seen
+    through the matrix's own geometry (padded rows, transposes, gathers, misaligned starts); then
+    the view must equal the matrix and the rest of the buffer must hold 0xAB."""
+    batches = [s if s.dim() == 3 else s.unsqueeze(0) for s in scales]
+    buffers = [torch.full((b.untyped_storage().nbytes(),), 0xAB, dtype=torch.uint8, device=b.device) for b in batches]
+    outs = [buf.as_strided(b.shape, b.stride(), b.storage_offset()) for buf, b in zip(buffers, batches, strict=True)]
+    layouts = [mok.swizzle_mxfp8_scales(b, backend="torch") for b in batches]
+    run_work([ScaleWork(la, o, inverse=True) for la, o in zip(layouts, outs, strict=True)], backend="cuda")
+    torch.cuda.synchronize()
+    for b, buf in zip(batches, buffers, strict=True):
+        want = torch.full_like(buf, 0xAB)
+        want.as_strided(b.shape, b.stride(), b.storage_offset()).copy_(b)
+        if not torch.equal(buf, want):
+            raise SystemExit(f"{shape}: mismatch in the inverse launch for shape {tuple(b.shape)} strides {b.stride()}")
 
 
 def main() -> None:

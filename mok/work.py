@@ -13,6 +13,7 @@ import torch
 
 from mok.backend import backend_for
 from mok.errors import LayoutError
+from mok.kernels.jobs import MIXED_DIRECTIONS
 from mok.layout import Geometry, logical_view, swizzle_reference, unswizzle_reference
 
 
@@ -20,8 +21,9 @@ class ScaleWork(NamedTuple):
     """Convert ``src`` (logical ``[E, R, C]``) into layout ``dst``, or, with ``copy``, copy the
     already-swizzled bytes ``src`` into ``dst`` (same size), or, with ``inverse``, bring layout
     ``src`` back into logical ``dst`` (``[E, R, C]``, any strides; the padding dropped). With
-    ``geometry`` (sizes, strides), ``src`` is the uint8 buffer the logical matrices are that
-    geometry of (from its offset). A named tuple: a view of 256 experts makes 512 of them."""
+    ``geometry`` (sizes, strides), the logical side (``src``, or an inverse's ``dst``) is the uint8
+    buffer the logical matrices are that geometry of (from its offset). A named tuple: a view of
+    256 experts makes 512 of them."""
 
     src: torch.Tensor
     dst: torch.Tensor
@@ -30,8 +32,9 @@ class ScaleWork(NamedTuple):
     inverse: bool = False
 
     def logical(self) -> torch.Tensor:
-        """The logical ``[E, R, C]`` source (a strided view when given as a geometry)."""
-        return self.src if self.geometry is None else logical_view(self.src, self.geometry)
+        """The logical ``[E, R, C]`` side (a strided view when given as a geometry)."""
+        side = self.dst if self.inverse else self.src
+        return side if self.geometry is None else logical_view(side, self.geometry)
 
 
 _is_cuda = attrgetter("is_cuda")
@@ -47,6 +50,9 @@ class PreparedWork:
         self._launch: Callable[[], None] | None = None
         if not self.work:
             return
+        directions = {item.inverse for item in self.work}
+        if len(directions) > 1:  # one kernel a launch; the reference keeps the same rule
+            raise LayoutError(f"scale work mixes inverse items with conversions or copies: {MIXED_DIRECTIONS}")
         device = self.work[0].dst.device
         tensors = [t for item in self.work for t in item[:2]]  # src and dst
         if len(set(map(torch.Tensor.get_device, tensors))) != 1 or not all(map(_is_cuda, tensors)):
@@ -71,7 +77,7 @@ class PreparedWork:
             if item.copy:
                 item.dst.copy_(item.src.view(item.dst.shape))
             elif item.inverse:
-                unswizzle_reference(item.src, item.dst)
+                unswizzle_reference(item.src, item.logical())
             else:
                 swizzle_reference(item.logical(), item.dst)
 

@@ -23,7 +23,8 @@ def test_bench_swizzle_dry_run_writes_the_agreed_keys(tmp_path: Path) -> None:
     found = json.loads(out.read_text())
     assert found["meta"]["runs"] == 2 and found["meta"]["shapes"] == "default,32x256"
     rows = found["rows"]
-    assert [r["case"].split()[0] for r in rows].count("layer") == 1 and len(rows) == 10
+    kinds = [r["case"].split()[0] for r in rows]
+    assert kinds.count("layer") == kinds.count("inverse") == 1 and len(rows) == 11
     for row in rows:
         assert KEYS <= row.keys(), f"{row['case']}: missing {KEYS - row.keys()}"
         assert len(row["runs"]) == 2

@@ -43,9 +43,12 @@ SLAB_CONFIG = LaunchShapes().rowwise
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90", "sm_100"])
 def test_kernel_compiles_with_nvrtc(arch: str, config: KernelConfig) -> None:
+    """The source compiles with both kernels: conversions and copies, and the inverse."""
     pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
-    code = launch.compile_kernel(arch, config)
-    assert len(bytes(code.code)) > 1000
+    cubin = bytes(launch.compile_kernel(arch, config).code)
+    assert len(cubin) > 1000
+    for name in (launch.KERNEL_NAME, launch.INVERSE_KERNEL_NAME):
+        assert b"\0" + name.encode() + b"\0" in cubin, f"{name} is not in the {arch} cubin"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -59,7 +62,10 @@ def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, config: Kernel
         check=True,
     )
     report = done.stderr
-    assert "0 bytes spill stores" in report and "0 bytes stack frame" in report, report
+    for name in (launch.KERNEL_NAME, launch.INVERSE_KERNEL_NAME):  # each kernel, none of its functions spilling
+        assert f"Compiling entry function '{name}'" in report, report
+    assert re.findall(r"(\d+) bytes spill stores", report) and not re.findall(r"[1-9]\d* bytes spill", report), report
+    assert not re.findall(r"[1-9]\d* bytes stack frame", report), report
     blocks = 1280 // config.threads  # __launch_bounds__(THREADS, MIN_BLOCKS)
     used = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
     assert used and max(used) * config.threads * blocks <= 65536, report  # that many blocks an SM

@@ -2,8 +2,11 @@
 (addresses, strides and sizes in, integers out; no device, no environment).
 
 A job converts ``experts`` logical scale matrices into the layout, or copies a buffer already in
-it. :func:`jobs_of` makes the jobs of mok.work's items; :func:`describe` turns jobs into
-the table rows mxfp8_swizzle.cu reads (its ``struct Job``), under one :class:`KernelConfig`.
+it, or (an inverse job) brings a layout back into logical matrices. :func:`jobs_of` makes the jobs
+of mok.work's items; :func:`describe` turns jobs into the table rows mxfp8_swizzle.cu reads
+(its ``struct Job``), under one :class:`KernelConfig`. A launch runs one of the source's two
+kernels: conversions and copies (``mxfp8_swizzle_jobs``) or inverse jobs
+(``mxfp8_unswizzle_jobs``), never both.
 """
 
 from __future__ import annotations
@@ -24,12 +27,20 @@ FLAG_INDIRECT = 1 << 16  # src/dst of the job are device arrays of per-expert ad
 FLAG_JOIN_LAST = 1 << 17  # the job's one-tile last chunk joins the chunk before (Job._joins_last)
 FLAG_PARTS = 1 << 18  # a job converted by parts (Job._width)
 FLAG_SLAB = 1 << 19  # a rowwise job converted a whole slab a unit (Job._slab)
+FLAG_INVERSE = 1 << 20  # a job of the inverse kernel (Job.inverse)
+MIXED_DIRECTIONS = (
+    "a launch runs conversions and copies (mxfp8_swizzle_jobs) or inverse jobs (mxfp8_unswizzle_jobs), "
+    "not both: run the inverse items in a call of their own"
+)
 
 
 class Job(NamedTuple):
     """One entry of the kernel's descriptor table, in bytes: ``experts`` matrices ``[rows, cols]``
     (expert e read at ``src + e*es`` with strides ``rs``/``cs``, written at ``dst + e*Rp*Cp``), or
-    a copy of ``rows`` bytes. A named tuple: made, hashed and compared in C (hundreds per view)."""
+    a copy of ``rows`` bytes. An ``inverse`` job has the same fields, read the other way: ``src``
+    (with ``rs``, ``cs``, ``es``, ``mode`` and ``vec``) is the logical side, written, and ``dst``
+    the layout, read; one row format lets both kernels find their units alike. A named tuple:
+    made, hashed and compared in C (hundreds per view)."""
 
     src: int
     dst: int
@@ -40,7 +51,8 @@ class Job(NamedTuple):
     cols: int  # C (0 for a copy)
     experts: int
     mode: int
-    vec: int
+    vec: int  # the widest access along the logical side: loads, or an inverse job's stores
+    inverse: bool = False
 
     @property
     def tiles(self) -> int:
@@ -59,7 +71,9 @@ class Job(NamedTuple):
     def _width(self, config: KernelConfig) -> tuple[int, int]:
         """(tiles of a unit's slab, slabs a block converts at once). Columnwise jobs go by parts;
         a rowwise job too where its rows fit one part (TE's 64 columns: half a 32-tile unit).
-        Decided here only; the kernel reads FLAG_PARTS."""
+        Decided here only; the kernel reads FLAG_PARTS. Inverse jobs take whole-block units."""
+        if self.inverse:
+            return config.tiles_per_unit, 1
         if self._slab(config):
             return self.tiles, 1
         if config.parts > 1 and (self.mode == MODE_COLS or self.tiles <= config.part_tiles):
@@ -74,14 +88,15 @@ class Job(NamedTuple):
         a copy's speed (benchmarks/KERNEL_NOTES.md). Decided here only (FLAG_SLAB)."""
         staged = 15 + 127 * self.rs + 16 * -(-self.cols // 16)
         wide = self.tiles > config.part_tiles  # narrower rows go by parts (the width measured that way)
-        return self.mode == MODE_ROWS and self.vec >= 4 and wide and 0 < staged <= config.slab_bytes
+        aligned = self.mode == MODE_ROWS and self.vec >= 4 and not self.inverse
+        return aligned and wide and 0 < staged <= config.slab_bytes
 
     def _joins_last(self, config: KernelConfig) -> bool:
         """Whether the kernel gives this columnwise job's last chunk, when it is one tile (TE's 65
         columns), to the chunk before: one unit (of a part) of part_tiles + 1 tiles instead of a
         block for 512 bytes. Decided here only; the kernel reads FLAG_JOIN_LAST."""
         unit = config.part_tiles
-        return self.mode == MODE_COLS and self.tiles > unit and self.tiles % unit == 1
+        return self.mode == MODE_COLS and not self.inverse and self.tiles > unit and self.tiles % unit == 1
 
     def row(self, unit_begin: int, config: KernelConfig) -> tuple[int, ...]:
         """This job's descriptor row (``struct Job``) under ``config``, its units from ``unit_begin``."""
@@ -92,6 +107,8 @@ class Job(NamedTuple):
             flags |= FLAG_PARTS
         if self._slab(config):
             flags |= FLAG_SLAB
+        if self.inverse:
+            flags |= FLAG_INVERSE
         return (self.src, self.dst, self.rs, self.cs, self.es, self.rows, self.cols, self.experts, flags, unit_begin)
 
 
@@ -119,12 +136,20 @@ def convert_job(batch: torch.Tensor, out: torch.Tensor) -> Job:
     return _convert_job(batch.data_ptr(), tuple(batch.shape), batch.stride(), out.data_ptr())
 
 
-def _convert_job(src: int, shape: Sequence[int], strides: Sequence[int], dst: int) -> Job:
-    """convert_job of the ``[E, R, C]`` matrices ``shape``/``strides`` at address ``src``."""
+def unswizzle_job(layout: torch.Tensor, out: torch.Tensor) -> Job:
+    """The inverse job bringing the layout buffer ``layout`` back into ``[E, R, C]`` uint8 ``out``
+    (any strides), the padding dropped."""
+    return _convert_job(out.data_ptr(), tuple(out.shape), out.stride(), layout.data_ptr(), inverse=True)
+
+
+def _convert_job(src: int, shape: Sequence[int], strides: Sequence[int], dst: int, inverse: bool = False) -> Job:
+    """convert_job of the ``[E, R, C]`` matrices ``shape``/``strides`` at address ``src``, or with
+    ``inverse`` the job writing them from the layout at ``dst``."""
     experts, rows, cols = shape
     es, rs, cs = strides
     if dst % 16:
-        raise LayoutError(f"layout output must be 16-byte aligned; found address {hex(dst)}")
+        role = "input" if inverse else "output"
+        raise LayoutError(f"layout {role} must be 16-byte aligned; found address {hex(dst)}")
     if cols == 1:  # a single column: any column stride reads the same bytes
         cs = 1
     if rows == 1:
@@ -132,11 +157,12 @@ def _convert_job(src: int, shape: Sequence[int], strides: Sequence[int], dst: in
     if experts == 1:
         es = 0
     mode = MODE_ROWS if cs == 1 else MODE_COLS if rs == 1 else MODE_GATHER
-    return Job(src, dst, rs, cs, es, rows, cols, experts, mode, _job_vec(mode, src, rs, cs, es))
+    return Job(src, dst, rs, cs, es, rows, cols, experts, mode, _job_vec(mode, src, rs, cs, es), inverse)
 
 
 def _job_vec(mode: int, src: int, rs: int, cs: int, es: int) -> int:
-    """The widest load a job can use: along rows (MODE_ROWS) or columns (MODE_COLS), else bytes."""
+    """The widest load (an inverse job's store) a job can use: along rows (MODE_ROWS) or columns
+    (MODE_COLS), else bytes."""
     if mode == MODE_ROWS:
         return _vec(src, rs, es)
     return _vec(src, cs, es) if mode == MODE_COLS else 1
@@ -163,20 +189,32 @@ def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
 
 def jobs_of(work: Sequence[Any]) -> list[Job | JobGroup]:
     """The jobs of ``work`` items (mok.work.ScaleWork: ``src``, ``dst``, ``copy``,
-    ``geometry``): a ``convert_job`` or ``copy_job`` each, with the single-matrix conversions of
-    one source geometry (every expert of a view) as one :class:`JobGroup` of their addresses,
-    which needs no Job per expert. An address whose alignment differs gets a job of its own."""
+    ``geometry``, ``inverse``): a ``convert_job``, ``copy_job`` or ``unswizzle_job`` each, with the
+    single-matrix ones of one logical geometry (every expert of a view) as one :class:`JobGroup`
+    of their addresses, which needs no Job per expert (``geometry``, where given, is the logical
+    side's: an inverse item's ``dst``). An address whose alignment differs gets a job of its own.
+    Inverse items and the others are refused together (one kernel a launch)."""
     jobs: list[Any] = []
     groups: dict[tuple[Any, ...], tuple[Job, list[int], list[int]]] = {}
-    for src, dst, copy, geometry, *_ in work:  # a ScaleWork, or its first four fields
+    first: dict[bool, int] = {}  # each direction's first item
+    for i, (src, dst, copy, geometry, inverse) in enumerate(work):
+        if copy and inverse:
+            raise LayoutError(f"scale work item {i} is both a copy and an inverse; expected one of them")
+        first.setdefault(inverse, i)
+        if len(first) > 1:
+            raise LayoutError(
+                f"scale work item {first[True]} is an inverse and item {first[False]} a conversion or copy; "
+                f"{MIXED_DIRECTIONS}"
+            )
         if copy:
             jobs.append(copy_job(src, dst))
             continue
-        shape, strides = geometry if geometry is not None else (tuple(src.shape), src.stride())
-        s, d = src.data_ptr(), dst.data_ptr()
+        logical, layout = (dst, src) if inverse else (src, dst)
+        shape, strides = geometry if geometry is not None else (tuple(logical.shape), logical.stride())
+        s, d = logical.data_ptr(), layout.data_ptr()
         group = groups.get((shape, strides))
         if group is None:
-            job = _convert_job(s, shape, strides, d)
+            job = _convert_job(s, shape, strides, d, inverse)
             if job.experts == 1:
                 groups[(shape, strides)] = group = (job, [s], [d])
                 jobs.append(group)
@@ -186,13 +224,25 @@ def jobs_of(work: Sequence[Any]) -> list[Job | JobGroup]:
             group[1].append(s)
             group[2].append(d)
         else:  # another alignment: decided (and checked) afresh
-            jobs.append(_convert_job(s, shape, strides, d))
+            jobs.append(_convert_job(s, shape, strides, d, inverse))
     return [JobGroup(j[0], tuple(j[1]), tuple(j[2])) if isinstance(j[0], Job) else j for j in jobs]
+
+
+def inverse_jobs(jobs: Sequence[Job | JobGroup]) -> bool:
+    """Whether ``jobs`` run on the inverse kernel (mxfp8_unswizzle_jobs) rather than the
+    conversion kernel; a mix of both is refused."""
+    found = {(j.template if isinstance(j, JobGroup) else j).inverse for j in jobs}
+    if len(found) > 1:
+        raise LayoutError(f"jobs of both kernels in one launch: {MIXED_DIRECTIONS}")
+    return found == {True}
 
 
 def config_for(jobs: Sequence[Job | JobGroup], shapes: LaunchShapes) -> KernelConfig:
     """The configuration a launch of ``jobs`` takes: ``shapes.rowwise`` where a job is rowwise or
-    a gather, else ``shapes.other`` (columnwise jobs and copies alone)."""
+    a gather, else ``shapes.other`` (columnwise jobs and copies alone, and inverse jobs, whose
+    units are whole blocks of any shape: the simplest choice, not a measured one)."""
+    if inverse_jobs(jobs):
+        return shapes.other
     modes = {(j.template if isinstance(j, JobGroup) else j).mode for j in jobs}
     return shapes.other if modes <= {MODE_COLS, MODE_COPY} else shapes.rowwise
 
@@ -237,7 +287,7 @@ def _in_table_order(jobs: Sequence[Job | JobGroup]) -> list[Job | list[JobGroup]
             continue
         group = item if isinstance(item, JobGroup) else JobGroup(item, (item.src,), (item.dst,))
         job = group.template
-        key = (job.rows, job.cols, job.rs, job.cs, job.mode)
+        key = (job.rows, job.cols, job.rs, job.cs, job.mode, job.inverse)
         if key not in groups:
             groups[key] = []
             order.append(groups[key])
@@ -253,7 +303,7 @@ def _merged(groups: list[JobGroup]) -> tuple[Job, list[int] | None]:
         return groups[0].expand()[0], None
     first = groups[0].template
     vec = min(g.template.vec for g in groups)
-    job = Job(-1, -1, first.rs, first.cs, 0, first.rows, first.cols, len(srcs), first.mode, vec)
+    job = Job(-1, -1, first.rs, first.cs, 0, first.rows, first.cols, len(srcs), first.mode, vec, first.inverse)
     return job, srcs + [d for g in groups for d in g.dsts]
 
 

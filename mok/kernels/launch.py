@@ -1,6 +1,7 @@
-"""Compile (NVRTC through cuda.core, once per device and configuration) and launch the kernel.
+"""Compile (NVRTC through cuda.core, once per device and configuration) and launch the kernels.
 
-A :class:`Launch` is prepared once for a list of jobs (mok.kernels.jobs): its compiled kernel and
+A :class:`Launch` is prepared once for a list of jobs (mok.kernels.jobs): its compiled kernel (the
+conversion kernel, or the inverse one for inverse jobs: one source, compiled once for both) and
 its descriptor table, uploaded the first time a set of buffers is seen and reused after. Calling
 it launches ONE kernel on the current torch stream: later calls (a refresh, a CUDA-graph capture
 and its replays) allocate nothing and never synchronise with the host.
@@ -18,14 +19,16 @@ import torch
 
 from mok.errors import LayoutError
 from mok.kernels.config import KernelConfig, launch_shapes
-from mok.kernels.jobs import DescriptorTable, Job, JobGroup, config_for, describe
+from mok.kernels.jobs import DescriptorTable, Job, JobGroup, config_for, describe, inverse_jobs
 
-KERNEL_NAME = "mxfp8_swizzle_jobs"
+KERNEL_NAME = "mxfp8_swizzle_jobs"  # conversions and copies
+INVERSE_KERNEL_NAME = "mxfp8_unswizzle_jobs"  # inverse jobs
 MAX_GRID = 2**31 - 1  # one block per unit (the kernel loops if there are ever more units)
 _TABLE_CACHE_SIZE = 256
 
 _lock = threading.Lock()
-_kernels: dict[tuple[int, KernelConfig], Any] = {}
+_programs: dict[tuple[int, KernelConfig], Any] = {}  # compiled source (ObjectCode)
+_kernels: dict[tuple[int, KernelConfig, str], Any] = {}
 _tables: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, int, int]] = OrderedDict()
 _streams: dict[int, Any] = {}
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch have it
@@ -46,10 +49,10 @@ def compile_kernel(arch: str, config: KernelConfig) -> Any:
     return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
 
 
-def _kernel(index: int, config: KernelConfig) -> Any:
-    """The kernel compiled for device ``index`` under ``config``: once per device and
-    configuration, thread-safe."""
-    key = (index, config)
+def _kernel(index: int, config: KernelConfig, name: str = KERNEL_NAME) -> Any:
+    """The kernel ``name`` compiled for device ``index`` under ``config``: the source compiled
+    once per device and configuration (both kernels), thread-safe."""
+    key = (index, config, name)
     hit = _kernels.get(key)
     if hit is not None:
         return hit
@@ -58,9 +61,12 @@ def _kernel(index: int, config: KernelConfig) -> Any:
         if hit is None:
             from cuda.core import Device
 
-            major, minor = torch.cuda.get_device_capability(index)
             Device(index).set_current()
-            hit = _kernels[key] = compile_kernel(f"sm_{major}{minor}", config).get_kernel(KERNEL_NAME)
+            program = _programs.get(key[:2])
+            if program is None:
+                major, minor = torch.cuda.get_device_capability(index)
+                program = _programs[key[:2]] = compile_kernel(f"sm_{major}{minor}", config)
+            hit = _kernels[key] = program.get_kernel(name)
     return hit
 
 
@@ -113,11 +119,12 @@ def _stream(handle: int) -> Any:
 
 
 class Launch:
-    """One prepared launch of ``jobs`` on ``device``: compiled kernel, uploaded descriptor table,
-    grid, launch arguments. ``config`` fixes the kernel configuration; by default the launch takes
-    the one the environment gives jobs of its kinds (config.launch_shapes). Calling it launches on
-    the current torch stream: no allocation, no host synchronisation, no import (CUDA-graph safe);
-    its host cost is one stream lookup and cuda.core's launch."""
+    """One prepared launch of ``jobs`` on ``device``: compiled kernel (the inverse one for inverse
+    jobs; a mix is refused), uploaded descriptor table, grid, launch arguments. ``config`` fixes the
+    kernel configuration; by default the launch takes the one the environment gives jobs of its
+    kinds (config.launch_shapes). Calling it launches on the current torch stream: no allocation,
+    no host synchronisation, no import (CUDA-graph safe); its host cost is one stream lookup and
+    cuda.core's launch."""
 
     def __init__(
         self, jobs: Sequence[Job | JobGroup], device: torch.device, config: KernelConfig | None = None
@@ -128,7 +135,7 @@ class Launch:
         self.device = device
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         self.config = config or config_for(jobs, launch_shapes())
-        self.kernel = _kernel(self._index, self.config)
+        self.kernel = _kernel(self._index, self.config, INVERSE_KERNEL_NAME if inverse_jobs(jobs) else KERNEL_NAME)
         self.table, self.njobs, self.total = _table(device, jobs, self.config)
         self.grid = max(1, min(self.total, MAX_GRID))
         self._launch = launch

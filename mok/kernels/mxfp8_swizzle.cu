@@ -15,6 +15,9 @@
 // (the columnwise buffer [M/32, K] read as its transpose) are read along their contiguous axis and
 // transposed 4x4 bytes in registers.
 //
+// A second kernel, mxfp8_unswizzle_jobs, runs the exact inverse (FLAG_INVERSE jobs, at the end of
+// this file): layout tiles back into logical matrices, the padding dropped.
+//
 // Compiled at first use by NVRTC (mok/kernels/launch.py); compile-checked on CPU CI.
 
 #define ROWS 128                 // rows of one output slab
@@ -64,6 +67,7 @@ static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns p
                                   // (decided in jobs.py, Job._joins_last)
 #define FLAG_PARTS (1 << 18)      // a job converted by parts (decided in jobs.py, Job._width)
 #define FLAG_SLAB (1 << 19)       // a rowwise job converted a whole 128-row slab a unit (Job._slab)
+#define FLAG_INVERSE (1 << 20)    // a job of mxfp8_unswizzle_jobs: the layout back into logical scales
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
 struct Job {
@@ -190,6 +194,17 @@ __device__ __forceinline__ int thread_in_unit() {
   return N == THREADS ? (int)threadIdx.x : PART_THREAD;
 }
 
+// Piece p of thread t among the N threads of a unit W tiles wide (rows and gather): item t+N*p is
+// row item/(W/4), columns 16*(item%(W/4))..+15 of the unit.
+struct Piece {
+  int row, col;
+};
+template <int N, int W>
+__device__ __forceinline__ Piece piece(const int t, const int p) {
+  const int item = t + p * N;
+  return {item / (W / 4), (item % (W / 4)) * 16};
+}
+
 template <bool COLS, int N, int W>
 __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
   static_assert(ROWS * W / 4 == PIECES * N, "every thread of a unit reads PIECES 16-byte pieces");
@@ -213,11 +228,9 @@ __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
     }
     return;
   }
-  constexpr int PER_ROW = W / 4;  // 16-byte pieces per unit row
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
-    const int item = t + p * N;
-    const int row = item / PER_ROW, col = (item % PER_ROW) * 16;
+    const auto [row, col] = piece<N, W>(t, p);
     const bool full = row < U.rv && col + 16 <= U.cv;
     if (U.mode == MODE_ROWS && full && U.vec == 16) {
       v[p] = __ldg(reinterpret_cast<const uint4*>(U.src + (long long)(U.r0 + row) * U.rs + U.c0 + col));
@@ -238,6 +251,11 @@ __device__ __forceinline__ void fetch(const Unit& U, uint4 (&v)[PIECES]) {
       v[p] = pack16(b);
     }
   }
+}
+
+// Word x (0-3, a constant once unrolled) of a 16-byte value.
+__device__ __forceinline__ unsigned word(const uint4 v, const int x) {
+  return x == 0 ? v.x : x == 1 ? v.y : x == 2 ? v.z : v.w;
 }
 
 // 4x4 byte transpose: w_x holds bytes (column x, rows y..y+3); out[y] = row y across columns 0..3.
@@ -275,12 +293,11 @@ __device__ __forceinline__ void deposit(const Unit& U, const uint4 (&v)[PIECES],
     }
     return;
   }
-  constexpr int PER_ROW = W / 4;
 #pragma unroll
   for (int p = 0; p < PIECES; ++p) {
-    const int item = t + p * N;
-    if ((item % PER_ROW) * 16 >= U.ntiles * 4) continue;  // columns write_tiles never reads (a short unit)
-    unsigned* o = reinterpret_cast<unsigned*>(tile + (item / PER_ROW) * P + (item % PER_ROW) * 16);
+    const auto [row, col] = piece<N, W>(t, p);
+    if (col >= U.ntiles * 4) continue;  // columns write_tiles never reads (a short unit)
+    unsigned* o = reinterpret_cast<unsigned*>(tile + row * P + col);
     o[0] = v[p].x;
     o[1] = v[p].y;
     o[2] = v[p].z;
@@ -388,11 +405,6 @@ __device__ __forceinline__ unsigned keep_below(const int cv, const int c) {
   return c + 4 <= cv ? ~0u : (1u << 8 * (cv - c)) - 1;
 }
 
-// Word x (0-3, a constant once unrolled) of a 16-byte value.
-__device__ __forceinline__ unsigned word(const uint4 v, const int x) {
-  return x == 0 ? v.x : x == 1 ? v.y : x == 2 ? v.z : v.w;
-}
-
 // A slab unit (FLAG_SLAB): all 128 rows and every tile of a rowwise job whose rows are 4-byte
 // aligned (TE's padded rows: 225 bytes at a 228-byte stride) or 16-byte aligned. The slab is ONE
 // contiguous byte range whatever C is, so it is staged as it lies, with aligned 16-byte copies (the
@@ -481,4 +493,108 @@ mxfp8_swizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_unit
     }
     convert(U, tile);
   }
+}
+
+// ---- The inverse: layout tiles back into logical S[R, C] (FLAG_INVERSE jobs; a launch runs
+// either kernel, never both). An inverse job's row reads as a forward one's, so decode serves it
+// unchanged: src, rs, cs, es and rows x cols describe the logical matrices (written here), dst the
+// layout (read here), mode and vec the logical side (rows or columns contiguous, or neither, and
+// the widest store its address and strides allow). Its units are always 128 rows x TILES_PER_UNIT
+// tiles of the whole block (jobs.py sets none of FLAG_PARTS, FLAG_SLAB, FLAG_JOIN_LAST).
+
+#ifndef MOK_EMULATE  // emulator.h has its own, which checks each write against the launch's outputs
+template <class T>
+__device__ __forceinline__ void store_global(unsigned char* p, const T v) {
+  *reinterpret_cast<T*>(p) = v;
+}
+#endif
+
+// The first n (1..16) bytes of v at p: one 16-byte store where vec allows and n is 16, whole words
+// where vec >= 4 (consecutive bytes), the rest byte by byte at p, p + step, p + 2*step, ...
+__device__ __forceinline__ void store_piece(unsigned char* p, const uint4 v, const int n, const int vec,
+                                            const long long step) {
+  if (vec == 16 && n == 16) {
+    store_global(p, v);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const unsigned w = word(v, i);
+    const int b = n - 4 * i;  // bytes of word i inside the matrix
+    if (vec >= 4 && b >= 4) {
+      store_global(p + 4 * i, w);
+      continue;
+    }
+#pragma unroll
+    for (int y = 0; y < 4; ++y)
+      if (y < b) store_global(p + (4 * i + y) * step, (unsigned char)(w >> 8 * y));
+  }
+}
+
+// ---- One inverse unit: its whole tiles read with one 16-byte load a lane (piece i is line i%32
+// of tile i/32: rows i%32 + 0, 32, 64, 96 of that tile's 4 columns), every load issued before any
+// is used; staged as rows in the shared tile [128][PITCH_OF(false, W)] (an odd number of words:
+// the deposit is conflict-free); then written inside [rv, cv) only: rows-contiguous (and gather)
+// outputs a 16-byte piece of a row a thread, as fetch reads them; columns-contiguous outputs 16 rows
+// of 4 columns a thread, read as row words and transposed 4x4 bytes in registers (transpose4 is
+// its own inverse), one 16-byte store a column.
+template <int W>
+__device__ __forceinline__ void restore_unit(const Unit& U, unsigned char* tile) {
+  constexpr int P = PITCH_OF(false, W);
+  const int t = threadIdx.x;
+  uint4 v[PIECES];
+#pragma unroll
+  for (int p = 0; p < PIECES; ++p) {
+    const int i = t + p * THREADS;
+    v[p] = i / 32 < U.ntiles ? __ldg(reinterpret_cast<const uint4*>(U.dst + 16LL * i)) : make_uint4(0, 0, 0, 0);
+  }
+  __syncthreads();  // the block's previous unit's tile reads are done
+#pragma unroll
+  for (int p = 0; p < PIECES; ++p) {
+    const int i = t + p * THREADS, line = i % 32, c = (i / 32) * 4;
+    if (i / 32 >= U.ntiles) continue;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) *reinterpret_cast<unsigned*>(tile + (line + 32 * g) * P + c) = word(v[p], g);
+  }
+  __syncthreads();
+  unsigned char* out = const_cast<unsigned char*>(U.src);  // the logical matrix: written by the inverse
+  if (U.mode == MODE_COLS) {
+    const int row = (t & 7) * 16;
+    if (row >= U.rv) return;
+#pragma unroll
+    for (int g = 0; g < PIECES / 4; ++g) {
+      const int cg = (t >> 3) + (THREADS / 8) * g;  // this thread's 4-column group
+      if (cg * 4 >= U.cv) break;
+      unsigned rows[16], cols[16];  // rows[y]: row + y across the group; cols[4q + x]: column x, rows 4q..4q+3
+#pragma unroll
+      for (int y = 0; y < 16; ++y) rows[y] = *reinterpret_cast<const unsigned*>(tile + (row + y) * P + cg * 4);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        transpose4(rows[4 * q], rows[4 * q + 1], rows[4 * q + 2], rows[4 * q + 3], cols + 4 * q);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int c = cg * 4 + x;
+        if (c >= U.cv) break;
+        const uint4 column = make_uint4(cols[x], cols[4 + x], cols[8 + x], cols[12 + x]);  // rows row..row+15
+        store_piece(out + (long long)(U.c0 + c) * U.cs + U.r0 + row, column, min(16, U.rv - row), U.vec, 1);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int p = 0; p < PIECES; ++p) {
+    const auto [row, col] = piece<THREADS, W>(t, p);
+    if (row >= U.rv || col >= U.cv) continue;
+    const unsigned* s = reinterpret_cast<const unsigned*>(tile + row * P + col);
+    unsigned char* o = out + (long long)(U.r0 + row) * U.rs + (long long)(U.c0 + col) * U.cs;
+    store_piece(o, make_uint4(s[0], s[1], s[2], s[3]), min(16, U.cv - col), U.vec, U.cs);
+  }
+}
+
+// One block per unit, as mxfp8_swizzle_jobs.
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+mxfp8_unswizzle_jobs(const Job* __restrict__ jobs, int njobs, long long total_units) {
+  __shared__ __align__(16) unsigned char rows_tile[ROWS * PITCH_OF(false, TILES_PER_UNIT)];
+  for (long long u = blockIdx.x; u < total_units; u += gridDim.x)
+    restore_unit<TILES_PER_UNIT>(decode(jobs, njobs, u), rows_tile);
 }

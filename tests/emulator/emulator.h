@@ -2,8 +2,9 @@
 // CUDA thread, std::barrier for __syncthreads, static (block-wide) storage for __shared__
 // variables; cp.async copies are checked (16-byte aligned, inside shared memory) and land at the
 // issuing thread's wait. Source-tensor reads (__ldg, cp.async; not the descriptor tables) are checked
-// against the launch's source tensors, and every access for alignment
-// (-fsanitize=alignment, handled in emulator_main.cpp).
+// against the launch's source tensors, the inverse kernel's writes (store_global) against its
+// output tensors, and every access for alignment (-fsanitize=alignment, handled in
+// emulator_main.cpp).
 // It tests the addressing, planning and staging logic; not timing, not the hardware.
 #pragma once
 #include <algorithm>
@@ -39,9 +40,8 @@ using std::max;
 using std::min;
 
 std::atomic<int> emu_errors{0};
-inline void emu_fail(const char* what) {
-  std::fprintf(stderr, "emulator: %s\n", what);
-  emu_errors++;
+inline void emu_fail(const char* what) {  // counted; the first few printed
+  if (emu_errors++ < 20) std::fprintf(stderr, "emulator: %s\n", what);
 }
 // The source bytes a launch may read, [lo, hi) each (registered by emulate.py through
 // mok_emulate): a read outside them would be outside the tensors the kernel was given, which on
@@ -56,6 +56,15 @@ inline void emu_check_read(const void* p, unsigned long n) {
 template <class T> inline T __ldg(const T* p) {
   emu_check_read(p, sizeof(T));
   return *p;
+}
+// The output bytes the inverse kernel may write, [lo, hi) each (the spans of its logical outputs;
+// bytes between their rows are caught by the comparison, emulate.py).
+std::vector<std::pair<unsigned char*, unsigned char*>> emu_writable;
+template <class T> inline void store_global(unsigned char* p, const T v) {
+  bool inside = false;
+  for (const auto& r : emu_writable) inside = inside || (p >= r.first && p + sizeof(T) <= r.second);
+  if (!inside) emu_fail("write outside the launch's output tensors");
+  else *reinterpret_cast<T*>(p) = v;
 }
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   unsigned long long v = ((unsigned long long)y << 32) | x;

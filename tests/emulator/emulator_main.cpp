@@ -14,13 +14,19 @@ EMU_HIDDEN void __ubsan_handle_type_mismatch_v1_abort(void*, void*) {
   std::abort();
 }
 
-// readable: n [lo, hi) address pairs, the source bytes the launch may read (emulator.h).
-extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid, const long long* readable, int n) {
+// readable: n [lo, hi) address pairs, the source bytes the launch may read; writable: m pairs, the
+// output bytes the inverse kernel may write (emulator.h). inverse: run mxfp8_unswizzle_jobs.
+extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid, const long long* readable, int n,
+                           const long long* writable, int m, int inverse) {
   emu_errors = 0;
   emu_readable.clear();
   for (int i = 0; i < n; ++i)
     emu_readable.emplace_back(reinterpret_cast<const unsigned char*>(readable[2 * i]),
                               reinterpret_cast<const unsigned char*>(readable[2 * i + 1]));
+  emu_writable.clear();
+  for (int i = 0; i < m; ++i)
+    emu_writable.emplace_back(reinterpret_cast<unsigned char*>(writable[2 * i]),
+                              reinterpret_cast<unsigned char*>(writable[2 * i + 1]));
   gridDim.x = grid;
   std::barrier<> sync(THREADS);
   emu_sync = &sync;
@@ -36,7 +42,11 @@ extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid
         blockIdx.x = b;
         if (t == 0) std::memset(__start_emu_shared, 0x5A, __stop_emu_shared - __start_emu_shared);
         sync.arrive_and_wait();  // shared memory is garbage (as on the device) when the block starts
-        mxfp8_swizzle_jobs(jobs, njobs, total);
+        if (inverse) {
+          mxfp8_unswizzle_jobs(jobs, njobs, total);
+        } else {
+          mxfp8_swizzle_jobs(jobs, njobs, total);
+        }
         if (!emu_copies.empty()) emu_fail("cp.async never waited for");
         sync.arrive_and_wait();  // the block is done with its shared memory before the next starts
       }

@@ -390,3 +390,110 @@ def test_bad_input_is_refused_before_launch() -> None:
         mok.swizzle_mxfp8_scales(gpu, out=torch.zeros(1, 1, 32, 16, dtype=torch.uint8), backend="cuda")
     with pytest.raises(mok.LayoutError, match="expected uint8"):
         mok.swizzle_mxfp8_scales(gpu.float(), backend="cuda")
+
+
+# ---- The inverse (mxfp8_unswizzle_jobs): the layout back into logical scales, through run_work as
+# mok's public functions call it. Outputs lie in buffers of their own filled with a marker (and 64
+# bytes past them), compared whole, so an unwritten byte or a write outside the view shows.
+
+
+def _run_inverse(pairs: emulate.Pairs, what: str) -> None:
+    """ONE inverse launch of ``pairs`` (layout, output), each output's whole buffer against the
+    reference's."""
+    wants = emulate.inverse_reference(pairs)
+    mok.work.run_work([mok.work.ScaleWork(layout, out, inverse=True) for layout, out in pairs], backend="cuda")
+    torch.cuda.synchronize()
+    emulate.compare_buffers(pairs, wants, what)
+
+
+@pytest.mark.parametrize("case", range(len(emulate.INVERSE_CASES)), ids=[n for n, _ in emulate.INVERSE_CASES])
+def test_inverse_matches_reference(case: int, shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the emulator's inverse cases, on the GPU: rows and columns, padded, per-expert, gather
+    name, make = emulate.inverse_cases(CUDA)[case]
+    launches = _count_launches(monkeypatch)
+    _run_inverse(make(torch.Generator().manual_seed(case)), name)
+    assert len(launches) == 1
+
+
+@pytest.mark.parametrize(("experts", "m", "k"), [(4, 2080, 7200), (2, 4096 + 32, 7168 + 32), (8, 2048, 7168)])
+def test_inverse_of_te_shaped_scales(experts: int, m: int, k: int, shape: str) -> None:
+    """Back into TE's padded buffers: rowwise [M, K/32] in [Mp, Kp/32], columnwise [K, M/32] as the
+    transpose of [Mp/32, Kp] (the padding columns, other data between rows, stay untouched)."""
+    g = torch.Generator().manual_seed(m + k)
+    rows, cols = k // 32, m // 32
+    row_stride, col_stride = T.roundup(rows, 4), T.roundup(k, 128)
+    rowwise = (
+        emulate._layout(g, experts, m, rows, CUDA),
+        emulate.marked((experts, m, rows), (T.roundup(m, 128) * row_stride, row_stride, 1), 0, CUDA),
+    )
+    columnwise = (
+        emulate._layout(g, experts, k, cols, CUDA),
+        emulate.marked((experts, k, cols), (T.roundup(cols, 4) * col_stride, 1, col_stride), 0, CUDA),
+    )
+    _run_inverse([rowwise], f"rowwise {experts}x{m}x{k}")
+    _run_inverse([columnwise], f"columnwise {experts}x{m}x{k}")
+
+
+@pytest.mark.parametrize(("experts", "m", "k"), [(256, 256, 2048), (37, 2080, 7200)])
+def test_inverse_per_expert_is_one_launch(
+    experts: int, m: int, k: int, shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a view's experts, each its own buffers: one pointer-table job per direction, one launch
+    pairs = emulate.inverse_per_expert(experts, m, k // 32, False, CUDA)(torch.Generator().manual_seed(experts))
+    launches = _count_launches(monkeypatch)
+    _run_inverse(pairs, f"per-expert {experts}x{m}x{k}")
+    assert launches == [2]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    experts=st.integers(1, 6),
+    rows=st.integers(1, 700),
+    cols=st.integers(1, 300),
+    layout=st.sampled_from(["rows", "cols", "gather", "offset", "padded"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_round_trip(experts: int, rows: int, cols: int, layout: str, seed: int, shape: str) -> None:
+    """Random logical bytes swizzled by the kernel and brought back by the inverse kernel into an
+    output of another layout: the same bytes, nothing written outside them."""
+    g = torch.Generator().manual_seed(seed)
+    logical = torch.randint(0, 256, (experts, rows, cols), dtype=torch.uint8, generator=g).to(CUDA)
+    swizzled = mok.swizzle_mxfp8_scales(logical, backend="cuda")
+    strides = {
+        "rows": (rows * cols, cols, 1),
+        "cols": (rows * cols, 1, rows),
+        "gather": (rows * cols * 6, cols * 6, 3),
+        "offset": (rows * (cols + 1), cols + 1, 1),
+        "padded": (rows * (cols + 5), cols + 5, 1),
+    }[layout]
+    out = emulate.marked((experts, rows, cols), strides, 1 if layout == "offset" else 0, CUDA)
+    _run_inverse([(swizzled, out)], f"{layout} {experts}x{rows}x{cols}")
+    assert torch.equal(out, logical)
+
+
+def test_inverse_graph_capture_and_replay(shape: str) -> None:
+    g = torch.Generator().manual_seed(7)
+    pairs = emulate.inverse_rows(4, 2080, 225, 228, 0, CUDA)(g) + emulate.inverse_columns(4, 7200, 65, 7296, CUDA)(g)
+    work = [mok.work.ScaleWork(layout, out, inverse=True) for layout, out in pairs]
+    prepared = mok.work.PreparedWork(work, backend="cuda")
+    prepared.run()  # outside capture first, as users must
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prepared.run()
+    for _ in range(2):
+        for layout, _ in pairs:
+            layout.random_(0, 256)
+        wants = emulate.inverse_reference(pairs)
+        graph.replay()
+        torch.cuda.synchronize()
+        emulate.compare_buffers(pairs, wants, "graph replay")
+
+
+def test_a_launch_of_both_directions_is_refused() -> None:
+    logical = torch.randint(0, 256, (1, 128, 4), dtype=torch.uint8, device=CUDA)
+    layout = mok.swizzle_mxfp8_scales(logical, backend="cuda")
+    back = torch.empty_like(logical)
+    work = [mok.work.ScaleWork(logical, torch.empty_like(layout)), mok.work.ScaleWork(layout, back, inverse=True)]
+    with pytest.raises(mok.LayoutError, match="not both"):
+        mok.work.run_work(work, backend="cuda")
