@@ -581,29 +581,35 @@ def _flag(row: StorageRow, version: Version, name: str, value: Any, default: Any
     raise ValueError(f"TE {version}'s {row.kind} tensors have no {name!r} (asked for {value!r}); it is in: {having}")
 
 
-def _build(
-    kind: TensorKind,
-    version: Version,
-    logical: Mapping[str, Any],
-    *,
-    shape: Sequence[int],
-    dtype: torch.dtype,
-    device: Device,
-    param: bool,
-    storage: bool,
-) -> Any:
-    """A fake of ``kind`` in ``version`` holding ``logical`` (te_compat names -> values) under the
-    attribute names of the release's table row; every other attribute of the row is None."""
+@dataclass(frozen=True)
+class _Target:
+    """What a factory is asked for besides its kind's own options."""
+
+    shape: Sequence[int]
+    version: Version
+    storage: bool
+    param: bool
+    device: Device
+    dtype: torch.dtype
+
+
+def _build(kind: TensorKind, target: _Target, logical: Mapping[str, Any]) -> Any:
+    """A fake of ``kind`` holding ``logical`` (te_compat names -> values) under the attribute
+    names of the release's table row, with a fake quantizer where the row has one and
+    ``logical`` none; every other attribute of the row is None."""
+    version, device, dtype = target.version, target.device, target.dtype
     row = _row(kind, version)
+    if "quantizer" in row.storage and "quantizer" not in logical:
+        logical = {**logical, "quantizer": _quantizer(kind, version)}
     attrs = {row.storage[name]: v.to(device) if isinstance(v, torch.Tensor) else v for name, v in logical.items()}
     attrs.update({name: dtype for name in ("_dtype", "fake_dtype", "dtype") if name in row.known})
-    cls = _fake_class(kind, version, storage)
+    cls = _fake_class(kind, version, target.storage)
     origin = _row_origin(row, version, f"{cls.__module__}.{cls.__qualname__}")
-    obj = new_fake(cls, attrs, names=_row_attrs(row), origin=origin, shape=shape, dtype=dtype, device=device)
-    if not param:
+    obj = new_fake(cls, attrs, names=_row_attrs(row), origin=origin, shape=target.shape, dtype=dtype, device=device)
+    if not target.param:
         return obj
     if not isinstance(obj, torch.Tensor):
-        what = "a storage-only object" if storage else "a plain class"
+        what = "a storage-only object" if target.storage else "a plain class"
         raise ValueError(
             f"param=True: TE {version}'s {cls.__qualname__} is {what}, not a torch.Tensor; it cannot be a Parameter"
         )
@@ -622,6 +628,7 @@ def fake_float8(
     release: str | None = None,
     seed: int = 0,
     transpose: bool = True,
+    storage: bool = False,
     param: bool = False,
     device: Device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
@@ -629,16 +636,12 @@ def fake_float8(
     """A fake Float8Tensor of logical ``shape`` (TE 1.x and 2.x; 1.x keeps ``_scale_inv`` and
     ``_transpose`` in the dict ``_fp8_attrs``, as TE did), buffers from :func:`float8_buffers`.
 
-    Returns the tensor, or with ``param`` a ``torch.nn.Parameter`` of it (still the fake's class).
-    ``dtype`` is the nominal (high-precision) dtype TE reports for it.
+    Returns the tensor, or with ``param`` a ``torch.nn.Parameter`` of it (still the fake's class),
+    or with ``storage`` (2.0+) the storage-only object. ``dtype`` is the nominal (high-precision)
+    dtype TE reports for it.
     """
-    version = _version(release)
-    logical = float8_buffers(shape, _generator(seed), transpose=transpose)
-    if "quantizer" in _row(TensorKind.FLOAT8, version).storage:
-        logical["quantizer"] = _quantizer(TensorKind.FLOAT8, version)
-    return _build(
-        TensorKind.FLOAT8, version, logical, shape=shape, dtype=dtype, device=device, param=param, storage=False
-    )
+    target = _Target(shape, _version(release), storage, param, device, dtype)
+    return _build(TensorKind.FLOAT8, target, float8_buffers(shape, _generator(seed), transpose=transpose))
 
 
 def fake_mxfp8(
@@ -662,14 +665,10 @@ def fake_mxfp8(
     flag only: the scale bytes are random either way). The quantizer is a fake of TE's
     ``MXFP8Quantizer`` (2.12+, ``optimize_for_gemm`` False) or a :class:`FakeQuantizer`.
     """
-    version = _version(release)
-    row = _row(TensorKind.MXFP8, version)
+    target = _Target(shape, _version(release), storage, param, device, dtype)
     logical = mxfp8_buffers(shape, _generator(seed), rowwise=rowwise, columnwise=columnwise)
-    logical.update(_flag(row, version, "scales_swizzled", swizzled, False))
-    logical["quantizer"] = _quantizer(TensorKind.MXFP8, version)
-    return _build(
-        TensorKind.MXFP8, version, logical, shape=shape, dtype=dtype, device=device, param=param, storage=storage
-    )
+    logical.update(_flag(_row(TensorKind.MXFP8, target.version), target.version, "scales_swizzled", swizzled, False))
+    return _build(TensorKind.MXFP8, target, logical)
 
 
 def fake_nvfp4(
@@ -693,17 +692,14 @@ def fake_nvfp4(
     ``row_scaled`` (2.16+; then one fp32 rowwise amax per row), ``nvfp4_use_4over6`` False and
     ``nvfp4_e4m3_max`` 448 (2.17+). Asking for a flag the release lacks raises.
     """
-    version = _version(release)
-    row = _row(TensorKind.NVFP4, version)
+    target = _Target(shape, _version(release), storage, param, device, dtype)
+    row, version = _row(TensorKind.NVFP4, target.version), target.version
     logical = nvfp4_buffers(shape, _generator(seed), rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled)
     logical.update(_flag(row, version, "scales_swizzled", swizzled, False))
     logical.update(_flag(row, version, "row_scaled_nvfp4", row_scaled, False))
     logical.update(_flag(row, version, "nvfp4_use_4over6", False, False))
     logical.update(_flag(row, version, "nvfp4_e4m3_max", NVFP4_E4M3_MAX, NVFP4_E4M3_MAX))
-    logical["quantizer"] = _quantizer(TensorKind.NVFP4, version)
-    return _build(
-        TensorKind.NVFP4, version, logical, shape=shape, dtype=dtype, device=device, param=param, storage=storage
-    )
+    return _build(TensorKind.NVFP4, target, logical)
 
 
 def fake_blockwise(
@@ -727,24 +723,14 @@ def fake_blockwise(
     ``two_d``: 128x128 blocks (``_is_2D_scaled``), else 1x128. ``compact``: TE 2.5-2.11's COMPACT
     data format (``_data_format``, a :class:`Float8BlockScaleTensorFormat`; GEMM_READY otherwise).
     """
-    version = _version(release)
-    row = _row(TensorKind.FLOAT8_BLOCKWISE, version)
+    target = _Target(shape, _version(release), storage, param, device, dtype)
     generator = _generator(seed)
     logical = blockwise_buffers(shape, generator, two_d=two_d, rowwise=rowwise, columnwise=columnwise, compact=compact)
     logical["is_2d_scaled"] = two_d
     fmt = Float8BlockScaleTensorFormat.COMPACT if compact else Float8BlockScaleTensorFormat.GEMM_READY
-    logical.update(_flag(row, version, "data_format", fmt, Float8BlockScaleTensorFormat.GEMM_READY))
-    logical["quantizer"] = _quantizer(TensorKind.FLOAT8_BLOCKWISE, version)
-    return _build(
-        TensorKind.FLOAT8_BLOCKWISE,
-        version,
-        logical,
-        shape=shape,
-        dtype=dtype,
-        device=device,
-        param=param,
-        storage=storage,
-    )
+    row = _row(TensorKind.FLOAT8_BLOCKWISE, target.version)
+    logical.update(_flag(row, target.version, "data_format", fmt, Float8BlockScaleTensorFormat.GEMM_READY))
+    return _build(TensorKind.FLOAT8_BLOCKWISE, target, logical)
 
 
 def fake_identity(
@@ -760,15 +746,9 @@ def fake_identity(
     """A fake IdentityTensor (TE 2.19+): high-precision ``dtype`` data of ``shape`` (random
     normal) behind TE's quantized interface, as a hybrid tensor holds for an unquantized direction.
     Returns the tensor (a Parameter with ``param``), or with ``storage`` the storage-only object."""
-    version = _version(release)
+    target = _Target(shape, _version(release), storage, param, device, dtype)
     dims, _, _ = _dims(shape, "identity shape")
-    logical = {
-        "data": torch.randn(dims, generator=_generator(seed)).to(dtype),
-        "quantizer": _quantizer(TensorKind.IDENTITY, version),
-    }
-    return _build(
-        TensorKind.IDENTITY, version, logical, shape=shape, dtype=dtype, device=device, param=param, storage=storage
-    )
+    return _build(TensorKind.IDENTITY, target, {"data": torch.randn(dims, generator=_generator(seed)).to(dtype)})
 
 
 HYBRID_FORMATS = ("mxfp8", "nvfp4", "blockwise", "identity")
@@ -803,35 +783,25 @@ def fake_hybrid(
     ``sub_storage``: the sub-storages are storage-only objects (what an internal sub-quantizer
     makes), else tensors.
     """
-    version = _version(release)
-    logical: dict[str, Any] = {"quantizer": _quantizer(TensorKind.HYBRID, version)}
+    target = _Target(shape, _version(release), storage, param, device, dtype)
+    logical: dict[str, Any] = {}
     for offset, (name, fmt) in enumerate((("rowwise", rowwise), ("columnwise", columnwise))):
         if fmt is not None and fmt not in HYBRID_FORMATS:
             raise ValueError(f"{name}: expected one of {', '.join(map(repr, HYBRID_FORMATS))} or None; found {fmt!r}")
-        options = {"release": str(version), "seed": seed + offset, "storage": sub_storage, "device": device}
+        options = {"release": str(target.version), "seed": seed + offset, "storage": sub_storage, "device": device}
         sub = _hybrid_direction(fmt, shape, name == "rowwise", {**options, "dtype": dtype}) if fmt else None
         logical[f"{name}_storage"] = sub
-    return _build(
-        TensorKind.HYBRID, version, logical, shape=shape, dtype=dtype, device=device, param=param, storage=storage
-    )
+    return _build(TensorKind.HYBRID, target, logical)
 
 
 def _grouped_members(
-    version: Version, buffers: GroupedBuffers, kind: TensorKind, quantizer: object, swizzled: bool, dtype: torch.dtype
+    group: _Target, buffers: GroupedBuffers, kind: TensorKind, quantizer: object, swizzled: bool
 ) -> list[Any]:
     """The per-expert tensors TE makes for a quantized group (each with its own copy of the
     group's quantizer): their buffers are views of the group's."""
-    flag = _flag(_row(kind, version), version, "scales_swizzled", swizzled, False)
-    members = []
-    for piece in buffers.experts:
-        rows, width = piece["rowwise_data"].shape
-        shape = (rows, width * 2 if kind is TensorKind.NVFP4 else width)  # NVFP4 packs two values a byte
-        logical = {**piece, **flag, "quantizer": copy.copy(quantizer)}
-        device = piece["rowwise_data"].device
-        members.append(
-            _build(kind, version, logical, shape=shape, dtype=dtype, device=device, param=False, storage=False)
-        )
-    return members
+    flag = _flag(_row(kind, group.version), group.version, "scales_swizzled", swizzled, False)
+    member = _Target(tuple(group.shape)[1:], group.version, False, False, group.device, group.dtype)
+    return [_build(kind, member, {**piece, **flag, "quantizer": copy.copy(quantizer)}) for piece in buffers.experts]
 
 
 def fake_grouped(
@@ -856,26 +826,23 @@ def fake_grouped(
     and, with ``members``, its per-expert tensors in ``quantized_tensors``, whose buffers are
     views of the group's. ``swizzled`` sets the group's flag (2.14+) and its members'.
     """
-    version = _version(release)
-    row = _row(TensorKind.GROUPED, version)
+    target = _Target(shape, _version(release), False, param, device, dtype)
     experts, rows, columns = _grouped_dims(shape)
     buffers = grouped_buffers(shape, _generator(seed), format=format, columnwise=columnwise, dtype=dtype, device=device)
     logical: dict[str, Any] = {**buffers.flat, "num_tensors": experts, "tensor_shapes": [(rows, columns)] * experts}
     if format == "bf16" and swizzled:
         raise ValueError("swizzled=True: a bf16 group has no scales to be swizzled")
+    logical["quantizer"] = None  # a bf16 group has none
     if format != "bf16":
         kind = TensorKind.MXFP8 if format == "mxfp8" else TensorKind.NVFP4
-        logical["quantizer"] = _quantizer(kind, version)
+        logical["quantizer"] = _quantizer(kind, target.version)
         if members:
-            logical["quantized_tensors"] = _grouped_members(
-                version, buffers, kind, logical["quantizer"], swizzled, dtype
-            )
+            logical["quantized_tensors"] = _grouped_members(target, buffers, kind, logical["quantizer"], swizzled)
     # 2.13 keeps no flag on the group: there only its members can carry swizzled=True
     carried_by_members = swizzled and "quantized_tensors" in logical
-    logical.update(_flag(row, version, "scales_swizzled", swizzled, carried_by_members))
-    return _build(
-        TensorKind.GROUPED, version, logical, shape=shape, dtype=dtype, device=device, param=param, storage=False
-    )
+    row = _row(TensorKind.GROUPED, target.version)
+    logical.update(_flag(row, target.version, "scales_swizzled", swizzled, carried_by_members))
+    return _build(TensorKind.GROUPED, target, logical)
 
 
 _FACTORIES: dict[TensorKind, Callable[..., Any]] = {
