@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 import torch
 from packaging.version import Version
@@ -51,10 +51,14 @@ from te_compat.gemm_layout import QUANTIZER_ROWS
 from te_compat.table import StorageRow, TensorKind, in_range
 from te_compat.version import TEStatus, parse_te_version, pretend_installed, te_status, te_version
 
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11+; only read by type checkers here
+
 __all__ = [
     "GROUPED_FORMATS",
     "HYBRID_FORMATS",
     "FakeDispatchError",
+    "FakeOptions",
     "FakeQuantizer",
     "Float8BlockScaleTensorFormat",
     "GroupedBuffers",
@@ -581,9 +585,32 @@ def _flag(row: StorageRow, version: Version, name: str, value: Any, default: Any
     raise ValueError(f"TE {version}'s {row.kind} tensors have no {name!r} (asked for {value!r}); it is in: {having}")
 
 
+class FakeOptions(TypedDict, total=False):
+    """The keyword arguments every ``fake_*`` factory takes besides its kind's own.
+
+    - ``release``: the TE release to fake, as TE reports it (default: the release te_compat sees
+      as installed, so inside ``installed_release("2.20.2")`` a plain ``fake_mxfp8(shape)`` fakes
+      2.20.2);
+    - ``seed``: the seed of the random contents (default 0; the same seed, the same bytes);
+    - ``param``: return ``torch.nn.Parameter(fake)``, which is still of the fake's class, as a
+      Parameter of a TE tensor is (default False);
+    - ``storage``: return the storage-only object of the row's mixin class instead of the tensor
+      (``MXFP8TensorStorage``, ...: what a hybrid tensor holds per direction; default False);
+    - ``device``: where the buffers live (default ``"cpu"``; ``"cuda"`` or ``"meta"`` too);
+    - ``dtype``: the nominal high-precision dtype TE reports for the tensor (default bfloat16).
+    """
+
+    release: str | None
+    seed: int
+    param: bool
+    storage: bool
+    device: Device
+    dtype: torch.dtype
+
+
 @dataclass(frozen=True)
 class _Target:
-    """What a factory is asked for besides its kind's own options."""
+    """A factory's FakeOptions, checked, with the release resolved and the contents' generator."""
 
     shape: Sequence[int]
     version: Version
@@ -591,6 +618,28 @@ class _Target:
     param: bool
     device: Device
     dtype: torch.dtype
+    generator: torch.Generator
+
+
+def _target(factory: str, shape: Sequence[int], options: FakeOptions) -> _Target:
+    known = FakeOptions.__optional_keys__
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(
+            f"{factory}: unexpected keyword argument(s) {unknown}; expected its own or FakeOptions' {sorted(known)}"
+        )
+    seed = options.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed: expected an int; found {seed!r}")
+    return _Target(
+        shape,
+        _version(options.get("release")),
+        bool(options.get("storage", False)),
+        bool(options.get("param", False)),
+        options.get("device", "cpu"),
+        options.get("dtype", torch.bfloat16),
+        torch.Generator().manual_seed(seed),
+    )
 
 
 def _build(kind: TensorKind, target: _Target, logical: Mapping[str, Any]) -> Any:
@@ -616,57 +665,34 @@ def _build(kind: TensorKind, target: _Target, logical: Mapping[str, Any]) -> Any
     return torch.nn.Parameter(obj)
 
 
-def _generator(seed: int) -> torch.Generator:
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed: expected an int; found {seed!r}")
-    return torch.Generator().manual_seed(seed)
-
-
-def fake_float8(
-    shape: Sequence[int],
-    *,
-    release: str | None = None,
-    seed: int = 0,
-    transpose: bool = True,
-    storage: bool = False,
-    param: bool = False,
-    device: Device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-) -> Any:
+def fake_float8(shape: Sequence[int], *, transpose: bool = True, **options: Unpack[FakeOptions]) -> Any:
     """A fake Float8Tensor of logical ``shape`` (TE 1.x and 2.x; 1.x keeps ``_scale_inv`` and
     ``_transpose`` in the dict ``_fp8_attrs``, as TE did), buffers from :func:`float8_buffers`.
 
-    Returns the tensor, or with ``param`` a ``torch.nn.Parameter`` of it (still the fake's class),
-    or with ``storage`` (2.0+) the storage-only object. ``dtype`` is the nominal (high-precision)
-    dtype TE reports for it.
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` (2.0+) and the rest).
     """
-    target = _Target(shape, _version(release), storage, param, device, dtype)
-    return _build(TensorKind.FLOAT8, target, float8_buffers(shape, _generator(seed), transpose=transpose))
+    target = _target("fake_float8", shape, options)
+    return _build(TensorKind.FLOAT8, target, float8_buffers(shape, target.generator, transpose=transpose))
 
 
 def fake_mxfp8(
     shape: Sequence[int],
     *,
-    release: str | None = None,
-    seed: int = 0,
     rowwise: bool = True,
     columnwise: bool = True,
     swizzled: bool = False,
-    storage: bool = False,
-    param: bool = False,
-    device: Device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    **options: Unpack[FakeOptions],
 ) -> Any:
     """A fake MXFP8Tensor (TE 2.0+) of logical ``shape``, buffers from :func:`mxfp8_buffers`.
 
-    Returns the tensor (a Parameter with ``param``), or with ``storage`` the storage-only object
-    (``MXFP8TensorStorage``; what a hybrid tensor holds per direction). ``rowwise``/``columnwise``
-    choose the directions held; ``swizzled`` sets TE 2.12+'s ``_with_gemm_swizzled_scales`` (the
-    flag only: the scale bytes are random either way). The quantizer is a fake of TE's
-    ``MXFP8Quantizer`` (2.12+, ``optimize_for_gemm`` False) or a :class:`FakeQuantizer`.
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest).
+    ``rowwise``/``columnwise`` choose the directions held; ``swizzled`` sets TE 2.12+'s
+    ``_with_gemm_swizzled_scales`` (the flag only: the scale bytes are random either way). The
+    quantizer is a fake of TE's ``MXFP8Quantizer`` (2.12+, ``optimize_for_gemm`` False) or a
+    :class:`FakeQuantizer`.
     """
-    target = _Target(shape, _version(release), storage, param, device, dtype)
-    logical = mxfp8_buffers(shape, _generator(seed), rowwise=rowwise, columnwise=columnwise)
+    target = _target("fake_mxfp8", shape, options)
+    logical = mxfp8_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise)
     logical.update(_flag(_row(TensorKind.MXFP8, target.version), target.version, "scales_swizzled", swizzled, False))
     return _build(TensorKind.MXFP8, target, logical)
 
@@ -674,27 +700,22 @@ def fake_mxfp8(
 def fake_nvfp4(
     shape: Sequence[int],
     *,
-    release: str | None = None,
-    seed: int = 0,
     rowwise: bool = True,
     columnwise: bool = True,
     swizzled: bool = False,
     row_scaled: bool = False,
-    storage: bool = False,
-    param: bool = False,
-    device: Device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    **options: Unpack[FakeOptions],
 ) -> Any:
     """A fake NVFP4Tensor (TE 2.8+) of logical ``shape``, buffers from :func:`nvfp4_buffers`.
 
-    Returns the tensor (a Parameter with ``param``), or with ``storage`` the storage-only object.
-    The flags are TE's constructor defaults where the release has them: ``swizzled`` (2.12+),
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest). The
+    flags are TE's constructor defaults where the release has them: ``swizzled`` (2.12+),
     ``row_scaled`` (2.16+; then one fp32 rowwise amax per row), ``nvfp4_use_4over6`` False and
     ``nvfp4_e4m3_max`` 448 (2.17+). Asking for a flag the release lacks raises.
     """
-    target = _Target(shape, _version(release), storage, param, device, dtype)
+    target = _target("fake_nvfp4", shape, options)
     row, version = _row(TensorKind.NVFP4, target.version), target.version
-    logical = nvfp4_buffers(shape, _generator(seed), rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled)
+    logical = nvfp4_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled)
     logical.update(_flag(row, version, "scales_swizzled", swizzled, False))
     logical.update(_flag(row, version, "row_scaled_nvfp4", row_scaled, False))
     logical.update(_flag(row, version, "nvfp4_use_4over6", False, False))
@@ -705,27 +726,23 @@ def fake_nvfp4(
 def fake_blockwise(
     shape: Sequence[int],
     *,
-    release: str | None = None,
-    seed: int = 0,
     two_d: bool = True,
     compact: bool = False,
     rowwise: bool = True,
     columnwise: bool = True,
-    storage: bool = False,
-    param: bool = False,
-    device: Device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    **options: Unpack[FakeOptions],
 ) -> Any:
     """A fake Float8BlockwiseQTensor (TE 2.3+) of logical ``shape``, buffers from
     :func:`blockwise_buffers`.
 
-    Returns the tensor (a Parameter with ``param``), or with ``storage`` the storage-only object.
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest).
     ``two_d``: 128x128 blocks (``_is_2D_scaled``), else 1x128. ``compact``: TE 2.5-2.11's COMPACT
     data format (``_data_format``, a :class:`Float8BlockScaleTensorFormat`; GEMM_READY otherwise).
     """
-    target = _Target(shape, _version(release), storage, param, device, dtype)
-    generator = _generator(seed)
-    logical = blockwise_buffers(shape, generator, two_d=two_d, rowwise=rowwise, columnwise=columnwise, compact=compact)
+    target = _target("fake_blockwise", shape, options)
+    logical = blockwise_buffers(
+        shape, target.generator, two_d=two_d, rowwise=rowwise, columnwise=columnwise, compact=compact
+    )
     logical["is_2d_scaled"] = two_d
     fmt = Float8BlockScaleTensorFormat.COMPACT if compact else Float8BlockScaleTensorFormat.GEMM_READY
     row = _row(TensorKind.FLOAT8_BLOCKWISE, target.version)
@@ -733,28 +750,20 @@ def fake_blockwise(
     return _build(TensorKind.FLOAT8_BLOCKWISE, target, logical)
 
 
-def fake_identity(
-    shape: Sequence[int],
-    *,
-    release: str | None = None,
-    seed: int = 0,
-    storage: bool = False,
-    param: bool = False,
-    device: Device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-) -> Any:
+def fake_identity(shape: Sequence[int], **options: Unpack[FakeOptions]) -> Any:
     """A fake IdentityTensor (TE 2.19+): high-precision ``dtype`` data of ``shape`` (random
     normal) behind TE's quantized interface, as a hybrid tensor holds for an unquantized direction.
-    Returns the tensor (a Parameter with ``param``), or with ``storage`` the storage-only object."""
-    target = _Target(shape, _version(release), storage, param, device, dtype)
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest)."""
+    target = _target("fake_identity", shape, options)
     dims, _, _ = _dims(shape, "identity shape")
-    return _build(TensorKind.IDENTITY, target, {"data": torch.randn(dims, generator=_generator(seed)).to(dtype)})
+    data = torch.randn(dims, generator=target.generator).to(target.dtype)
+    return _build(TensorKind.IDENTITY, target, {"data": data})
 
 
 HYBRID_FORMATS = ("mxfp8", "nvfp4", "blockwise", "identity")
 
 
-def _hybrid_direction(fmt: str, shape: Sequence[int], rowwise: bool, options: dict[str, Any]) -> Any:
+def _hybrid_direction(fmt: str, shape: Sequence[int], rowwise: bool, options: FakeOptions) -> Any:
     """One direction of a hybrid: ``fmt`` pinned to that direction, as TE's HybridQuantizer pins it."""
     if fmt == "identity":
         return fake_identity(shape, **options)
@@ -767,30 +776,26 @@ def fake_hybrid(
     *,
     rowwise: str | None = "mxfp8",
     columnwise: str | None = "nvfp4",
-    release: str | None = None,
-    seed: int = 0,
     sub_storage: bool = True,
-    storage: bool = False,
-    param: bool = False,
-    device: Device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    **options: Unpack[FakeOptions],
 ) -> Any:
     """A fake HybridQuantizedTensor (TE 2.19+) of logical ``shape``: ``rowwise`` and ``columnwise``
     name each direction's format (one of :data:`HYBRID_FORMATS`; None: that direction absent),
     each sub-storage holding only its own direction (seeds ``seed`` and ``seed + 1``).
 
-    Returns the tensor (a Parameter with ``param``), or with ``storage`` the storage-only object.
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest).
     ``sub_storage``: the sub-storages are storage-only objects (what an internal sub-quantizer
     makes), else tensors.
     """
-    target = _Target(shape, _version(release), storage, param, device, dtype)
+    target = _target("fake_hybrid", shape, options)
+    seed = options.get("seed", 0)
     logical: dict[str, Any] = {}
     for offset, (name, fmt) in enumerate((("rowwise", rowwise), ("columnwise", columnwise))):
         if fmt is not None and fmt not in HYBRID_FORMATS:
             raise ValueError(f"{name}: expected one of {', '.join(map(repr, HYBRID_FORMATS))} or None; found {fmt!r}")
-        options = {"release": str(target.version), "seed": seed + offset, "storage": sub_storage, "device": device}
-        sub = _hybrid_direction(fmt, shape, name == "rowwise", {**options, "dtype": dtype}) if fmt else None
-        logical[f"{name}_storage"] = sub
+        sub: FakeOptions = {**options, "release": str(target.version), "seed": seed + offset, "storage": sub_storage}
+        sub["param"] = False
+        logical[f"{name}_storage"] = _hybrid_direction(fmt, shape, name == "rowwise", sub) if fmt else None
     return _build(TensorKind.HYBRID, target, logical)
 
 
@@ -800,7 +805,8 @@ def _grouped_members(
     """The per-expert tensors TE makes for a quantized group (each with its own copy of the
     group's quantizer): their buffers are views of the group's."""
     flag = _flag(_row(kind, group.version), group.version, "scales_swizzled", swizzled, False)
-    member = _Target(tuple(group.shape)[1:], group.version, False, False, group.device, group.dtype)
+    shape = tuple(group.shape)[1:]
+    member = _Target(shape, group.version, False, False, group.device, group.dtype, group.generator)
     return [_build(kind, member, {**piece, **flag, "quantizer": copy.copy(quantizer)}) for piece in buffers.experts]
 
 
@@ -808,27 +814,25 @@ def fake_grouped(
     shape: Sequence[int],
     *,
     format: str = "mxfp8",
-    release: str | None = None,
-    seed: int = 0,
     columnwise: bool = True,
     members: bool = True,
     swizzled: bool = False,
-    param: bool = False,
-    device: Device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
+    **options: Unpack[FakeOptions],
 ) -> Any:
     """A fake GroupedTensor (TE 2.13 plain class; 2.14+ a torch.Tensor) of ``shape``
     ``(experts, rows, columns)``: ``format`` "mxfp8", "nvfp4" or "bf16", buffers from
     :func:`grouped_buffers` (2.13 names its payload ``data`` and shapes ``shape``; 2.14+
     ``rowwise_data`` and ``tensor_shapes``: the table maps both).
 
-    Returns the group (a Parameter with ``param``, 2.14+). A quantized group has a fake quantizer
-    and, with ``members``, its per-expert tensors in ``quantized_tensors``, whose buffers are
-    views of the group's. ``swizzled`` sets the group's flag (2.14+) and its members'.
+    Returns the group (see :class:`FakeOptions`; ``param`` needs 2.14+). A quantized group has a
+    fake quantizer and, with ``members``, its per-expert tensors in ``quantized_tensors``, whose
+    buffers are views of the group's. ``swizzled`` sets the group's flag (2.14+) and its members'.
     """
-    target = _Target(shape, _version(release), False, param, device, dtype)
+    target = _target("fake_grouped", shape, options)
     experts, rows, columns = _grouped_dims(shape)
-    buffers = grouped_buffers(shape, _generator(seed), format=format, columnwise=columnwise, dtype=dtype, device=device)
+    buffers = grouped_buffers(
+        shape, target.generator, format=format, columnwise=columnwise, dtype=target.dtype, device=target.device
+    )
     logical: dict[str, Any] = {**buffers.flat, "num_tensors": experts, "tensor_shapes": [(rows, columns)] * experts}
     if format == "bf16" and swizzled:
         raise ValueError("swizzled=True: a bf16 group has no scales to be swizzled")
@@ -858,6 +862,6 @@ _FACTORIES: dict[TensorKind, Callable[..., Any]] = {
 
 def fake_tensor(kind: TensorKind | str, shape: Sequence[int], **options: Any) -> Any:
     """A fake of any ``kind`` of the release table: the ``fake_*`` factory of that kind, called
-    with ``shape`` and ``options`` (``release=``, ``seed=``, ``param=``, ...). Returns what that
+    with ``shape`` and ``options`` (:class:`FakeOptions` and the kind's own). Returns what that
     factory returns; use it to write one test over every kind."""
     return _FACTORIES[_kind(kind)](shape, **options)

@@ -304,6 +304,8 @@ def test_grouped_variants() -> None:
         g13 = fake_grouped((2, 64, 128), swizzled=True)
         assert not isinstance(g13, torch.Tensor) and te_compat.grouped_storage(g13).scales_swizzled
     with installed_release("2.20.2"):
+        storage = fake_grouped((2, 64, 128), storage=True)  # 2.14+: GroupedTensorStorage
+        assert not isinstance(storage, torch.Tensor) and te_compat.grouped_storage(storage).num_tensors == 2
         bf16 = te_compat.grouped_storage(fake_grouped((2, 64, 128), format="bf16", param=True))
         assert not bf16.quantized and bf16.members is None and bf16.need("rowwise_data").dtype == torch.bfloat16
         fp4 = fake_grouped((2, 64, 128), format="nvfp4")
@@ -438,6 +440,11 @@ def test_installed_release_takes_any_version_string() -> None:
             r"cannot read Transformer Engine version '2.x'",
         ),
         (lambda: fake_mxfp8((64, 128), release="2.20.2", seed=1.5), TypeError, r"seed: expected an int; found 1.5"),
+        (
+            lambda: fake_mxfp8((64, 128), release="2.20.2", colwise=False),
+            TypeError,
+            r"fake_mxfp8: unexpected keyword argument\(s\) \['colwise'\]; expected its own or FakeOptions' \['device'",
+        ),
     ],
 )
 def test_errors_say_what_was_expected_and_found(make: Callable[[], object], error: type[Exception], match: str) -> None:
