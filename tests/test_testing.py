@@ -506,3 +506,17 @@ def test_bench_host_stand_ins_run_on_te_compat_testing(tmp_path: Path) -> None:
     assert found["meta"]["te"] == "2.20.2" and found["meta"]["source"] == "standins"
     assert [r["case"].split()[0] for r in found["results"]] == ["E=8", "E=8", "E=32", "E=32", "E=256", "E=256"]
     assert all(r["split refresh"] > 0 and r["grouped refresh"] > 0 for r in found["results"])
+
+
+def test_te_compat_does_not_import_it_and_fakes_import_no_te() -> None:
+    script = (
+        "import sys, te_compat; assert 'te_compat.testing' not in sys.modules; "
+        "from te_compat.testing import fake_tensor, installed_release\n"
+        "with installed_release('2.20.2'):\n"
+        "    [fake_tensor(k, (2, 64, 128) if k == 'grouped' else (64, 128)) for k in "
+        "('float8', 'mxfp8', 'nvfp4', 'float8_blockwise', 'hybrid', 'identity', 'grouped')]\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformer_engine'))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"  # the fakes name TE's modules without creating any
