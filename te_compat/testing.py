@@ -105,7 +105,9 @@ def installed_release(release: str | None, *, source: str = "te_compat.testing")
     ``"2.21.0.dev0+5fdd7bb"``, or a string te_compat cannot parse (it then reports a TE of
     unreadable version, as it would for such metadata). ``source`` is reported as where the
     version came from. te_compat's caches are cleared on entry and exit; blocks nest. TE itself
-    is neither imported nor changed: ``capabilities()`` still tries to import it and says so.
+    is neither imported nor changed: ``capabilities()`` still tries to import it, and reports a
+    TE present but not usable (so its TE features missing) when that fails;
+    ``capabilities(import_te=False)`` reads the pretended release alone.
     """
     if release is not None and not isinstance(release, str):
         raise TypeError(f"installed_release: expected a TE version string such as '2.20.2' or None; found {release!r}")
