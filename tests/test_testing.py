@@ -485,6 +485,10 @@ def test_the_readme_try_it_without_te_block_runs(capsys: pytest.CaptureFixture[s
     assert "1 enabled" in capsys.readouterr().out
     assert namespace["g"].num_tensors == namespace["E"] and namespace["h"].columnwise_kind is TensorKind.NVFP4
     assert namespace["hv"].row_format == "mxfp8" and tuple(namespace["layout"].shape) == (2, 4, 32, 16)
+    assert (
+        len(namespace["many"]) == namespace["E"]
+        and namespace["v"].row_data.data_ptr() == namespace["g"].need("rowwise_data").data_ptr()
+    )
     assert te_compat.te_status() == before  # the block restored what te_compat sees
 
 
