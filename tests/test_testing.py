@@ -489,6 +489,10 @@ def test_the_readme_try_it_without_te_block_runs(capsys: pytest.CaptureFixture[s
         len(namespace["many"]) == namespace["E"]
         and namespace["v"].row_data.data_ptr() == namespace["g"].need("rowwise_data").data_ptr()
     )
+    n, k = namespace["N"], namespace["K"]
+    with installed_release("2.20.2"):
+        members = [te_compat.mxfp8_storage(m).need("rowwise_scale_inv")[:n, : k // 32] for m in namespace["g"].members]
+    assert torch.equal(namespace["back"], torch.stack(members))  # the fakes' own scales, round-tripped
     assert te_compat.te_status() == before  # the block restored what te_compat sees
 
 
