@@ -1,6 +1,6 @@
 """Host time of mok's views as users call them: a first view, a refresh, a layer refresh.
 
-    python benchmarks/bench_host.py --source standins      # CPU: TE stand-ins (tests/te_objects)
+    python benchmarks/bench_host.py --source standins      # CPU: TE fakes (te_compat.testing)
     python benchmarks/bench_host.py --source te --out r.json   # GPU: a real TE
 
 For E = 8, 32, 256 experts, per-expert Parameters ("split") and one grouped Parameter: the
@@ -43,6 +43,7 @@ import mok
 import te_compat
 
 EXPERTS = (8, 32, 256)
+STANDIN_RELEASE = "2.20.2"  # the TE release the CPU stand-ins are fakes of
 
 
 def host_us(fn: Callable[[], object], repeats: int) -> float:
@@ -103,16 +104,24 @@ def conversion_not_run() -> Iterator[None]:
 # ------------------------------------------------------------------------------ weights
 
 
-def standin_weights(experts: int, rows: int, cols: int, columnwise: bool) -> tuple[list[Any], Any]:
-    """Per-expert MXFP8 stand-ins and one grouped stand-in of TE 2.20.2 (tests/te_objects)."""
-    from te_compat import version
-    from tests import te_objects as T
+@contextlib.contextmanager
+def standins_installed() -> Iterator[None]:
+    """CPU: te_compat sees TE STANDIN_RELEASE installed (te_compat.testing), and the stand-ins'
+    conversion work is not run (see conversion_not_run)."""
+    from te_compat.testing import installed_release
 
-    # pretend TE 2.20.2 is installed, as tests/conftest.py's installed_te fixture does
-    version._read_installed = lambda: ("2.20.2", "transformer-engine")  # type: ignore[assignment]
-    te_compat.refresh()
-    split = [T.mxfp8_tensor("2.20.2", rows, cols, seed=e, param=True, columnwise=columnwise) for e in range(experts)]
-    grouped = T.grouped_tensor("2.20.2", experts, rows, cols, mxfp8=True, columnwise=columnwise, members=False)
+    with installed_release(STANDIN_RELEASE), conversion_not_run():
+        yield
+
+
+def standin_weights(experts: int, rows: int, cols: int, columnwise: bool) -> tuple[list[Any], Any]:
+    """Per-expert MXFP8 Parameters and one grouped Parameter (no members), te_compat.testing's
+    fakes of TE STANDIN_RELEASE."""
+    from te_compat.testing import fake_grouped, fake_mxfp8
+
+    shape, release = (rows, cols), STANDIN_RELEASE
+    split = [fake_mxfp8(shape, release=release, seed=e, columnwise=columnwise, param=True) for e in range(experts)]
+    grouped = fake_grouped((experts, *shape), release=release, columnwise=columnwise, members=False, param=True)
     return split, grouped
 
 
@@ -255,7 +264,7 @@ def run(source: str, repeats: int) -> list[dict[str, Any]]:
     make = standin_weights if source == "standins" else te_weights
     rows, cols = (128, 256) if source == "standins" else (2048, 7168)
     results = []
-    guard = conversion_not_run() if source == "standins" else contextlib.nullcontext()
+    guard = standins_installed() if source == "standins" else contextlib.nullcontext()
     with guard:
         for experts in EXPERTS:
             for columnwise in (True, False):
@@ -306,7 +315,7 @@ def main() -> None:
         "cpu": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "te": str(te_compat.te_version()),
+        "te": STANDIN_RELEASE if args.source == "standins" else str(te_compat.te_version()),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "source": args.source,
         "unit": (

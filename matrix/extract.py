@@ -9,15 +9,24 @@ attributes it assigns in its constructors, its properties and its methods. The r
     python -m matrix.extract 2.14.1            # download (cached) and write the record
     python -m matrix.extract --all             # every release in matrix/releases.toml
     python -m matrix.extract 2.14.1 --check    # fail if the committed record differs
+
+A wheel missing from the cache is downloaded with pip from the package index pip is configured
+with; when that index cannot be reached (offline), :class:`IndexUnreachable` says which one.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import json
+import os
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -27,14 +36,77 @@ from te_compat.source_facts import extract_sources, is_source_file
 MATRIX_DIR = Path(__file__).resolve().parent
 RECORDS_DIR = MATRIX_DIR / "records"
 WHEEL_CACHE = MATRIX_DIR / ".cache"
+PIP_DEFAULT_INDEX = "https://pypi.org/simple"
+PACKAGE = "transformer-engine"
+PROBE_TIMEOUT_S = 10.0
+
+
+class IndexUnreachable(OSError):
+    """The package index pip would download a TE wheel from cannot be reached (offline)."""
+
+
+@functools.cache
+def _pip_config_index() -> str | None:
+    """The index-url of pip's configuration files (``download.`` over ``global.``), if set."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    values = dict(line.split("=", 1) for line in listed.splitlines() if "=" in line)
+    for key in ("download.index-url", "global.index-url"):
+        if key in values:
+            return values[key].strip().strip("'\"")
+    return None
+
+
+def package_index() -> tuple[str, str]:
+    """(URL, where it is set) of the index pip downloads from: ``PIP_INDEX_URL``, else pip's
+    configuration, else pip's default, https://pypi.org/simple."""
+    if os.environ.get("PIP_INDEX_URL"):
+        return os.environ["PIP_INDEX_URL"], "PIP_INDEX_URL"
+    configured = _pip_config_index()
+    if configured:
+        return configured, "pip config index-url"
+    return PIP_DEFAULT_INDEX, "pip's default; PIP_INDEX_URL sets another"
+
+
+@functools.cache
+def index_unreachable(url: str) -> str | None:
+    """Why the index at ``url`` cannot be reached (its TE page asked once, within
+    PROBE_TIMEOUT_S), or None when it answers at all (an HTTP error is an answer)."""
+    page = url.rstrip("/") + f"/{PACKAGE}/"
+    if page.startswith("file:"):
+        folder = urllib.request.url2pathname(urllib.parse.urlparse(page).path)
+        return None if Path(folder).is_dir() else f"no folder {folder}"
+    cert = os.environ.get("PIP_CERT")  # pip's CA bundle, where one is set
+    context = ssl.create_default_context(cafile=cert if cert and Path(cert).is_file() else None)
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(page, method="HEAD"), timeout=PROBE_TIMEOUT_S, context=context
+        ):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        return f"{type(reason).__name__}: {reason}"
 
 
 def wheel_path(release: str, cache: Path = WHEEL_CACHE) -> Path:
-    """Return the cached wheel of ``transformer-engine==release``, downloading it if needed."""
+    """Return the cached wheel of ``transformer-engine==release``, downloading it if needed.
+
+    Raises :class:`IndexUnreachable`, naming the index and why, when the wheel is not cached and
+    the index cannot be reached; a download that fails from a reachable index raises as pip did.
+    """
     cache.mkdir(parents=True, exist_ok=True)
     found = sorted(cache.glob(f"transformer_engine-{release}-py3-none-any.whl"))
     if found:
         return found[0]
+    url, where = package_index()
+    why = index_unreachable(url)
+    if why is not None:
+        raise IndexUnreachable(
+            f"{url} ({where}) unreachable: {why}; needed to download {PACKAGE}=={release} into {cache}"
+        )
     subprocess.run(
         [
             sys.executable,
@@ -93,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name at least one release, or --all")
     failed = 0
     for release in releases:
-        fresh = dumps(extract_wheel(wheel_path(release, args.cache)))
+        try:
+            wheel = wheel_path(release, args.cache)
+        except IndexUnreachable as exc:
+            print(f"TE {release}: {exc}", file=sys.stderr)
+            return 2
+        fresh = dumps(extract_wheel(wheel))
         if args.check:
             committed = record_path(release).read_text() if record_path(release).exists() else ""
             if fresh != committed:

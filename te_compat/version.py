@@ -12,12 +12,14 @@ import importlib.metadata
 import importlib.util
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
 from packaging.version import InvalidVersion, Version
 
-from te_compat.caches import on_refresh
+from te_compat.caches import on_refresh, refresh
 from te_compat.errors import TENotFoundError, TEVersionError
 
 # Distributions that carry TE's Python package, in the order they are asked.
@@ -82,10 +84,34 @@ def _read_installed() -> tuple[str | None, str | None]:
     return (None, "transformer_engine (no version metadata)") if found else (None, None)
 
 
+# (raw version, source) pairs that te_status reports instead of the installed TE, innermost
+# last; only pretend_installed changes it.
+_pretended: list[tuple[str | None, str | None]] = []
+
+
+@contextmanager
+def pretend_installed(raw: str | None, source: str = "te_compat.testing") -> Iterator[None]:
+    """Within the block, te_compat treats TE ``raw`` as installed (None: no TE at all).
+
+    ``raw`` is read as package metadata would give it (``"2.20.2"``, a dev build, or a string
+    te_compat cannot parse), and ``source`` is reported as where it came from. te_compat's caches
+    are cleared (:func:`te_compat.refresh`) on entry and on exit, so nothing learnt under the
+    pretended TE outlives the block; blocks nest. TE itself is neither imported nor changed.
+    This is the hook behind ``te_compat.testing.installed_release``: use that one in tests.
+    """
+    _pretended.append((raw, source if raw is not None else None))
+    refresh()
+    try:
+        yield
+    finally:
+        _pretended.pop()
+        refresh()
+
+
 @cache
 def te_status() -> TEStatus:
     """The installed TE, cached; TE is not imported (see :func:`te_import_status`)."""
-    raw, source = _read_installed()
+    raw, source = _pretended[-1] if _pretended else _read_installed()
     if raw is None:
         if source is None:
             return TEStatus(None, None, None, usable=False, reason="transformer_engine is not installed")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -10,19 +11,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import te_compat  # noqa: E402
-from te_compat import version as te_version_module  # noqa: E402
+from te_compat.testing import installed_release  # noqa: E402
 
 
 @pytest.fixture
 def installed_te() -> Iterator[Callable[..., None]]:
-    """Pretend a TE release is installed (as package metadata would say), or none (None)."""
-    original = te_version_module._read_installed
+    """Pretend a TE release is installed (as package metadata would say), or none (None), until
+    the test ends: ``installed_te("2.20.2")``, ``installed_te("2.11.0", "transformer-engine-cu13")``.
+    A later call overrides an earlier one (te_compat.testing.installed_release, nested)."""
+    with ExitStack() as stack:
 
-    def pretend(raw: str | None, source: str = "transformer-engine") -> None:
-        te_version_module._read_installed = lambda: (raw, source if raw is not None else None)  # type: ignore[assignment]
-        te_compat.refresh()
+        def pretend(raw: str | None, source: str = "transformer-engine") -> None:
+            stack.enter_context(installed_release(raw, source=source))
 
-    yield pretend
-    te_version_module._read_installed = original  # type: ignore[assignment]
-    te_compat.refresh()
+        yield pretend

@@ -2,13 +2,13 @@
 
 Which attribute holds which buffer comes from ../shared/te-releases/facts.md ("Storage
 attributes"), written here independently of te_compat's table so the table is checked, not
-echoed. Which classes exist, where, and what they assign comes from matrix/records.
+echoed. Which classes exist, where, and what they assign comes from matrix/records. The buffers
+themselves (shapes, dtypes, TE's padding, keyed by te_compat's logical names) are
+te_compat.testing's builders, whose shapes tests/test_testing.py checks against the numbers below.
 """
 
 from __future__ import annotations
 
-import enum
-import math
 from typing import Any
 
 import torch
@@ -16,13 +16,33 @@ from packaging.version import Version
 
 from matrix.extract import load_record
 from matrix.releases import matrix_release, release_versions
+from te_compat.testing import (
+    Float8BlockScaleTensorFormat,
+    blockwise_buffers,
+    float8_buffers,
+    grouped_buffers,
+    mxfp8_buffers,
+    nvfp4_buffers,
+    padded_scales,
+)
 from tests.standins import make_standin
+
+garbage_padded = padded_scales  # a TE-padded scale buffer: random logical bytes, 0xFF in the padding
 
 # facts.md: MXFP8 stores _rowwise_data/_columnwise_data (uint8, both [M, K]) and padded uint8
 # scales _rowwise_scale_inv [roundup(M,128), roundup(K/32,4)], _columnwise_scale_inv
 # [roundup(M/32,4), roundup(K,128)]; 2.12+ adds _with_gemm_swizzled_scales.
 SWIZZLE_FLAG_SINCE = Version("2.12")
 GROUPED_RENAME_SINCE = Version("2.14")  # facts.md: data -> rowwise_data, shape -> tensor_shapes
+# facts.md: GroupedTensor's PUBLIC buffers, by logical name (2.13 calls rowwise_data "data")
+GROUPED_PUBLIC_NAMES = {
+    "rowwise_data": "rowwise_data",
+    "columnwise_data": "columnwise_data",
+    "rowwise_scale_inv": "scale_inv",
+    "columnwise_scale_inv": "columnwise_scale_inv",
+    "rowwise_scale_inv_offsets": "scale_inv_offsets",
+    "columnwise_scale_inv_offsets": "columnwise_scale_inv_offsets",
+}
 
 
 # NVFP4, read off TE's source (transformer_engine/pytorch/tensor/nvfp4_tensor.py, the same
@@ -35,7 +55,6 @@ GROUPED_RENAME_SINCE = Version("2.14")  # facts.md: data -> rowwise_data, shape 
 # Constructor defaults (NVFP4Tensor.__new__ 2.17+): row_scaled_nvfp4=False,
 # nvfp4_use_4over6=False, nvfp4_e4m3_max=448. Flags: _row_scaled_nvfp4 2.16+, _nvfp4_use_4over6 and
 # _nvfp4_e4m3_max 2.17+ (storage/nvfp4_tensor_storage.py).
-NVFP4_BLOCK = 16  # constants.NVFP4_BLOCK_SCALING_SIZE
 NVFP4_ROW_SCALED_SINCE = Version("2.16")
 NVFP4_4OVER6_SINCE = Version("2.17")
 NVFP4_E4M3_MAX_DEFAULT = 448
@@ -50,15 +69,7 @@ NVFP4_E4M3_MAX_DEFAULT = 448
 # (tex.Float8BlockScaleTensorFormat): COMPACT when the quantizer's all_gather_usage, and then,
 # for 1-D scaling only, columnwise data is not transposed ([M, K]) and the scales are unpadded:
 # rowwise [M, c(K)], columnwise [c(M), K]. _is_2D_scaled is block_scaling_dim == 2.
-BLOCKWISE_BLOCK = 128
 BLOCKWISE_FORMAT_SINCE, BLOCKWISE_FORMAT_UNTIL = Version("2.5"), Version("2.12")
-
-
-class Float8BlockScaleTensorFormat(enum.Enum):
-    """Stands for tex.Float8BlockScaleTensorFormat (a pybind11 enum in TE's C++ extension)."""
-
-    GEMM_READY = 0
-    COMPACT = 1
 
 
 # Hybrid (2.19+), read off pytorch/tensor/hybrid_tensor.py and storage/hybrid_tensor_storage.py:
@@ -108,23 +119,10 @@ def roundup(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def garbage_padded(rows: int, cols: int, pad_rows: int, pad_cols: int, g: torch.Generator) -> torch.Tensor:
-    """A TE-padded scale buffer: random logical bytes, 0xFF garbage in the padding (TE >= 2.7
-    leaves padding uninitialised)."""
-    buf = torch.full((pad_rows, pad_cols), 0xFF, dtype=torch.uint8)
-    buf[:rows, :cols] = torch.randint(0, 256, (rows, cols), dtype=torch.uint8, generator=g)
-    return buf
-
-
-def mxfp8_buffers(m: int, k: int, g: torch.Generator, columnwise: bool = True) -> dict[str, Any]:
-    out = {
-        "_rowwise_data": torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g),
-        "_rowwise_scale_inv": garbage_padded(m, k // 32, roundup(m, 128), roundup(k // 32, 4), g),
-    }
-    if columnwise:
-        out["_columnwise_data"] = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
-        out["_columnwise_scale_inv"] = garbage_padded(m // 32, k, roundup(m // 32, 4), roundup(k, 128), g)
-    return out
+def te_names(buffers: dict[str, Any]) -> dict[str, Any]:
+    """Buffers by logical name -> by TE's attribute: facts.md's single-tensor attributes are the
+    logical names with a leading underscore (``_rowwise_data``, ``_amax_rowwise``, ``_data``...)."""
+    return {f"_{name}": value for name, value in buffers.items()}
 
 
 def _to(attrs: dict[str, Any], device: str) -> dict[str, Any]:
@@ -143,7 +141,7 @@ def mxfp8_tensor(
     **extra: Any,
 ) -> Any:
     g = torch.Generator().manual_seed(seed)
-    attrs = _to(mxfp8_buffers(m, k, g, columnwise), device)
+    attrs = _to(te_names(mxfp8_buffers((m, k), g, columnwise=columnwise)), device)
     if rel(release) >= SWIZZLE_FLAG_SINCE:
         attrs.setdefault("_with_gemm_swizzled_scales", False)
     attrs.update(extra)
@@ -152,12 +150,7 @@ def mxfp8_tensor(
 
 
 def float8_tensor(release: str, m: int, k: int, *, seed: int = 0, param: bool = False) -> Any:
-    g = torch.Generator().manual_seed(seed)
-    attrs = {
-        "_data": torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g),
-        "_scale_inv": torch.rand(1, generator=g),
-        "_transpose": torch.randint(0, 256, (k, m), dtype=torch.uint8, generator=g),
-    }
+    attrs = te_names(float8_buffers((m, k), torch.Generator().manual_seed(seed)))
     t = make_standin(release, class_path(release, "Float8Tensor"), attrs, shape=(m, k))
     return torch.nn.Parameter(t, requires_grad=False) if param else t
 
@@ -178,88 +171,29 @@ def grouped_tensor(
 ) -> Any:
     """A GroupedTensor as facts.md records it on 2.20.2: flat 1-D buffers, scales expert-major,
     per-expert MXFP8 members whose scale views sit in the grouped buffer."""
-    g = torch.Generator().manual_seed(seed)
     new_names = rel(release) >= GROUPED_RENAME_SINCE
     data_name, shapes_name = ("rowwise_data", "tensor_shapes") if new_names else ("data", "shape")
-    n = experts * rows * cols
-    attrs: dict[str, Any] = {"num_tensors": experts, shapes_name: [(rows, cols)] * experts}
-    if not mxfp8:
-        attrs[data_name] = torch.randn(n, generator=g).to(torch.bfloat16).to(device)
-    else:
-        rp, rc = roundup(rows, 128), roundup(cols // 32, 4)
-        cp, cc = roundup(rows // 32, 4), roundup(cols, 128)
-        row_scales = torch.cat([garbage_padded(rows, cols // 32, rp, rc, g).flatten() for _ in range(experts)]).to(
-            device
-        )
-        attrs.update(
-            {
-                data_name: torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(device),
-                "scale_inv": row_scales,
-                "scale_inv_offsets": [e * rp * rc for e in range(experts + 1)],
-                "quantizer": object(),  # stands for an MXFP8Quantizer: only its presence is read
-            }
-        )
-        if columnwise:
-            attrs.update(
-                {
-                    "columnwise_data": torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(device),
-                    "columnwise_scale_inv": torch.cat(
-                        [garbage_padded(rows // 32, cols, cp, cc, g).flatten() for _ in range(experts)]
-                    ).to(device),
-                    "columnwise_scale_inv_offsets": [e * cp * cc for e in range(experts + 1)],
-                }
-            )
+    g = torch.Generator().manual_seed(seed)
+    fmt = "mxfp8" if mxfp8 else "bf16"
+    buffers = grouped_buffers((experts, rows, cols), g, format=fmt, columnwise=columnwise, device=device)
+    names = {**GROUPED_PUBLIC_NAMES, "rowwise_data": data_name}
+    attrs: dict[str, Any] = {names[k]: v for k, v in buffers.flat.items()}
+    attrs.update({"num_tensors": experts, shapes_name: [(rows, cols)] * experts})
+    if mxfp8:
+        attrs["quantizer"] = object()  # stands for an MXFP8Quantizer: only its presence is read
         if swizzled:
             attrs["_with_gemm_swizzled_scales"] = True
         if members:
-            mem = []
-            for e in range(experts):
-                pieces = {
-                    "_rowwise_data": attrs[data_name][e * rows * cols : (e + 1) * rows * cols].view(rows, cols),
-                    "_rowwise_scale_inv": row_scales[e * rp * rc : (e + 1) * rp * rc].view(rp, rc),
-                }
-                if columnwise:
-                    pieces["_columnwise_data"] = attrs["columnwise_data"][e * rows * cols : (e + 1) * rows * cols].view(
-                        rows, cols
-                    )
-                    pieces["_columnwise_scale_inv"] = attrs["columnwise_scale_inv"][
-                        e * cp * cc : (e + 1) * cp * cc
-                    ].view(cp, cc)
-                if rel(release) >= SWIZZLE_FLAG_SINCE:
-                    pieces["_with_gemm_swizzled_scales"] = swizzled
-                mem.append(
-                    make_standin(release, class_path(release, "MXFP8Tensor"), pieces, shape=(rows, cols), device=device)
-                )
-            attrs["quantized_tensors"] = mem
-    path = class_path(release, "GroupedTensor")
-    obj = make_standin(release, path, attrs, shape=(experts, rows, cols), device=device)
+            flag = {"_with_gemm_swizzled_scales": swizzled} if rel(release) >= SWIZZLE_FLAG_SINCE else {}
+            path = class_path(release, "MXFP8Tensor")
+            attrs["quantized_tensors"] = [
+                make_standin(release, path, {**te_names(piece), **flag}, shape=(rows, cols), device=device)
+                for piece in buffers.experts
+            ]
+    obj = make_standin(release, class_path(release, "GroupedTensor"), attrs, shape=(experts, rows, cols), device=device)
     if param and isinstance(obj, torch.Tensor):
         return torch.nn.Parameter(obj, requires_grad=False)
     return obj
-
-
-def nvfp4_buffers(
-    m: int,
-    k: int,
-    g: torch.Generator,
-    *,
-    rowwise: bool = True,
-    columnwise: bool = True,
-    row_scaled: bool = False,
-) -> dict[str, Any]:
-    """NVFP4 buffers of a logical [m, k] tensor, shaped as TE's source shapes them (see above)."""
-    out: dict[str, Any] = {}
-    if rowwise:
-        kb = math.ceil(k / NVFP4_BLOCK)
-        out["_rowwise_data"] = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, generator=g)
-        out["_rowwise_scale_inv"] = garbage_padded(m, kb, roundup(m, 128), roundup(kb, 4), g)
-        out["_amax_rowwise"] = torch.rand(m if row_scaled else 1, generator=g)
-    if columnwise:
-        mb = math.ceil(m / NVFP4_BLOCK)
-        out["_columnwise_data"] = torch.randint(0, 256, (k, m // 2), dtype=torch.uint8, generator=g)
-        out["_columnwise_scale_inv"] = garbage_padded(k, mb, roundup(k, 128), roundup(mb, 4), g)
-        out["_amax_columnwise"] = torch.rand(1, generator=g)
-    return out
 
 
 def _nvfp4_flags(release: str, swizzled: bool, row_scaled: bool) -> dict[str, Any]:
@@ -299,57 +233,14 @@ def nvfp4_tensor(
     ``param``), or the storage-only class with ``storage`` (what a hybrid holds per direction).
     ``swizzled`` sets the 2.12+ flag; ``extra`` overrides any attribute by TE's name."""
     g = torch.Generator().manual_seed(seed)
-    attrs = _to(nvfp4_buffers(m, k, g, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled), device)
+    buffers = nvfp4_buffers((m, k), g, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled)
+    attrs = _to(te_names(buffers), device)
     attrs.update(_nvfp4_flags(release, swizzled, row_scaled))
     attrs.update(extra)
     if storage:
         return make_standin(release, storage_class_path(release, "NVFP4Tensor"), attrs)
     t = make_standin(release, class_path(release, "NVFP4Tensor"), attrs, shape=(m, k), device=device)
     return torch.nn.Parameter(t, requires_grad=False) if param else t
-
-
-def _padded_f32(rows: int, cols: int, pad_rows: int, pad_cols: int, g: torch.Generator) -> torch.Tensor:
-    """An fp32 scale buffer: random logical values, 0xFF bytes (NaN) in TE's uninitialised padding."""
-    buf = torch.full((pad_rows, pad_cols * 4), 0xFF, dtype=torch.uint8).view(torch.float32)
-    buf[:rows, :cols] = torch.rand(rows, cols, generator=g) + 0.5
-    return buf
-
-
-def blockwise_buffers(
-    m: int,
-    k: int,
-    g: torch.Generator,
-    *,
-    two_d: bool = True,
-    rowwise: bool = True,
-    columnwise: bool = True,
-    compact: bool = False,
-) -> dict[str, Any]:
-    """Float8 blockwise buffers of a logical [m, k] tensor, shaped as TE's source shapes them."""
-
-    def c(x: int) -> int:
-        return math.ceil(x / BLOCKWISE_BLOCK)
-
-    flat = compact and not two_d  # COMPACT changes nothing for 2-D scaling
-    out: dict[str, Any] = {}
-    if rowwise:
-        out["_rowwise_data"] = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
-        if two_d:
-            out["_rowwise_scale_inv"] = _padded_f32(c(m), c(k), c(m), roundup(c(k), 4), g)
-        elif flat:
-            out["_rowwise_scale_inv"] = _padded_f32(m, c(k), m, c(k), g)
-        else:
-            out["_rowwise_scale_inv"] = _padded_f32(c(k), m, c(k), roundup(m, 4), g)
-    if columnwise:
-        shape = (m, k) if flat else (k, m)
-        out["_columnwise_data"] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
-        if two_d:
-            out["_columnwise_scale_inv"] = _padded_f32(c(k), c(m), c(k), roundup(c(m), 4), g)
-        elif flat:
-            out["_columnwise_scale_inv"] = _padded_f32(c(m), k, c(m), k, g)
-        else:
-            out["_columnwise_scale_inv"] = _padded_f32(c(m), k, c(m), roundup(k, 4), g)
-    return out
 
 
 def blockwise_tensor(
@@ -374,9 +265,8 @@ def blockwise_tensor(
     if compact and not has_format:
         raise ValueError(f"TE {release} has no COMPACT blockwise format (2.5-2.11)")
     g = torch.Generator().manual_seed(seed)
-    attrs = _to(
-        blockwise_buffers(m, k, g, two_d=two_d, rowwise=rowwise, columnwise=columnwise, compact=compact), device
-    )
+    buffers = blockwise_buffers((m, k), g, two_d=two_d, rowwise=rowwise, columnwise=columnwise, compact=compact)
+    attrs = _to(te_names(buffers), device)
     attrs["_is_2D_scaled"] = two_d
     if has_format:
         fmt = Float8BlockScaleTensorFormat.COMPACT if compact else Float8BlockScaleTensorFormat.GEMM_READY
@@ -390,13 +280,7 @@ def blockwise_tensor(
 
 def _mxfp8_one_direction(release: str, m: int, k: int, *, rowwise: bool, seed: int, storage: bool) -> Any:
     g = torch.Generator().manual_seed(seed)
-    if rowwise:
-        attrs = mxfp8_buffers(m, k, g, columnwise=False)
-    else:
-        attrs = {
-            "_columnwise_data": torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g),
-            "_columnwise_scale_inv": garbage_padded(m // 32, k, roundup(m // 32, 4), roundup(k, 128), g),
-        }
+    attrs = te_names(mxfp8_buffers((m, k), g, rowwise=rowwise, columnwise=not rowwise))
     attrs["_with_gemm_swizzled_scales"] = False
     if storage:
         return make_standin(release, storage_class_path(release, "MXFP8Tensor"), attrs)

@@ -2,7 +2,10 @@
 
 Each release's wheel (matrix/.cache, downloaded once when missing) is unpacked into a temporary
 folder and read as if it were the installed TE. Expectations come from the matrix: the committed
-records (extracted from the same wheels) and ``matrix.check``.
+records (extracted from the same wheels) and ``matrix.check``. Without a cached wheel and with
+no package index to download it from (offline), a test that reads a wheel skips, naming the
+index; CI downloads every wheel first (``nox -s release``). The table against the records needs
+no wheel: tests/test_matrix.py.
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import re
 import shutil
+import socket
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +26,8 @@ import pytest
 
 import te_compat
 import te_compat.verify as verify_module
-from matrix.check import check_release
-from matrix.extract import load_record, wheel_path
+from matrix.check import check_record, check_release
+from matrix.extract import IndexUnreachable, index_unreachable, load_record, package_index, wheel_path
 from matrix.releases import matrix_release, release_versions
 from te_compat import table
 from te_compat.cli import main
@@ -37,6 +43,15 @@ MXFP8_STORAGE_MODULE = "transformer_engine.pytorch.tensor.storage.mxfp8_tensor_s
 DEV_BUILD = "2.21.0.dev0+5fdd7bb"
 
 
+def wheel_or_skip(release: str, cache: Path | None = None) -> Path:
+    """The release's wheel from matrix/.cache (downloaded when missing); the test skips, naming the
+    index, when it is missing and the package index cannot be reached."""
+    try:
+        return wheel_path(release) if cache is None else wheel_path(release, cache)
+    except IndexUnreachable as exc:
+        pytest.skip(f"no TE {release} wheel: {exc}")
+
+
 @pytest.fixture(scope="session")
 def te_source(tmp_path_factory: pytest.TempPathFactory) -> Unpacker:
     """The unpacked wheel of a matrix release (its source release's wheel), unpacked once."""
@@ -46,11 +61,59 @@ def te_source(tmp_path_factory: pytest.TempPathFactory) -> Unpacker:
         source = matrix_release(release).source_from
         target = root / source
         if not target.exists():
-            with zipfile.ZipFile(wheel_path(source)) as archive:
+            with zipfile.ZipFile(wheel_or_skip(source)) as archive:
                 archive.extractall(target)
         return target
 
     return unpack
+
+
+# ---- offline -------------------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released): connecting is refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_an_unreachable_index_skips_the_test_and_names_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = f"http://127.0.0.1:{_closed_port()}/simple"
+    monkeypatch.setenv("PIP_INDEX_URL", index)
+    start = time.perf_counter()
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        wheel_or_skip("2.20.2", tmp_path)  # an empty cache: the wheel must be downloaded
+    reason = str(skipped.value)
+    # refused, or with no network at all, unreachable: either way the index is named, and why
+    assert re.match(rf"no TE 2\.20\.2 wheel: {re.escape(index)} \(PIP_INDEX_URL\) unreachable: \w+Error: ", reason)
+    assert f"transformer-engine==2.20.2 into {tmp_path}" in reason
+    assert list(tmp_path.iterdir()) == [] and time.perf_counter() - start < 5  # pip never ran
+
+
+def test_a_cached_wheel_needs_no_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{_closed_port()}/simple")
+    wheel = tmp_path / "transformer_engine-2.20.2-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    assert wheel_or_skip("2.20.2", tmp_path) == wheel
+
+
+def test_the_index_is_the_one_pip_is_configured_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "simple" / "transformer-engine").mkdir(parents=True)
+    local = (tmp_path / "simple").as_uri()
+    monkeypatch.setenv("PIP_INDEX_URL", local)
+    assert package_index() == (local, "PIP_INDEX_URL") and index_unreachable(local) is None
+    assert (
+        index_unreachable((tmp_path / "elsewhere").as_uri())
+        == f"no folder {tmp_path / 'elsewhere'}/transformer-engine/"
+    )
+    monkeypatch.delenv("PIP_INDEX_URL")
+    url, where = package_index()  # pip's config files, else pip's default
+    assert (url, where) == ("https://pypi.org/simple", "pip's default; PIP_INDEX_URL sets another") or (
+        where == "pip config index-url" and "://" in url
+    )
 
 
 def _copy_with(src: Path, dst: Path, relpath: str, old: str, new: str) -> Path:
@@ -180,7 +243,8 @@ def test_the_installed_te_is_found_without_running_it(
     assert not [m for m in sys.modules if m.split(".")[0] == "transformer_engine"]
 
 
-def test_no_te_and_bad_input(installed_te: Installer, tmp_path: Path, te_source: Unpacker) -> None:
+def test_no_te_and_bad_input(installed_te: Installer, tmp_path: Path) -> None:
+    # no wheel needed: the version is checked before any source file is read
     installed_te(None)
     with pytest.raises(TENotFoundError, match="Transformer Engine is not installed"):
         verify_installed()
@@ -189,10 +253,15 @@ def test_no_te_and_bad_input(installed_te: Installer, tmp_path: Path, te_source:
     installed_te("not a version")
     with pytest.raises(TEVersionError, match="cannot verify the installed Transformer Engine"):
         verify_installed()
+    (tmp_path / "transformer_engine" / "pytorch").mkdir(parents=True)  # an empty TE source tree
+    with pytest.raises(TEVersionError, match="'2.x'"):
+        verify_installed(tmp_path, "2.x")
+
+
+def test_a_source_tree_given_states_its_own_release(installed_te: Installer, te_source: Unpacker) -> None:
+    installed_te("not a version")
     # a source tree given says its own release (here its dist-info): the installed TE's is not asked
     assert verify_installed(te_source("2.20.2")).release == "2.20.2"
-    with pytest.raises(TEVersionError, match="'2.x'"):
-        verify_installed(te_source("2.20.2"), "2.x")
 
 
 def test_a_kind_of_the_table_is_checked_in_the_right_release_only(te_source: Unpacker) -> None:
@@ -201,6 +270,14 @@ def test_a_kind_of_the_table_is_checked_in_the_right_release_only(te_source: Unp
     assert not result.ok
     assert any("assigns '_with_gemm_swizzled_scales', unknown to the mxfp8 row" in p for p in result.problems)
     assert TensorKind.MXFP8.value in {r.split()[0] for r in result.rows}
+    # verify's check is the matrix's: the committed record gives the same verdict offline
+    assert result.problems == tuple(check_record({**load_record("2.12.0"), "release": "2.11.0"}))
+
+
+def test_the_same_check_on_the_committed_record_needs_no_wheel() -> None:
+    problems = check_record({**load_record("2.12.0"), "release": "2.11.0"})
+    assert any("assigns '_with_gemm_swizzled_scales', unknown to the mxfp8 row" in p for p in problems)
+    assert check_record(load_record("2.12.0")) == []
 
 
 # ---- te-compat verify ----

@@ -1,0 +1,869 @@
+"""Fakes of Transformer Engine's tensors, for unit tests that run without TE or a GPU.
+
+A downstream project tests its own code on these the way it would on TE's objects::
+
+    import te_compat
+    from te_compat.testing import fake_mxfp8, installed_release
+
+    def test_my_reader() -> None:
+        with installed_release("2.20.2"):  # te_compat sees TE 2.20.2; nothing is imported
+            weight = fake_mxfp8((256, 512), param=True, seed=1)
+            s = te_compat.mxfp8_storage(weight)  # weight's own uint8 [256, 512] payload, padded scales
+            ...
+
+Every fake is built from te_compat's release table (``te_compat/table.py``) for one TE release:
+
+- its class has the module path and name of TE's class in that release, so te_compat finds its
+  kind from the class hierarchy as it does for TE's own; the bases are TE-like too (the storage
+  mixin the row names, and that release's ``QuantizedTensor``/``QuantizedTensorStorage``);
+- it has every attribute the row maps a logical storage name to, and every attribute the row
+  knows, holding seeded random buffers of the shapes, dtypes and padding TE allocates (payload
+  bytes random; scales random in their logical corner and 0xFF in TE's uninitialised padding);
+- it behaves as TE's tensors do where readers meet them: ``torch.nn.Parameter(fake)`` is an
+  instance of the fake's own class, ``fake.data`` is a new wrapper sharing the same buffers
+  (TE's ``make_like``), and any torch operation on its values (arithmetic, printing, ``.to``,
+  indexing) raises :class:`FakeDispatchError`: te_compat and mok promise never to materialise or
+  dequantise TE's tensors, and a fake holds them to that.
+
+``release=None`` (the default of every factory) means the release te_compat sees as installed:
+inside ``installed_release(...)``, the pretended one. ``import te_compat`` does not import this
+module; importing it imports torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import math
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
+
+import torch
+from packaging.version import Version
+
+from te_compat import table
+from te_compat.errors import TENotFoundError
+from te_compat.gemm_layout import QUANTIZER_ROWS
+from te_compat.table import StorageRow, TensorKind, in_range
+from te_compat.version import TEStatus, parse_te_version, pretend_installed, te_status, te_version
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11+; only read by type checkers here
+
+__all__ = [
+    "GROUPED_FORMATS",
+    "HYBRID_FORMATS",
+    "FakeDispatchError",
+    "FakeOptions",
+    "FakeQuantizer",
+    "Float8BlockScaleTensorFormat",
+    "GroupedBuffers",
+    "blockwise_buffers",
+    "fake_blockwise",
+    "fake_class",
+    "fake_float8",
+    "fake_grouped",
+    "fake_hybrid",
+    "fake_identity",
+    "fake_mxfp8",
+    "fake_nvfp4",
+    "fake_te_class",
+    "fake_tensor",
+    "float8_buffers",
+    "grouped_buffers",
+    "installed_release",
+    "mxfp8_buffers",
+    "new_fake",
+    "nvfp4_buffers",
+    "padded_scales",
+]
+
+Device = torch.device | str
+
+MXFP8_BLOCK = 32  # values per E8M0 scale (TE's MXFP8 block)
+NVFP4_BLOCK = 16  # values per E4M3 scale (constants.NVFP4_BLOCK_SCALING_SIZE)
+BLOCKWISE_BLOCK = 128  # Float8BlockQuantizer.block_len
+SCALE_ROWS, SCALE_COLUMNS = 128, 4  # TE pads MXFP8/NVFP4 scale buffers to these multiples
+NVFP4_E4M3_MAX = 448  # NVFP4Tensor's default nvfp4_e4m3_max (2.17+)
+
+
+# ------------------------------------------------------------------------------ the installed TE
+
+
+@contextmanager
+def installed_release(release: str | None, *, source: str = "te_compat.testing") -> Iterator[TEStatus]:
+    """Make te_compat treat TE ``release`` as installed within the block; None: no TE at all.
+
+    Returns (as the ``with`` target) the :class:`te_compat.TEStatus` te_compat then reports. Use it
+    so that te_compat reads fakes (its storage table is keyed by the installed release) or to
+    test how your code behaves under another TE, or none, without installing one. ``release`` is
+    read as TE's package metadata would give it: ``"2.20.2"``, a dev build such as
+    ``"2.21.0.dev0+5fdd7bb"``, or a string te_compat cannot parse (it then reports a TE of
+    unreadable version, as it would for such metadata). ``source`` is reported as where the
+    version came from. te_compat's caches are cleared on entry and exit; blocks nest. TE itself
+    is neither imported nor changed: ``capabilities()`` still tries to import it, and reports a
+    TE present but not usable (so its TE features missing) when that fails;
+    ``capabilities(import_te=False)`` reads the pretended release alone.
+    """
+    if release is not None and not isinstance(release, str):
+        raise TypeError(f"installed_release: expected a TE version string such as '2.20.2' or None; found {release!r}")
+    with pretend_installed(release, source):
+        yield te_status()
+
+
+# ------------------------------------------------------------------------------ fake classes
+
+
+class FakeDispatchError(AssertionError):
+    """Torch dispatched an operation on a fake's values: something materialised or dequantised it."""
+
+
+def _dispatch(cls: type, func: object, types_: object, args: object = (), kwargs: object = None) -> NoReturn:
+    raise FakeDispatchError(
+        f"{cls.__module__}.{cls.__qualname__} is a te_compat.testing fake: torch ran {func} on its values, "
+        f"which materialises or dequantises the tensor (TE's tensors must only be read through their "
+        f"storage: te_compat.storage_attr, mxfp8_storage, ...)"
+    )
+
+
+def _detach(self: torch.Tensor) -> torch.Tensor:
+    """TE's make_like: a new wrapper of the same class sharing every buffer."""
+    twin = torch.Tensor._make_wrapper_subclass(
+        type(self), self.shape, dtype=self.dtype, device=self.device, requires_grad=False
+    )
+    twin.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_is_param"})
+    return twin
+
+
+def _dict_property(name: str) -> property:
+    """An attribute kept in the dict ``_fp8_attrs``, shared with detached copies (TE 1.x)."""
+
+    def get(self: Any) -> Any:
+        return self._fp8_attrs.get(name)
+
+    def put(self: Any, value: Any) -> None:
+        self._fp8_attrs[name] = value
+
+    return property(get, put)
+
+
+def fake_te_class(
+    path: str, bases: Sequence[type] = (), *, doc: str | None = None, dict_backed: Iterable[str] = ()
+) -> type:
+    """A new class standing for TE's class ``path`` (``"module.Class"``), on ``bases``.
+
+    Returns a class with that module and name (what te_compat's kind detection reads). When a
+    base is a ``torch.Tensor``, its ``__torch_dispatch__`` raises :class:`FakeDispatchError`, and
+    ``detach()`` and ``.data`` return a new wrapper sharing the buffers, as TE's tensors do, so
+    ``torch.nn.Parameter(fake)`` is an instance of the class. ``dict_backed`` names attributes
+    kept in the dict ``_fp8_attrs`` (TE 1.x Float8Tensor). Use it for a TE class the release
+    table does not name (a custom recipe's QuantizedTensor, say); :func:`fake_class` gives the
+    ones it does.
+    """
+    module, _, name = path.rpartition(".")
+    namespace: dict[str, Any] = {
+        "__module__": module,
+        "__qualname__": name,
+        "__doc__": doc or f"A te_compat.testing fake of TE's {path} (not TE itself).",
+    }
+    if any(issubclass(base, torch.Tensor) for base in bases):
+        namespace["__torch_dispatch__"] = classmethod(_dispatch)
+        namespace["detach"] = _detach
+        namespace["data"] = property(_detach)
+    for attr in dict_backed:
+        namespace[attr] = _dict_property(attr)
+    return types.new_class(name, tuple(bases) or (object,), exec_body=lambda ns: ns.update(namespace))
+
+
+def new_fake(
+    cls: type,
+    attrs: Mapping[str, Any],
+    *,
+    names: Iterable[str],
+    origin: str,
+    shape: Sequence[int] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    device: Device = "cpu",
+) -> Any:
+    """An instance of the fake class ``cls`` with every attribute in ``names`` set.
+
+    Returns the object: each name holds ``attrs[name]``, or None where ``attrs`` leaves it out. A
+    tensor class is made a wrapper tensor of logical ``shape``, ``dtype`` and ``device`` (no
+    memory of its own); another class, a plain object. An attribute of ``attrs`` outside
+    ``names`` raises, naming ``origin`` (where ``names`` come from), so a fake cannot hold
+    storage its release never had.
+    """
+    allowed = set(names)
+    unknown = sorted(set(attrs) - allowed)
+    if unknown:
+        raise AttributeError(f"{origin} never assigns {unknown}; it assigns {sorted(allowed)}")
+    if issubclass(cls, torch.Tensor):
+        if shape is None:
+            raise ValueError(f"{cls.__qualname__} is a torch.Tensor: a fake of it needs its logical shape")
+        obj: Any = torch.Tensor._make_wrapper_subclass(cls, tuple(shape), dtype=dtype, device=torch.device(device))
+    else:
+        obj = object.__new__(cls)
+    if "_fp8_attrs" in allowed:
+        obj.__dict__["_fp8_attrs"] = {}
+    for name in sorted(allowed - {"_fp8_attrs"}):
+        setattr(obj, name, attrs.get(name))
+    return obj
+
+
+def _version(release: str | None) -> Version:
+    """The release a fake is made for: ``release``, else the installed (or pretended) one."""
+    if release is None:
+        installed = te_version()
+        if installed is None:
+            raise TENotFoundError(
+                f"te_compat.testing: no release given and no Transformer Engine installed "
+                f"({te_status().reason}); pass release='2.20.2', or use installed_release('2.20.2')"
+            )
+        return installed
+    if not isinstance(release, str):
+        raise TypeError(f"release: expected a TE version string such as '2.20.2'; found {release!r}")
+    return parse_te_version(release)
+
+
+def _kind(kind: TensorKind | str) -> TensorKind:
+    faked = [k.value for k in TensorKind if table.rows_for(k)]
+    try:
+        found = TensorKind(kind)
+    except ValueError:
+        found = None
+    if found is None or not table.rows_for(found):
+        raise ValueError(f"kind: expected one of {', '.join(faked)} (a kind of the release table); found {kind!r}")
+    return found
+
+
+def _row(kind: TensorKind, version: Version) -> StorageRow:
+    row = table.row_for(kind, version)
+    if row is None:
+        spans = ", ".join(f"TE {r.span}" for r in table.rows_for(kind))
+        raise ValueError(
+            f"TE {version} has no {kind} tensors in te_compat's release table; the releases that do: {spans}"
+        )
+    return row
+
+
+def _row_origin(row: StorageRow, version: Version, path: str) -> str:
+    return f"TE {version}'s {path} (per te_compat's release table, row {row.kind} {row.span})"
+
+
+def _row_attrs(row: StorageRow) -> frozenset[str]:
+    """Every attribute the row's classes assign: the ones it probes and the ones it knows."""
+    return frozenset(row.storage.values()) | row.known
+
+
+def _base_paths(version: Version) -> tuple[str | None, str | None]:
+    """TE's (QuantizedTensor, QuantizedTensorStorage/Base) class paths in ``version``, if any."""
+    tensor = storage = None
+    for path, since, until in table.QUANTIZED_BASES:
+        if in_range(version, since, until):
+            if path.endswith(".QuantizedTensor"):
+                tensor = path
+            else:
+                storage = path
+    return tensor, storage
+
+
+@cache
+def _base_class(path: str) -> type:
+    return fake_te_class(path, (torch.Tensor,) if path.endswith(".QuantizedTensor") else ())
+
+
+@cache
+def _row_classes(index: int, tensor_base: str | None, storage_base: str | None) -> tuple[type, type | None]:
+    """(tensor class, storage mixin or None) of row ``table.ROWS[index]`` on these TE bases.
+
+    A grouped row with no storage mixin is TE 2.13's plain GroupedTensor class; GroupedTensor
+    2.14+ derives from its storage and torch.Tensor, not from QuantizedTensor.
+    """
+    row = table.ROWS[index]
+    doc = f"A te_compat.testing fake of TE's {{}} (release table row {row.kind} {row.span}; not TE itself)."
+    grouped = row.kind is TensorKind.GROUPED
+    mixin = None
+    if len(row.classes) > 1:
+        mixin_bases = (_base_class(storage_base),) if storage_base and not grouped else ()
+        mixin = fake_te_class(row.classes[1], mixin_bases, doc=doc.format(row.classes[1]))
+    if grouped and mixin is None:
+        return fake_te_class(row.classes[0], doc=doc.format(row.classes[0])), None
+    tensor_bases = (_base_class(tensor_base),) if tensor_base and not grouped else (torch.Tensor,)
+    dict_backed = _row_attrs(row) - {"_data", "_fp8_attrs"} if "_fp8_attrs" in row.known else frozenset()
+    bases = (mixin, *tensor_bases) if mixin else tensor_bases
+    return fake_te_class(row.classes[0], bases, doc=doc.format(row.classes[0]), dict_backed=dict_backed), mixin
+
+
+def _fake_class(kind: TensorKind, version: Version, storage: bool) -> type:
+    row = _row(kind, version)
+    index = next(i for i, r in enumerate(table.ROWS) if r is row)
+    main, mixin = _row_classes(index, *_base_paths(version))
+    if not storage:
+        return main
+    if mixin is None:
+        with_mixin = ", ".join(f"TE {r.span}" for r in table.rows_for(kind) if len(r.classes) > 1)
+        raise ValueError(
+            f"TE {version}'s {kind} row names no storage class, only {row.classes[0]}; "
+            f"storage-only {kind} objects exist in: {with_mixin or 'no release'}"
+        )
+    return mixin
+
+
+def fake_class(kind: TensorKind | str, release: str | None = None, *, storage: bool = False) -> type:
+    """The fake class of ``kind`` in TE ``release`` (default: the installed one).
+
+    Returns the tensor class (TE's ``MXFP8Tensor``, ``GroupedTensor``, ...) or, with ``storage``,
+    the storage-only mixin (``MXFP8TensorStorage`` 2.9+, ``MXFP8TensorBase`` 2.0-2.8, ...), built
+    once per table row and TE base classes from te_compat's release table. Use it for
+    ``isinstance`` checks or to build objects of your own with :func:`new_fake`; the ``fake_*``
+    factories fill one in. Raises ValueError, naming the releases that have it, for a kind the
+    release lacks.
+    """
+    return _fake_class(_kind(kind), _version(release), storage)
+
+
+# ------------------------------------------------------------------------------ quantizers
+
+
+class FakeQuantizer:
+    """Stands for the quantizer TE keeps on a tensor where te_compat knows no quantizer class of
+    that kind and release: te_compat and mok only read whether there is one."""
+
+
+@cache
+def _quantizer_class(path: str) -> type:
+    return fake_te_class(path, doc=f"A te_compat.testing fake of TE's {path} (te_compat.gemm_layout's rows).")
+
+
+def _quantizer(kind: TensorKind, version: Version) -> object:
+    """A fake of the quantizer TE keeps on a ``kind`` tensor: of the class te_compat's quantizer
+    rows name (every flag they read False, as TE's constructors default), else a FakeQuantizer."""
+    for row in QUANTIZER_ROWS:
+        if kind in row.kinds and row.covers(version):
+            quantizer: object = object.__new__(_quantizer_class(row.quantizer))
+            for flag in sorted(row.reads):
+                setattr(quantizer, flag, False)
+            return quantizer
+    return FakeQuantizer()
+
+
+# ------------------------------------------------------------------------------ buffers
+
+
+def _roundup(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _dims(shape: Sequence[int], what: str) -> tuple[tuple[int, ...], int, int]:
+    """(shape, M, K) of a logical shape: M the product of the leading dims, K the last."""
+    dims = tuple(shape) if isinstance(shape, Sequence) else ()
+    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+        raise ValueError(f"{what}: expected a shape of positive ints such as (128, 256); found {shape!r}")
+    return dims, math.prod(dims[:-1]), dims[-1]
+
+
+def padded_scales(
+    rows: int, cols: int, pad_rows: int, pad_cols: int, generator: torch.Generator, dtype: torch.dtype = torch.uint8
+) -> torch.Tensor:
+    """A TE-padded scale buffer ``[pad_rows, pad_cols]`` of ``dtype`` (uint8 or float32).
+
+    Returns random values in the logical ``[rows, cols]`` corner (bytes; or floats in [0.5, 1.5))
+    and 0xFF bytes in the padding, which TE (2.7+) leaves uninitialised: a reader that strays
+    into the padding reads garbage, as it would on TE's own buffers.
+    """
+    if dtype == torch.uint8:
+        buf = torch.full((pad_rows, pad_cols), 0xFF, dtype=torch.uint8)
+        buf[:rows, :cols] = torch.randint(0, 256, (rows, cols), dtype=torch.uint8, generator=generator)
+        return buf
+    if dtype == torch.float32:
+        floats = torch.full((pad_rows, pad_cols * 4), 0xFF, dtype=torch.uint8).view(torch.float32)
+        floats[:rows, :cols] = torch.rand(rows, cols, generator=generator) + 0.5
+        return floats
+    raise ValueError(f"padded_scales: expected dtype torch.uint8 or torch.float32; found {dtype}")
+
+
+def _bytes(shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 256, tuple(shape), dtype=torch.uint8, generator=generator)
+
+
+def float8_buffers(shape: Sequence[int], generator: torch.Generator, *, transpose: bool = True) -> dict[str, Any]:
+    """A Float8 tensor's buffers by te_compat logical name: ``data`` uint8 ``shape``, ``scale_inv``
+    fp32 ``[1]``, ``transpose`` uint8 ``[K, *shape[:-1]]`` (left out without ``transpose``)."""
+    dims, _, k = _dims(shape, "float8 shape")
+    out = {"data": _bytes(dims, generator), "scale_inv": torch.rand(1, generator=generator)}
+    if transpose:
+        out["transpose"] = _bytes((k, *dims[:-1]), generator)
+    return out
+
+
+def mxfp8_buffers(
+    shape: Sequence[int], generator: torch.Generator, *, rowwise: bool = True, columnwise: bool = True
+) -> dict[str, Any]:
+    """An MXFP8 tensor's buffers by te_compat logical name, as TE allocates them.
+
+    With ``M = prod(shape[:-1])``, ``K = shape[-1]`` (both multiples of 32, as TE's MXFP8
+    quantizer needs): payloads uint8 ``shape`` in both directions (columnwise NOT transposed);
+    scales uint8 E8M0, rowwise ``[roundup(M,128), roundup(K/32,4)]``, columnwise
+    ``[roundup(M/32,4), roundup(K,128)]``.
+    """
+    dims, m, k = _dims(shape, "mxfp8 shape")
+    if m % MXFP8_BLOCK or k % MXFP8_BLOCK:
+        raise ValueError(
+            f"MXFP8 needs both dimensions divisible by {MXFP8_BLOCK} (TE's MXFP8 quantizer); found shape {dims} "
+            f"(M={m}, K={k})"
+        )
+    out: dict[str, Any] = {}
+    if rowwise:
+        out["rowwise_data"] = _bytes(dims, generator)
+        out["rowwise_scale_inv"] = padded_scales(
+            m, k // 32, _roundup(m, SCALE_ROWS), _roundup(k // 32, SCALE_COLUMNS), generator
+        )
+    if columnwise:
+        out["columnwise_data"] = _bytes(dims, generator)
+        out["columnwise_scale_inv"] = padded_scales(
+            m // 32, k, _roundup(m // 32, SCALE_COLUMNS), _roundup(k, SCALE_ROWS), generator
+        )
+    return out
+
+
+def nvfp4_buffers(
+    shape: Sequence[int],
+    generator: torch.Generator,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    row_scaled: bool = False,
+) -> dict[str, Any]:
+    """An NVFP4 tensor's buffers by te_compat logical name, as TE allocates them.
+
+    With ``M = prod(shape[:-1])``, ``K = shape[-1]``: rowwise payload uint8 ``shape[:-1] + [K/2]``
+    (two E2M1 values a byte), scales uint8 E4M3 ``[roundup(M,128), roundup(ceil(K/16),4)]``, amax
+    fp32 ``[1]`` (``[M]`` when ``row_scaled``); columnwise payload ``[K, M/2]`` and scales
+    ``[roundup(K,128), roundup(ceil(M/16),4)]``, both stored TRANSPOSED, amax fp32 ``[1]``.
+    """
+    dims, m, k = _dims(shape, "nvfp4 shape")
+    if k % 2 or (columnwise and m % 2):
+        raise ValueError(f"NVFP4 packs two values a byte: K (and M, for columnwise data) must be even; found {dims}")
+    out: dict[str, Any] = {}
+    if rowwise:
+        kb = -(-k // NVFP4_BLOCK)
+        out["rowwise_data"] = _bytes((*dims[:-1], k // 2), generator)
+        out["rowwise_scale_inv"] = padded_scales(m, kb, _roundup(m, SCALE_ROWS), _roundup(kb, SCALE_COLUMNS), generator)
+        out["amax_rowwise"] = torch.rand(m if row_scaled else 1, generator=generator)
+    if columnwise:
+        mb = -(-m // NVFP4_BLOCK)
+        out["columnwise_data"] = _bytes((k, m // 2), generator)
+        out["columnwise_scale_inv"] = padded_scales(
+            k, mb, _roundup(k, SCALE_ROWS), _roundup(mb, SCALE_COLUMNS), generator
+        )
+        out["amax_columnwise"] = torch.rand(1, generator=generator)
+    return out
+
+
+def _blockwise_scales(m: int, k: int, two_d: bool, flat: bool, columnwise: bool) -> tuple[int, int, int, int]:
+    """(rows, cols, padded rows, padded cols) of one direction's fp32 blockwise scales."""
+
+    def c(x: int) -> int:
+        return -(-x // BLOCKWISE_BLOCK)
+
+    if two_d:
+        r, s = (c(k), c(m)) if columnwise else (c(m), c(k))
+        return r, s, r, _roundup(s, 4)
+    if flat:
+        return (c(m), k, c(m), k) if columnwise else (m, c(k), m, c(k))
+    return (c(m), k, c(m), _roundup(k, 4)) if columnwise else (c(k), m, c(k), _roundup(m, 4))
+
+
+def blockwise_buffers(
+    shape: Sequence[int],
+    generator: torch.Generator,
+    *,
+    two_d: bool = True,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    compact: bool = False,
+) -> dict[str, Any]:
+    """A Float8 blockwise tensor's buffers by te_compat logical name, as TE allocates them.
+
+    Blocks are 128 long; with ``M = prod(shape[:-1])``, ``K = shape[-1]``, ``c(x) = ceil(x/128)``:
+    payloads uint8, rowwise ``shape``, columnwise TRANSPOSED ``[K, *shape[:-1]]``; scales fp32,
+    2-D (``two_d``, 128x128 blocks) rowwise ``[c(M), roundup(c(K),4)]``, columnwise
+    ``[c(K), roundup(c(M),4)]``; 1-D (1x128) rowwise ``[c(K), roundup(M,4)]``, columnwise
+    ``[c(M), roundup(K,4)]``. ``compact`` (TE 2.5-2.11's COMPACT format) changes 1-D scaling
+    only: columnwise data untransposed ``shape``, scales unpadded ``[M, c(K)]`` and ``[c(M), K]``.
+    """
+    dims, m, k = _dims(shape, "blockwise shape")
+    flat = compact and not two_d
+    out: dict[str, Any] = {}
+    if rowwise:
+        out["rowwise_data"] = _bytes(dims, generator)
+        out["rowwise_scale_inv"] = padded_scales(*_blockwise_scales(m, k, two_d, flat, False), generator, torch.float32)
+    if columnwise:
+        out["columnwise_data"] = _bytes(dims if flat else (k, *dims[:-1]), generator)
+        scales = _blockwise_scales(m, k, two_d, flat, True)
+        out["columnwise_scale_inv"] = padded_scales(*scales, generator, torch.float32)
+    return out
+
+
+@dataclass(frozen=True)
+class GroupedBuffers:
+    """The buffers of a grouped tensor: TE's flat 1-D buffers, and each expert's pieces of them."""
+
+    flat: dict[str, Any]  # logical name -> flat buffer (offsets: lists of ints, expert-major)
+    experts: list[dict[str, torch.Tensor]]  # per expert: logical name -> a view into ``flat``
+
+
+GROUPED_FORMATS = ("mxfp8", "nvfp4", "bf16")
+_SINGLE_BUFFERS: dict[str, Callable[..., dict[str, Any]]] = {"mxfp8": mxfp8_buffers, "nvfp4": nvfp4_buffers}
+
+
+def grouped_buffers(
+    shape: Sequence[int],
+    generator: torch.Generator,
+    *,
+    format: str = "mxfp8",
+    columnwise: bool = True,
+    dtype: torch.dtype = torch.bfloat16,
+    device: Device = "cpu",
+) -> GroupedBuffers:
+    """The buffers of a grouped tensor of ``shape`` ``(E, rows, columns)``, as TE 2.13+ allocates
+    them: each of ``format``'s buffers (see :func:`mxfp8_buffers`, :func:`nvfp4_buffers`; "bf16":
+    one ``dtype`` payload) for each expert, flattened and concatenated expert-major; NVFP4 amax
+    ``[E]`` fp32; ``*_scale_inv_offsets`` the E+1 element offsets of each expert's scales.
+
+    Returns the flat buffers on ``device`` and, per expert, views into them shaped as one
+    tensor's buffers are (what TE's per-expert members hold).
+    """
+    experts, rows, columns = _grouped_dims(shape)
+    if format == "bf16":
+        singles = [{"rowwise_data": torch.randn(rows, columns, generator=generator).to(dtype)} for _ in range(experts)]
+    elif format in _SINGLE_BUFFERS:
+        singles = [_SINGLE_BUFFERS[format]((rows, columns), generator, columnwise=columnwise) for _ in range(experts)]
+    else:
+        raise ValueError(f"format: expected one of {', '.join(map(repr, GROUPED_FORMATS))}; found {format!r}")
+    flat = {name: torch.cat([one[name].flatten() for one in singles]).to(device) for name in singles[0]}
+    pieces: list[dict[str, torch.Tensor]] = [{} for _ in singles]
+    for name, buffer in flat.items():
+        size, piece_shape = singles[0][name].numel(), singles[0][name].shape
+        for e, piece in enumerate(pieces):
+            piece[name] = buffer[e * size : (e + 1) * size].view(piece_shape)
+    offsets = {
+        f"{scales}_offsets": [e * singles[0][scales].numel() for e in range(experts + 1)]
+        for scales in ("rowwise_scale_inv", "columnwise_scale_inv")
+        if scales in flat
+    }
+    return GroupedBuffers({**flat, **offsets}, pieces)
+
+
+def _grouped_dims(shape: Sequence[int]) -> tuple[int, int, int]:
+    dims, _, _ = _dims(shape, "grouped shape")
+    if len(dims) != 3:
+        raise ValueError(f"grouped shape: expected (experts, rows, columns); found {shape!r}")
+    return dims[0], dims[1], dims[2]
+
+
+# ------------------------------------------------------------------------------ fakes
+
+
+class Float8BlockScaleTensorFormat(enum.Enum):
+    """Stands for TE 2.5-2.11's ``tex.Float8BlockScaleTensorFormat`` (a pybind11 enum)."""
+
+    GEMM_READY = 0
+    COMPACT = 1
+
+
+def _flag(row: StorageRow, version: Version, name: str, value: Any, default: Any) -> dict[str, Any]:
+    """``{name: value}`` where the row has storage ``name``; {} where it lacks it and ``value`` is
+    the default; an error (naming the releases that have it) when asked for a value it cannot hold."""
+    if name in row.storage:
+        return {name: value}
+    if value == default:
+        return {}
+    having = ", ".join(f"TE {r.span}" for r in table.rows_for(row.kind) if name in r.storage) or "no release"
+    raise ValueError(f"TE {version}'s {row.kind} tensors have no {name!r} (asked for {value!r}); it is in: {having}")
+
+
+class FakeOptions(TypedDict, total=False):
+    """The keyword arguments every ``fake_*`` factory takes besides its kind's own.
+
+    - ``release``: the TE release to fake, as TE reports it (default: the release te_compat sees
+      as installed, so inside ``installed_release("2.20.2")`` a plain ``fake_mxfp8(shape)`` fakes
+      2.20.2);
+    - ``seed``: the seed of the random contents (default 0; the same seed, the same bytes);
+    - ``param``: return ``torch.nn.Parameter(fake)``, which is still of the fake's class, as a
+      Parameter of a TE tensor is (default False);
+    - ``storage``: return the storage-only object of the row's mixin class instead of the tensor
+      (``MXFP8TensorStorage``, ...: what a hybrid tensor holds per direction; default False);
+    - ``device``: where the buffers live (default ``"cpu"``; ``"cuda"`` or ``"meta"`` too);
+    - ``dtype``: the nominal high-precision dtype TE reports for the tensor (default bfloat16).
+    """
+
+    release: str | None
+    seed: int
+    param: bool
+    storage: bool
+    device: Device
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A factory's FakeOptions, checked, with the release resolved and the contents' generator."""
+
+    shape: Sequence[int]
+    version: Version
+    storage: bool
+    param: bool
+    device: Device
+    dtype: torch.dtype
+    generator: torch.Generator
+
+
+def _target(factory: str, shape: Sequence[int], options: FakeOptions) -> _Target:
+    known = FakeOptions.__optional_keys__
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(
+            f"{factory}: unexpected keyword argument(s) {unknown}; expected its own or FakeOptions' {sorted(known)}"
+        )
+    seed = options.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed: expected an int; found {seed!r}")
+    return _Target(
+        shape,
+        _version(options.get("release")),
+        bool(options.get("storage", False)),
+        bool(options.get("param", False)),
+        options.get("device", "cpu"),
+        options.get("dtype", torch.bfloat16),
+        torch.Generator().manual_seed(seed),
+    )
+
+
+def _build(kind: TensorKind, target: _Target, logical: Mapping[str, Any]) -> Any:
+    """A fake of ``kind`` holding ``logical`` (te_compat names -> values) under the attribute
+    names of the release's table row, with a fake quantizer where the row has one and
+    ``logical`` none; every other attribute of the row is None."""
+    version, device, dtype = target.version, target.device, target.dtype
+    row = _row(kind, version)
+    if "quantizer" in row.storage and "quantizer" not in logical:
+        logical = {**logical, "quantizer": _quantizer(kind, version)}
+    attrs = {row.storage[name]: v.to(device) if isinstance(v, torch.Tensor) else v for name, v in logical.items()}
+    attrs.update({name: dtype for name in ("_dtype", "fake_dtype", "dtype") if name in row.known})
+    cls = _fake_class(kind, version, target.storage)
+    origin = _row_origin(row, version, f"{cls.__module__}.{cls.__qualname__}")
+    obj = new_fake(cls, attrs, names=_row_attrs(row), origin=origin, shape=target.shape, dtype=dtype, device=device)
+    if not target.param:
+        return obj
+    if not isinstance(obj, torch.Tensor):
+        what = "a storage-only object" if target.storage else "a plain class"
+        raise ValueError(
+            f"param=True: TE {version}'s {cls.__qualname__} is {what}, not a torch.Tensor; it cannot be a Parameter"
+        )
+    return torch.nn.Parameter(obj)
+
+
+def fake_float8(shape: Sequence[int], *, transpose: bool = True, **options: Unpack[FakeOptions]) -> Any:
+    """A fake Float8Tensor of logical ``shape`` (TE 1.x and 2.x; 1.x keeps ``_scale_inv`` and
+    ``_transpose`` in the dict ``_fp8_attrs``, as TE did), buffers from :func:`float8_buffers`.
+
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` (2.0+) and the rest).
+    """
+    target = _target("fake_float8", shape, options)
+    return _build(TensorKind.FLOAT8, target, float8_buffers(shape, target.generator, transpose=transpose))
+
+
+def fake_mxfp8(
+    shape: Sequence[int],
+    *,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    swizzled: bool = False,
+    **options: Unpack[FakeOptions],
+) -> Any:
+    """A fake MXFP8Tensor (TE 2.0+) of logical ``shape``, buffers from :func:`mxfp8_buffers`.
+
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest).
+    ``rowwise``/``columnwise`` choose the directions held; ``swizzled`` sets TE 2.12+'s
+    ``_with_gemm_swizzled_scales`` (the flag only: the scale bytes are random either way). The
+    quantizer is a fake of TE's ``MXFP8Quantizer`` (2.12+, ``optimize_for_gemm`` False) or a
+    :class:`FakeQuantizer`.
+    """
+    target = _target("fake_mxfp8", shape, options)
+    logical = mxfp8_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise)
+    logical.update(_flag(_row(TensorKind.MXFP8, target.version), target.version, "scales_swizzled", swizzled, False))
+    return _build(TensorKind.MXFP8, target, logical)
+
+
+def fake_nvfp4(
+    shape: Sequence[int],
+    *,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    swizzled: bool = False,
+    row_scaled: bool = False,
+    **options: Unpack[FakeOptions],
+) -> Any:
+    """A fake NVFP4Tensor (TE 2.8+) of logical ``shape``, buffers from :func:`nvfp4_buffers`.
+
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest). The
+    flags are TE's constructor defaults where the release has them: ``swizzled`` (2.12+),
+    ``row_scaled`` (2.16+; then one fp32 rowwise amax per row), ``nvfp4_use_4over6`` False and
+    ``nvfp4_e4m3_max`` 448 (2.17+). Asking for a flag the release lacks raises.
+    """
+    target = _target("fake_nvfp4", shape, options)
+    row, version = _row(TensorKind.NVFP4, target.version), target.version
+    logical = nvfp4_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled)
+    logical.update(_flag(row, version, "scales_swizzled", swizzled, False))
+    logical.update(_flag(row, version, "row_scaled_nvfp4", row_scaled, False))
+    logical.update(_flag(row, version, "nvfp4_use_4over6", False, False))
+    logical.update(_flag(row, version, "nvfp4_e4m3_max", NVFP4_E4M3_MAX, NVFP4_E4M3_MAX))
+    return _build(TensorKind.NVFP4, target, logical)
+
+
+def fake_blockwise(
+    shape: Sequence[int],
+    *,
+    two_d: bool = True,
+    compact: bool = False,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    **options: Unpack[FakeOptions],
+) -> Any:
+    """A fake Float8BlockwiseQTensor (TE 2.3+) of logical ``shape``, buffers from
+    :func:`blockwise_buffers`.
+
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest).
+    ``two_d``: 128x128 blocks (``_is_2D_scaled``), else 1x128. ``compact``: TE 2.5-2.11's COMPACT
+    data format (``_data_format``, a :class:`Float8BlockScaleTensorFormat`; GEMM_READY otherwise).
+    """
+    target = _target("fake_blockwise", shape, options)
+    logical = blockwise_buffers(
+        shape, target.generator, two_d=two_d, rowwise=rowwise, columnwise=columnwise, compact=compact
+    )
+    logical["is_2d_scaled"] = two_d
+    fmt = Float8BlockScaleTensorFormat.COMPACT if compact else Float8BlockScaleTensorFormat.GEMM_READY
+    row = _row(TensorKind.FLOAT8_BLOCKWISE, target.version)
+    logical.update(_flag(row, target.version, "data_format", fmt, Float8BlockScaleTensorFormat.GEMM_READY))
+    return _build(TensorKind.FLOAT8_BLOCKWISE, target, logical)
+
+
+def fake_identity(shape: Sequence[int], **options: Unpack[FakeOptions]) -> Any:
+    """A fake IdentityTensor (TE 2.19+): high-precision ``dtype`` data of ``shape`` (random
+    normal) behind TE's quantized interface, as a hybrid tensor holds for an unquantized direction.
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest)."""
+    target = _target("fake_identity", shape, options)
+    dims, _, _ = _dims(shape, "identity shape")
+    data = torch.randn(dims, generator=target.generator).to(target.dtype)
+    return _build(TensorKind.IDENTITY, target, {"data": data})
+
+
+HYBRID_FORMATS = ("mxfp8", "nvfp4", "blockwise", "identity")
+
+
+def _hybrid_direction(fmt: str, shape: Sequence[int], rowwise: bool, options: FakeOptions) -> Any:
+    """One direction of a hybrid: ``fmt`` pinned to that direction, as TE's HybridQuantizer pins it."""
+    if fmt == "identity":
+        return fake_identity(shape, **options)
+    factories: dict[str, Callable[..., Any]] = {"mxfp8": fake_mxfp8, "nvfp4": fake_nvfp4, "blockwise": fake_blockwise}
+    return factories[fmt](shape, rowwise=rowwise, columnwise=not rowwise, **options)
+
+
+def fake_hybrid(
+    shape: Sequence[int],
+    *,
+    rowwise: str | None = "mxfp8",
+    columnwise: str | None = "nvfp4",
+    sub_storage: bool = True,
+    **options: Unpack[FakeOptions],
+) -> Any:
+    """A fake HybridQuantizedTensor (TE 2.19+) of logical ``shape``: ``rowwise`` and ``columnwise``
+    name each direction's format (one of :data:`HYBRID_FORMATS`; None: that direction absent),
+    each sub-storage holding only its own direction (seeds ``seed`` and ``seed + 1``).
+
+    Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest).
+    ``sub_storage``: the sub-storages are storage-only objects (what an internal sub-quantizer
+    makes), else tensors.
+    """
+    target = _target("fake_hybrid", shape, options)
+    seed = options.get("seed", 0)
+    logical: dict[str, Any] = {}
+    for offset, (name, fmt) in enumerate((("rowwise", rowwise), ("columnwise", columnwise))):
+        if fmt is not None and fmt not in HYBRID_FORMATS:
+            raise ValueError(f"{name}: expected one of {', '.join(map(repr, HYBRID_FORMATS))} or None; found {fmt!r}")
+        sub: FakeOptions = {**options, "release": str(target.version), "seed": seed + offset, "storage": sub_storage}
+        sub["param"] = False
+        logical[f"{name}_storage"] = _hybrid_direction(fmt, shape, name == "rowwise", sub) if fmt else None
+    return _build(TensorKind.HYBRID, target, logical)
+
+
+def _grouped_members(
+    group: _Target, buffers: GroupedBuffers, kind: TensorKind, quantizer: object, swizzled: bool
+) -> list[Any]:
+    """The per-expert tensors TE makes for a quantized group (each with its own copy of the
+    group's quantizer): their buffers are views of the group's."""
+    flag = _flag(_row(kind, group.version), group.version, "scales_swizzled", swizzled, False)
+    shape = tuple(group.shape)[1:]
+    member = _Target(shape, group.version, False, False, group.device, group.dtype, group.generator)
+    return [_build(kind, member, {**piece, **flag, "quantizer": copy.copy(quantizer)}) for piece in buffers.experts]
+
+
+def fake_grouped(
+    shape: Sequence[int],
+    *,
+    format: str = "mxfp8",
+    columnwise: bool = True,
+    members: bool = True,
+    swizzled: bool = False,
+    **options: Unpack[FakeOptions],
+) -> Any:
+    """A fake GroupedTensor (TE 2.13 plain class; 2.14+ a torch.Tensor) of ``shape``
+    ``(experts, rows, columns)``: ``format`` "mxfp8", "nvfp4" or "bf16", buffers from
+    :func:`grouped_buffers` (2.13 names its payload ``data`` and shapes ``shape``; 2.14+
+    ``rowwise_data`` and ``tensor_shapes``: the table maps both).
+
+    Returns the group (see :class:`FakeOptions`; ``param`` needs 2.14+). A quantized group has a
+    fake quantizer and, with ``members``, its per-expert tensors in ``quantized_tensors``, whose
+    buffers are views of the group's. ``swizzled`` sets the group's flag (2.14+) and its members'.
+    """
+    target = _target("fake_grouped", shape, options)
+    experts, rows, columns = _grouped_dims(shape)
+    buffers = grouped_buffers(
+        shape, target.generator, format=format, columnwise=columnwise, dtype=target.dtype, device=target.device
+    )
+    logical: dict[str, Any] = {**buffers.flat, "num_tensors": experts, "tensor_shapes": [(rows, columns)] * experts}
+    if format == "bf16" and swizzled:
+        raise ValueError("swizzled=True: a bf16 group has no scales to be swizzled")
+    logical["quantizer"] = None  # a bf16 group has none
+    if format != "bf16":
+        kind = TensorKind.MXFP8 if format == "mxfp8" else TensorKind.NVFP4
+        logical["quantizer"] = _quantizer(kind, target.version)
+        if members:
+            logical["quantized_tensors"] = _grouped_members(target, buffers, kind, logical["quantizer"], swizzled)
+    # 2.13 keeps no flag on the group: there only its members can carry swizzled=True
+    carried_by_members = swizzled and "quantized_tensors" in logical
+    row = _row(TensorKind.GROUPED, target.version)
+    logical.update(_flag(row, target.version, "scales_swizzled", swizzled, carried_by_members))
+    return _build(TensorKind.GROUPED, target, logical)
+
+
+_FACTORIES: dict[TensorKind, Callable[..., Any]] = {
+    TensorKind.FLOAT8: fake_float8,
+    TensorKind.MXFP8: fake_mxfp8,
+    TensorKind.NVFP4: fake_nvfp4,
+    TensorKind.FLOAT8_BLOCKWISE: fake_blockwise,
+    TensorKind.IDENTITY: fake_identity,
+    TensorKind.HYBRID: fake_hybrid,
+    TensorKind.GROUPED: fake_grouped,
+}
+
+
+def fake_tensor(kind: TensorKind | str, shape: Sequence[int], **options: Any) -> Any:
+    """A fake of any ``kind`` of the release table: the ``fake_*`` factory of that kind, called
+    with ``shape`` and ``options`` (:class:`FakeOptions` and the kind's own). Returns what that
+    factory returns; use it to write one test over every kind."""
+    return _FACTORIES[_kind(kind)](shape, **options)
