@@ -8,6 +8,7 @@ median host microseconds (``time.perf_counter``, no synchronisation) of
   first view      planning a view from scratch (descriptor table upload included),
   refresh         ``cached=`` refresh of weights whose storage TE did not reassign,
   refresh row     the same with rowwise scales only,
+  refresh, mok.weights  the same refresh through the drop-in (mok.weights' ``cached_view=``),
   layer           ``mok.LayerRefresh`` over fc1 and fc2 of the layer (split cases),
   TE-swizzled     a refresh of views over scales TE wrote in the GEMM layout (zero-copy).
 With a real TE on a GPU it adds, on the same rowwise tensors in the same run, eager time per
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mok
 import te_compat
+from mok import weights
 
 EXPERTS = (8, 32, 256)
 STANDIN_RELEASE = "2.20.2"  # the TE release the CPU stand-ins are fakes of
@@ -157,7 +159,17 @@ def split_case(params: list[Any], rows: int, cols: int, repeats: int) -> dict[st
     refresh = host_us(
         lambda: mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True, cached=view), repeats
     )
-    return {"first view": first, "refresh": refresh, "plans": float(view.refresh_plan.plans)}
+    found = {"first view": first, "refresh": refresh, "plans": float(view.refresh_plan.plans)}
+    if view.columnwise is not None:  # the drop-in's views hold both directions
+        experts = tuple(params)
+        routed = weights._native_split_weight_view(experts, rows=rows, columns=cols, use_mxfp8=True)
+        found["refresh, mok.weights"] = host_us(
+            lambda: weights._native_split_weight_view(
+                experts, rows=rows, columns=cols, use_mxfp8=True, cached_view=routed
+            ),
+            repeats,
+        )
+    return found
 
 
 def grouped_case(weight: Any, experts: int, rows: int, cols: int, repeats: int) -> dict[str, float]:
@@ -165,7 +177,13 @@ def grouped_case(weight: Any, experts: int, rows: int, cols: int, repeats: int) 
     view = mok.grouped_weight_view(weight, **kw)
     first = host_us(lambda: mok.grouped_weight_view(weight, **kw), max(5, repeats // 20))
     refresh = host_us(lambda: mok.grouped_weight_view(weight, cached=view, **kw), repeats)
-    return {"first view": first, "refresh": refresh}
+    found = {"first view": first, "refresh": refresh}
+    if view.columnwise is not None:  # the drop-in's 5-tuple holds both directions
+        routed = weights._native_single_grouped_weight_view(weight, **kw)
+        found["refresh, mok.weights"] = host_us(
+            lambda: weights._native_single_grouped_weight_view(weight, cached_view=routed, **kw), repeats
+        )
+    return found
 
 
 def layer_case(make: Callable[..., tuple[list[Any], Any]], experts: int, rows: int, cols: int, repeats: int) -> float:

@@ -59,6 +59,7 @@ _FLAG = "_SHARED_EXPERT_BF16_WARNING_EMITTED"
 # The functions upstream's views are composed of; a caller may replace any of them.
 _SEAMS = ("_parameter_storage_attr", "_storage_view", "_single_grouped_mxfp8_scale_view", "_swizzle_mxfp8_scale")
 _OWN: dict[str, object] = {}  # this module's own versions of _SEAMS (filled at the end)
+_REPLACED: set[str] = set()  # the seams a caller replaced (kept by _WeightsModule.__setattr__)
 
 # Declared, never bound: reads go to __getattr__ below (PEP 562 is consulted only for names the
 # module does not define), so the value is always mok.shared_expert's live state.
@@ -74,19 +75,24 @@ def __getattr__(name: str) -> bool:
 
 class _WeightsModule(types.ModuleType):
     """Assigning the flag (Megatron's tests reset it with monkeypatch.setattr) sets
-    mok.shared_expert's state; binding a global instead would hide the live value for good."""
+    mok.shared_expert's state; binding a global instead would hide the live value for good.
+    Assigning a seam (``monkeypatch.setattr(weights, "_storage_view", fake)``) notes whether it is
+    the module's own, so the views ask one set, not four globals, whether to take a fast path."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == _FLAG:
             shared_expert._warned = check_bool(f"{__name__}.{_FLAG}", value)
             return
         super().__setattr__(name, value)
+        if name in _OWN:
+            (_REPLACED.discard if value is _OWN[name] else _REPLACED.add)(name)
 
     def __delattr__(self, name: str) -> None:
         # pytest >= 9.2's monkeypatch undoes a patch of a name absent from the module's dict by
         # deleting it: the flag is never in the dict (it reads mok.shared_expert's state)
         if name != _FLAG:
             super().__delattr__(name)
+            _REPLACED.discard(name)
 
 
 sys.modules[__name__].__class__ = _WeightsModule
@@ -129,8 +135,8 @@ def _seam(name: str) -> Any:
 
 
 def _seams_are_own(names: Sequence[str] = _SEAMS) -> bool:
-    module = globals()
-    return all(module[n] is _OWN[n] for n in names)
+    """Whether ``names`` are the module's own functions (none replaced through setattr)."""
+    return not _REPLACED or _REPLACED.isdisjoint(names)
 
 
 # ------------------------------------------------------------------------------ storage names
@@ -434,6 +440,9 @@ def _native_single_grouped_weight_view(
     transpose). ``cached_view`` (an earlier result) has items 1 and 3 refreshed in place.
     Threads: as mok.grouped_weight_view.
     """
+    if use_mxfp8 is True and type(cached_view) is GroupedWeightTuple and not _REPLACED:
+        # the refresh of a view mok.grouped_weight_view made: it checks its own arguments
+        return _grouped_fast(weight, (num_experts, rows, columns), cached_view)
     experts, rows, columns = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
     dims = (experts, rows, columns)
     if not check_bool("use_mxfp8", use_mxfp8):
@@ -646,6 +655,10 @@ def _native_split_weight_view(
     Threads: as mok.split_weight_view (refreshes of one view or of different views are safe; a
     refresh racing TE's reassignment of these weights' buffers is not).
     """
+    if use_mxfp8 is True and type(cached_view) is SplitRoutedWeight and cached_view.expert_view and not _REPLACED:
+        # the refresh of a view mok.split_weight_view made: it checks its own arguments
+        split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, cached=cached_view.expert_view)
+        return cached_view
     params = _expert_params(params)
     rows, columns = check_sizes(rows=rows, columns=columns)
     mxfp8 = check_bool("use_mxfp8", use_mxfp8)
