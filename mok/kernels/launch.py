@@ -30,6 +30,9 @@ _lock = threading.Lock()
 _programs: dict[tuple[int, KernelConfig], Any] = {}  # compiled source (ObjectCode)
 _kernels: dict[tuple[int, KernelConfig, str], Any] = {}
 _tables: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, int, int]] = OrderedDict()
+# tables a CUDA graph was captured with: a graph holds their address, not the tensor, so they are
+# never evicted (evicting one would leave the graph's replays reading freed memory)
+_captured: dict[tuple[Any, ...], tuple[torch.Tensor, int, int]] = {}
 _streams: dict[int, Any] = {}
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch have it
 
@@ -79,14 +82,19 @@ def upload(table: DescriptorTable, device: torch.device) -> torch.Tensor:
 
 def _table(device: torch.device, jobs: Sequence[Job | JobGroup], config: KernelConfig) -> tuple[torch.Tensor, int, int]:
     """The device descriptor table of ``jobs`` (uploaded once, then reused): (table, rows, units).
-    Its key is the device, the configuration and the jobs (named tuples: hashed in C)."""
+    Its key is the device, the configuration and the jobs (named tuples: hashed in C). The cache
+    keeps the last tables used; a table used while a CUDA graph is captured is kept for good."""
     key = (device.index or 0, config, tuple(jobs))
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     with _lock:
-        hit = _tables.get(key)
+        hit = _tables.get(key) or _captured.get(key)
         if hit is not None:
-            _tables.move_to_end(key)
+            if capturing:
+                _captured[key] = hit
+            elif key in _tables:
+                _tables.move_to_end(key)
             return hit
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if capturing:
         raise LayoutError(
             "these scale buffers were never converted outside CUDA-graph capture: call once before "
             "capturing (the first call uploads their descriptor table; later calls only launch)"

@@ -87,3 +87,28 @@ def test_ops_in_a_cuda_graph() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.cpu(), spec_layout(s.cpu())) and torch.equal(back, s)
+
+
+def test_a_captured_conversion_outlives_the_table_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph holds its descriptor table's address only: the table must survive the cache's
+    eviction of older tables, and the allocator's reuse of their memory."""
+    from mok.kernels import launch
+
+    monkeypatch.setattr(launch, "_TABLE_CACHE_SIZE", 4)
+    s = _scales(2, 256, 8, seed=4)
+    out = torch.empty(mok.layout_shape(256, 8, 2), dtype=torch.uint8, device=CUDA)
+    mok.swizzle_mxfp8_scales(s, out=out, backend="cuda")  # uploads the table
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mok.swizzle_mxfp8_scales(s, out=out, backend="cuda")
+    for i in range(3 * 4):  # more new tables than the cache holds: the old ones are evicted
+        mok.swizzle_mxfp8_scales(_scales(1, 128 + i, 4, seed=i), backend="cuda")
+    litter = [torch.full((n,), -1, dtype=torch.int64, device=CUDA) for n in range(8, 400, 8)]  # reuse freed memory
+    s.copy_(_scales(2, 256, 8, seed=5))
+    out.fill_(0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), spec_layout(s.cpu())), (
+        f"{len(litter)} allocations later, the replay read a stale table"
+    )
