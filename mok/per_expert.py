@@ -121,13 +121,13 @@ def _swizzled_flags(storage: ExpertStorage) -> tuple[bool, ...]:
     """TE's swizzled-scales flag of every expert (False where the release has none); a flag that
     is not a bool is refused, never read as ``bool()`` (the string "False" is truthy)."""
     flags = storage.column(str(StorageName.SCALES_SWIZZLED))
-    for e, flag in enumerate(flags):
-        if flag is not None and not isinstance(flag, bool):
-            raise ExpertWeightError(
-                f"expert {e}: TE's swizzled-scales flag ({type(storage.owners[e]).__name__}) is "
-                f"{describe(flag)}; expected a bool"
-            )
-    return tuple(flag is True for flag in flags)
+    if not set(map(type, flags)) <= {bool, type(None)}:  # one set of classes, not a loop of 256 checks
+        e = next(i for i, flag in enumerate(flags) if flag is not None and not isinstance(flag, bool))
+        raise ExpertWeightError(
+            f"expert {e}: TE's swizzled-scales flag ({type(storage.owners[e]).__name__}) is "
+            f"{describe(flags[e])}; expected a bool"
+        )
+    return tuple(map(bool, flags))
 
 
 def _direction_source(
