@@ -267,7 +267,7 @@ def split_weight_view(
     """
     fmt = format_named(format, use_mxfp8)
     rows, columns = check_sizes(rows=rows, columns=columns)
-    params = param_list(params)
+    params = param_list(params, tensors=cached is None or fmt in (Format.BF16, Format.HYBRID))
     if fmt is Format.BF16:
         return _split_bf16(params, rows, columns, cached)
     dims = (len(params), rows, columns)
@@ -275,8 +275,9 @@ def split_weight_view(
     weights = watched(params, fmt)
     if cached is not None:
         cached = check_cached(cached, SplitExpertWeights, fmt, dims)  # type: ignore[assignment]
-        if cached.refresh_plan.rerun(weights, key):
+        if cached.refresh_plan.rerun(weights, key):  # the same objects as planned: tensors
             return cached
+        param_list(params)
     sources = read_split(params, fmt, rows, columns)
     names = guarded_names(fmt, len(sources) > 1)
     return plan_view(SplitExpertWeights, ViewRequest(dims, fmt, weights, key, names, backend), sources, cached)

@@ -249,8 +249,12 @@ def same_device(tensors: Sequence[torch.Tensor]) -> torch.device:
     return device
 
 
-def param_list(params: object) -> list[object]:
-    params = list(check_sequence("params", params, "expert parameters (tensors)", item_type=torch.Tensor))
-    if not params:
+def param_list(params: object, *, tensors: bool = True) -> list[object]:
+    """``params`` as a list of expert parameters: a non-empty sequence, each a tensor (naming the
+    index of one that is not). ``tensors=False`` leaves the items to a later check: a refresh
+    whose weights are the very objects its view was built from needs none."""
+    what = "expert parameters (tensors)"
+    items = check_sequence("params", params, what, item_type=torch.Tensor if tensors else None)
+    if not items:
         raise ExpertWeightError("split_weight_view: expected at least one expert parameter; found none")
-    return list(params)
+    return list(items)

@@ -810,3 +810,12 @@ def test_the_reference_allocates_nothing_beyond_the_output(monkeypatch: pytest.M
     mok.layout.swizzle_reference(scales, out)
     monkeypatch.undo()
     assert torch.equal(out, want)
+
+
+def test_a_refresh_names_the_index_of_a_bad_expert_too(installed_te: Installer) -> None:
+    """A refresh checks the experts only when they are not the objects its view was built from."""
+    installed_te(RELEASE)
+    params = _params()
+    view = mok.split_weight_view(params, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    with pytest.raises(TypeError, match=r"params\[1\]: expected expert parameters \(tensors\); found None"):
+        mok.split_weight_view([params[0], None], rows=ROWS, columns=COLUMNS, use_mxfp8=True, cached=view)
