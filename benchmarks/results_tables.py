@@ -83,7 +83,8 @@ def caption(kind: str, files: list[str], paths: list[Path]) -> str:
         variants = ",".join(dict.fromkeys(c.split("@")[1] for c in header.split()[3:]))
         flags = f"--runs {runs.group(1) if runs else '?'} --variants {variants}"
         return f"Run: {_device_run(meta)}. Command: `probe_layer_parts.py {flags}`. {label}"
-    flags = f"--runs {meta['runs']} --repeats {meta['repeats']} --variants {meta['variants']}"
+    option = "--shapes" if "shapes" in meta else "--variants"  # bench_swizzle.py's option since one kernel
+    flags = f"--runs {meta['runs']} --repeats {meta['repeats']} {option} {meta.get('shapes', meta.get('variants'))}"
     flags += " --no-te" if meta.get("te") in (None, "None") else ""
     return f"Run: {_device_run(meta)}. Command: `bench_swizzle.py {flags}`. {label}"
 
@@ -94,7 +95,9 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _variants(path: Path) -> list[str]:
-    variants: list[str] = json.loads(path.read_text())["meta"]["variants"].split(",")
+    """The launch shapes (older runs: kernel variants) a run's columns are suffixed with."""
+    meta = json.loads(path.read_text())["meta"]
+    variants: list[str] = meta.get("shapes", meta.get("variants", "")).split(",")
     return variants
 
 
@@ -131,9 +134,9 @@ def device(path: Path) -> list[str]:
     d = _variants(path)[0]
     body = []
     for r in _rows(path):
-        kind = r["case"].split()[0]
-        e = int(r["case"].split()[1].removeprefix("E="))
-        target = TARGETS[kind] if kind != "rowwise" or e >= 32 else None
+        kind, e_text = next((w, x) for w, x in zip(r["case"].split(), r["case"].split()[1:]) if x.startswith("E="))
+        e = int(e_text.removeprefix("E="))
+        target = TARGETS.get(kind) if (kind != "rowwise" or e >= 32) and not r["case"].startswith("inverse") else None
         body.append(
             [
                 _label(r["case"]),
@@ -154,7 +157,7 @@ def shape(path: Path) -> list[str]:
     first, second = _variants(path)[:2]
     body = []
     for r in _rows(path):
-        taken = "16 x 128" if r["case"].startswith("columnwise") else "32 x 256"
+        taken = "16 x 128" if r["case"].startswith(("columnwise", "inverse")) else "32 x 256"
         cells = [_ratio(r, f"g:{w}@{v}/copy", True) for w in ("kernel", "exp") for v in (first, second)]
         body.append([_label(r["case"]), taken, *cells])
     header = ["case", f"shape under `{first}`", f"grouped, `{first}`", f"grouped, `{second}`"]
