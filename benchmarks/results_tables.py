@@ -29,6 +29,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -134,9 +135,10 @@ def device(path: Path) -> list[str]:
     d = _variants(path)[0]
     body = []
     for r in _rows(path):
-        kind, e_text = next((w, x) for w, x in zip(r["case"].split(), r["case"].split()[1:]) if x.startswith("E="))
+        kind, e_text = next((w, x) for w, x in pairwise(r["case"].split()) if x.startswith("E="))
         e = int(e_text.removeprefix("E="))
-        target = TARGETS.get(kind) if (kind != "rowwise" or e >= 32) and not r["case"].startswith("inverse") else None
+        inverse = r["case"].startswith("inverse")  # no target: issue 15 set none for the inverse
+        target = TARGETS.get(kind) if (kind != "rowwise" or e >= 32) and not inverse else None
         body.append(
             [
                 _label(r["case"]),
