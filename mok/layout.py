@@ -9,6 +9,7 @@ Padding bytes are 0. A batch ``[E, R, C]`` pads each expert on its own, expert-m
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import os
@@ -54,9 +55,11 @@ def layout_shape(rows: int, cols: int, experts: int = 1) -> tuple[int, int, int,
     return check_int("experts", experts, minimum=1) * rp // ROW_BLOCK, cp // COL_BLOCK, 32, 16
 
 
+@functools.cache
 def _capacity(device: torch.device) -> int | None:
     """Bytes of memory ``device`` has in all (None where unknown: a meta tensor has none to run out
-    of, and a fake CUDA tensor may live on a machine without CUDA)."""
+    of, and a fake CUDA tensor may live on a machine without CUDA). Cached: asked at every
+    allocation of a layout, and a device's memory does not change."""
     if device.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(device).total_memory)
     if device.type == "cpu" and hasattr(os, "sysconf"):
