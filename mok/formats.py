@@ -193,6 +193,6 @@ def format_named(format: object, use_mxfp8: object) -> Format:
     if not isinstance(format, str) or format not in names:
         raise ValueError(f"format: expected one of {', '.join(map(repr, names))}; found {format!r}")
     found = Format(format)
-    if use_mxfp8 is True and found is not Format.MXFP8:
+    if use_mxfp8 is not None and use_mxfp8 is not (found is Format.MXFP8):
         raise ValueError(f"use_mxfp8={use_mxfp8} contradicts format={format!r}; pass one of them")
     return found

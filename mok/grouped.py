@@ -35,7 +35,7 @@ def _member_scales(fmt: BlockFormat, members: tuple[object, ...], d: Direction) 
     if len(set(map(type, members))) == 1 and reader.read_one is not None:
         with contextlib.suppress(AttributeError):  # storage kept on .data only: read below
             return list(map(reader.read_one, members))
-    return [getattr(fmt.snapshot(m), d.scales.value) for m in members]
+    return [storage_field(m, d.scales) for m in members]
 
 
 def _check_packing(gs: GroupedStorage, fmt: BlockFormat, d: Direction, flat: torch.Tensor, per_expert: int) -> None:
@@ -150,11 +150,22 @@ def grouped_weight_view(
     experts, rows, columns = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
     dims = (experts, rows, columns)
     if fmt is Format.BF16:
+        preference(backend)  # checked on every path, though a BF16 view converts nothing
         return _grouped_bf16(weight, dims, cached)
     key = ("grouped", fmt, dims, preference(backend))  # a changed TE_COMPAT_KERNEL_BACKEND re-plans
     if cached is not None:
         cached = check_cached(cached, GroupedExpertWeights, fmt, dims)  # type: ignore[assignment]
-        if cached.refresh_plan.rerun((weight,), key):
+        if cached.refresh_plan.rerun((weight, *cached.refresh_plan.companions()), key):
             return cached
     sources = read_grouped(weight, fmt.block_format, dims)
-    return plan_view(GroupedExpertWeights, ViewRequest(dims, fmt, (weight,), key, None, backend), sources, cached)
+    request = ViewRequest(dims, fmt, _watched(weight), key, None, backend)
+    return plan_view(GroupedExpertWeights, request, sources, cached)
+
+
+def _watched(weight: object) -> tuple[object, ...]:
+    """What a refresh guard watches: the group, and where the group keeps no swizzled flag of its
+    own (TE 2.13: te_compat reads it off the members), its members too."""
+    members = storage_field(weight, StorageName.QUANTIZED_TENSORS)
+    if members and storage_field(weight, StorageName.SCALES_SWIZZLED) is None:
+        return (weight, *members)
+    return (weight,)

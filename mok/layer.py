@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
-from mok.backend import preference
+from mok.backend import backend_argument, preference
 from mok.errors import MokError, RefreshError
 from mok.formats import Format
 from mok.grouped import read_grouped
@@ -55,7 +56,7 @@ class LayerRefresh:
                 found = type(entry).__name__
                 raise TypeError(f"refresh_layer entry {i}: expected a (weights, cached view) pair; found {found}")
         self.entries = tuple(entries)
-        self.backend = backend
+        self.backend = backend_argument(backend)
         self.plan = RefreshPlan()
         self.key = tuple(id(view) for _, view in self.entries)
 
@@ -99,6 +100,7 @@ class LayerRefresh:
 # refresh_layer's plans, by the ids of the layer's views. Bounded, and it keeps those views and
 # weights alive until evicted or te_compat.refresh(): own a LayerRefresh to avoid both.
 _LAYERS: dict[tuple[Any, ...], LayerRefresh] = {}
+_LAYERS_LOCK = threading.Lock()
 _LAYER_CACHE_SIZE = 64
 on_refresh(_LAYERS.clear)
 
@@ -125,6 +127,7 @@ def refresh_layer(entries: Sequence[LayerEntry], *, backend: str | None = None) 
         known()
         return
     layer()
-    _LAYERS[cache_key] = layer
-    while len(_LAYERS) > _LAYER_CACHE_SIZE:
-        _LAYERS.pop(next(iter(_LAYERS)))
+    with _LAYERS_LOCK:  # refreshes of different layers may evict at once
+        _LAYERS[cache_key] = layer
+        while len(_LAYERS) > _LAYER_CACHE_SIZE:
+            _LAYERS.pop(next(iter(_LAYERS)))

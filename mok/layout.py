@@ -19,6 +19,7 @@ import torch
 
 from mok.checks import check_index, check_int, describe
 from mok.errors import LayoutError
+from mok.overlap import self_overlapping
 
 ROW_BLOCK = 128  # rows of one tile of the layout
 COL_BLOCK = 4  # scale columns of one tile
@@ -150,6 +151,37 @@ def check_out(out: torch.Tensor, batch: torch.Tensor, name: str = "out") -> None
         raise LayoutError(
             f"{name} cannot hold the layout of scales {tuple(batch.shape)}: expected " + ", ".join(problems)
         )
+
+
+def check_logical_out(out: object, want: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    """``out`` must hold logical scales ``want`` (``[E, R, C]``, uint8) on ``device``: any strides,
+    but no two elements in one byte (the inverse writes every element)."""
+    if not isinstance(out, torch.Tensor):
+        raise LayoutError(f"out: expected a torch.Tensor; found {describe(out)}")
+    found = (tuple(out.shape), out.dtype, out.device)
+    if found != (want, torch.uint8, device):
+        raise LayoutError(
+            f"out cannot hold the logical scales: expected shape {want}, dtype torch.uint8, device {device}; "
+            f"found shape {found[0]}, dtype {found[1]}, device {found[2]}"
+        )
+    if self_overlapping(out):
+        raise LayoutError(
+            f"out: expected a view whose elements each have a byte of their own; found strides {out.stride()} "
+            f"for shape {tuple(out.shape)} (an expanded view, or strides that fold back)"
+        )
+    return out
+
+
+def check_layout_of(layout: object, logical: tuple[int, int, int]) -> torch.Tensor:
+    """``layout`` must be the contiguous uint8 layout of ``logical`` ``[E, R, C]`` scales."""
+    experts, rows, cols = logical
+    want = layout_shape(rows, cols, experts)
+    if not isinstance(layout, torch.Tensor) or tuple(layout.shape) != want or layout.dtype != torch.uint8:
+        found = (tuple(layout.shape), layout.dtype) if isinstance(layout, torch.Tensor) else describe(layout)
+        raise LayoutError(f"layout: expected a uint8 layout of shape {want}; found {found}")
+    if not layout.is_contiguous():
+        raise LayoutError(f"layout: expected a contiguous layout buffer; found strides {layout.stride()}")
+    return layout
 
 
 class _Box(NamedTuple):

@@ -6,9 +6,9 @@ experts of a grouped weight), ``swizzle_mxfp8_scales_many`` (separate per-expert
 schema (``Tensor(a!)``): ``torch.compile`` traces them without a graph break, ``FakeTensorMode``
 and meta tensors run their fake implementation (nothing is launched), and
 ``torch.library.opcheck`` can check them. The CPU and CUDA implementations run mok's work items:
-the torch reference on the CPU, the kernel on CUDA (or the reference, per ``backend``). Checks
-that need memory addresses (an output overlapping an input) run there, on real tensors; shape
-checks run in the public functions (mok.swizzle), which work on fake tensors too.
+the torch reference on the CPU, the kernel on CUDA (or the reference, per ``backend``). They check
+every argument first, shapes and memory overlap included, since the ops are public too; the public
+functions (mok.swizzle) check shapes before anything is allocated, which works on fake tensors.
 
 The ops are defined with ``torch.library.Library`` rather than ``torch.library.custom_op``: its
 dispatch costs about a microsecond per call, custom_op's about ten, and an eager refresh pays it.
@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from mok.layout import as_batch
+from mok.errors import LayoutError
+from mok.layout import as_batch, check_layout_of, check_logical_out, check_out
 from mok.overlap import check_no_overlap
 from mok.work import ScaleWork, run_work
 
@@ -36,17 +37,27 @@ for _schema in _SCHEMAS:
 
 def _swizzle(scales: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
     batch = as_batch(scales)
+    check_out(out, batch)
     check_no_overlap([out], [batch], "swizzle_mxfp8_scales", out_label="out", input_label="scales")
     run_work([ScaleWork(batch, out)], backend)
 
 
 def _swizzle_many(scales: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], backend: str | None = None) -> None:
     batches = [as_batch(s, f"scales[{i}]") for i, s in enumerate(scales)]
+    if len(outs) != len(batches):
+        raise LayoutError(f"expected {len(batches)} output buffers, one per scale matrix; found {len(outs)}")
+    for i, (b, o) in enumerate(zip(batches, outs, strict=True)):
+        check_out(o, b, f"outs[{i}]")
     check_no_overlap(outs, batches, "swizzle_mxfp8_scales_many", input_label="scales")
     run_work([ScaleWork(b, o) for b, o in zip(batches, outs, strict=True)], backend)
 
 
 def _unswizzle(layout: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
+    logical = tuple(out.shape)
+    if len(logical) != 3:
+        raise LayoutError(f"out: expected logical scales [E, R, C]; found shape {logical}")
+    check_layout_of(layout, logical)
+    check_logical_out(out, logical, layout.device)
     check_no_overlap([out], [layout], "unswizzle_mxfp8_scales", out_label="out", input_label="layout")
     run_work([ScaleWork(layout, out, inverse=True)], backend)
 

@@ -65,6 +65,18 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+def self_overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory (an expanded view, or strides that fold
+    back): taken in stride order, each dimension must step past everything the smaller ones span.
+    A write through such a view would race with itself on the kernel."""
+    span = 1
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape, strict=True) if n > 1):
+        if stride < span:
+            return True
+        span = stride * size
+    return False
+
+
 def _bytes_view(mask: torch.Tensor, base: int, t: torch.Tensor) -> torch.Tensor:
     """The bytes of ``t`` as a strided view of ``mask``, whose byte 0 stands for address ``base``."""
     k = t.element_size()

@@ -269,6 +269,7 @@ def split_weight_view(
     rows, columns = check_sizes(rows=rows, columns=columns)
     params = param_list(params, tensors=cached is None or fmt in (Format.BF16, Format.HYBRID))
     if fmt is Format.BF16:
+        preference(backend)  # checked on every path, though a BF16 view converts nothing
         return _split_bf16(params, rows, columns, cached)
     dims = (len(params), rows, columns)
     key = ("split", fmt, rows, columns, preference(backend))  # a changed TE_COMPAT_KERNEL_BACKEND re-plans

@@ -68,9 +68,9 @@ def _from_tensor(param: object, name: str) -> torch.Tensor:
     rows, columns = snapshot.shape[0], snapshot.shape[-1]
     if len(snapshot.shape) != 2:
         raise ExpertWeightError(f"expected a 2-D weight; found shape {tuple(snapshot.shape)}")
-    if not snapshot.scales_swizzled:  # TE keeps them logical: a view of its own buffer
+    if not snapshot.scales_swizzled:  # TE keeps them logical: a copy, never a view of TE's buffer
         logical = block.logical_scales(d, buffer, rows, columns, f"{name} scales")[0]
-        return logical.t() if d.transposed_scales else logical
+        return (logical.t() if d.transposed_scales else logical).clone()
     shape = layout_shape(*_layout_dims(block, d, rows, columns))
     if buffer.numel() != math.prod(shape) or not buffer.is_contiguous():
         raise LayoutError(
@@ -85,8 +85,10 @@ def logical_scales(source: object, *, direction: str = "rowwise") -> torch.Tenso
     """The logical scales of ``direction`` ("rowwise" or "columnwise") in TE's orientation.
 
     ``source`` is a view (grouped: one ``[E, ...]`` tensor; per expert: a tuple of one tensor
-    per expert, converted in one launch) or a TE MXFP8/NVFP4 tensor (a view of TE's buffer when
-    TE keeps its scales logical; read back from the layout when TE keeps them swizzled).
+    per expert, converted in one launch) or a TE MXFP8/NVFP4 tensor (read back from the layout
+    when TE keeps its scales swizzled, copied out of TE's padded buffer when it keeps them
+    logical). Always new tensors: writing one never writes TE's storage, and saving one saves
+    the scales alone.
     """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction: expected one of {', '.join(map(repr, DIRECTIONS))}; found {direction!r}")

@@ -93,11 +93,7 @@ class StorageGuard:
         return [v for v in state if isinstance(v, torch.Tensor)], [v for v in state if not isinstance(v, torch.Tensor)]
 
     def _values(self, weight: object) -> tuple[Any, ...]:
-        reader = storage_reader(weight, self.names)
-        try:
-            return reader.read(weight)
-        except AttributeError:
-            return tuple(storage_values(weight, self.names).values())
+        return tuple(storage_values(weight, self.names).values())
 
     def unchanged(self, weights: Sequence[object]) -> bool:
         """Same weights, every watched tensor at the same address, every flag the same."""
@@ -135,6 +131,11 @@ class RefreshPlan:
         self.work: PreparedWork | None = None
         self.key: tuple[Any, ...] = ()
         self.plans = 0
+
+    def companions(self) -> tuple[object, ...]:
+        """What the guard watches besides the first weight it was given (a TE 2.13 group's
+        members, whose own flags say whether the group's scales are swizzled)."""
+        return tuple(self.guard.weights[1:]) if self.guard is not None else ()
 
     def rerun(self, weights: Sequence[object], key: tuple[Any, ...]) -> bool:
         """Run the prepared work again if ``key`` matches and the guard sees nothing changed."""

@@ -19,6 +19,13 @@ def bf16_warning_emitted() -> bool:
     return _warned
 
 
+def set_bf16_warning_emitted(value: bool) -> None:
+    """Say it has (True: it will not warn again) or has not (False: it warns at its next call);
+    what tests do to upstream's module flag, ``_SHARED_EXPERT_BF16_WARNING_EMITTED``."""
+    global _warned
+    _warned = check_bool("value", value)
+
+
 def _is_rank_zero() -> bool:
     dist = getattr(sys.modules.get("torch"), "distributed", None)
     if dist is None or not dist.is_available() or not dist.is_initialized():

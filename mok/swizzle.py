@@ -14,7 +14,7 @@ import torch
 from mok.backend import backend_argument
 from mok.checks import check_int, check_sequence
 from mok.errors import LayoutError
-from mok.layout import MXFP8_BLOCK, as_batch, check_out, empty_layout, layout_shape
+from mok.layout import MXFP8_BLOCK, as_batch, check_layout_of, check_logical_out, check_out, empty_layout
 from mok.ops import swizzle_many_op, swizzle_op, unswizzle_op
 
 
@@ -72,19 +72,6 @@ def swizzle_mxfp8_scales_many(
     return list(outs)
 
 
-def _check_logical_out(out: object, want: tuple[int, int, int], device: torch.device) -> torch.Tensor:
-    """``out`` must be uint8 logical scales of shape ``want`` on ``device`` (any strides)."""
-    if not isinstance(out, torch.Tensor):
-        raise LayoutError(f"out: expected a torch.Tensor; found {type(out).__name__}")
-    found = (tuple(out.shape), out.dtype, out.device)
-    if found != (want, torch.uint8, device):
-        raise LayoutError(
-            f"out cannot hold the logical scales: expected shape {want}, dtype torch.uint8, device {device}; "
-            f"found shape {found[0]}, dtype {found[1]}, device {found[2]}"
-        )
-    return out
-
-
 def unswizzle_mxfp8_scales(
     layout: torch.Tensor,
     *,
@@ -103,14 +90,9 @@ def unswizzle_mxfp8_scales(
     )
     if columns % MXFP8_BLOCK:
         raise LayoutError(f"columns: expected a multiple of {MXFP8_BLOCK} (one scale per block); found {columns}")
-    want = layout_shape(rows, columns // MXFP8_BLOCK, experts)
-    if not isinstance(layout, torch.Tensor) or tuple(layout.shape) != want or layout.dtype != torch.uint8:
-        found = (tuple(layout.shape), layout.dtype) if isinstance(layout, torch.Tensor) else type(layout).__name__
-        raise LayoutError(f"layout: expected a uint8 layout of shape {want}; found {found}")
-    if not layout.is_contiguous():
-        raise LayoutError(f"layout: expected a contiguous layout buffer; found strides {layout.stride()}")
     logical = (experts, rows, columns // MXFP8_BLOCK)
+    check_layout_of(layout, logical)
     if out is None:
         out = torch.empty(logical, dtype=torch.uint8, device=layout.device)
-    unswizzle_op(layout, _check_logical_out(out, logical, layout.device), backend_argument(backend))
+    unswizzle_op(layout, check_logical_out(out, logical, layout.device), backend_argument(backend))
     return out

@@ -170,7 +170,7 @@ def _view_shape(shape: object) -> tuple[int, ...]:
 
 def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dtype, name: str) -> torch.Tensor:
     """A dense view of ``storage`` as ``shape``/``dtype`` sharing its memory (uint8 may be
-    reinterpreted as a 1-byte float8 dtype). Raises, naming ``name``, rather than copying.
+    reinterpreted as any 1-byte dtype: float8, int8). Raises, naming ``name``, rather than copying.
     The view is detached: kernels read it by address, outside autograd."""
     if not isinstance(name, str):
         raise TypeError(f"name: expected a str naming the storage; found {describe(name)}")

@@ -30,15 +30,15 @@ import torch
 
 from mok import shared_expert
 from mok.checks import check_bool, check_int, check_sequence, describe
-from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
+from mok.errors import ExpertWeightError, LayoutError, RefreshError
 from mok.formats import MXFP8
-from mok.grouped import grouped_weight_view
-from mok.layout import MXFP8_BLOCK, columnwise_scales, grouped_scales, rowwise_scales
+from mok.grouped import grouped_weight_view, read_grouped
+from mok.layout import MXFP8_BLOCK, columnwise_scales, rowwise_scales
 from mok.per_expert import split_weight_view
 from mok.shared_expert import prepare_shared_expert_config
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
-from te_compat import TECompatError, TensorKind, grouped_storage, known_storage_name, storage_field, tensor_kind_or_none
+from te_compat import TensorKind, grouped_storage, known_storage_name, storage_field, tensor_kind_or_none
 
 __all__ = [
     "_SHARED_EXPERT_BF16_WARNING_EMITTED",
@@ -81,7 +81,7 @@ class _WeightsModule(types.ModuleType):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == _FLAG:
-            shared_expert._warned = check_bool(f"{__name__}.{_FLAG}", value)
+            shared_expert.set_bf16_warning_emitted(check_bool(f"{__name__}.{_FLAG}", value))
             return
         super().__setattr__(name, value)
         if name in _OWN:
@@ -100,8 +100,12 @@ sys.modules[__name__].__class__ = _WeightsModule
 
 # ------------------------------------------------------------------------------ upstream's errors
 
-_CONVERTED = (MokError, TECompatError, TypeError, ValueError)
 _RUNTIME_TWINS: dict[type[BaseException], type[BaseException]] = {}
+
+
+def _reduce_to_original(error: BaseException) -> tuple[Any, ...]:
+    """Pickle a twin as the class it stands for: a twin exists in no module's namespace."""
+    return type(error).__mro__[1], error.args
 
 
 def _runtime_twin(cls: type[BaseException]) -> type[BaseException]:
@@ -109,19 +113,24 @@ def _runtime_twin(cls: type[BaseException]) -> type[BaseException]:
     it catches upstream's errors, and ``except cls`` still does."""
     twin = _RUNTIME_TWINS.get(cls)
     if twin is None:
-        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}
+        namespace = {
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+            "__reduce__": _reduce_to_original,
+        }
         twin = _RUNTIME_TWINS[cls] = type(cls.__name__, (cls, RuntimeError), namespace)
     return twin
 
 
 def _upstream_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Raise every refusal of ``fn`` as a RuntimeError as well as its own class."""
+    """Raise every error of ``fn`` as a RuntimeError as well as its own class."""
 
     @functools.wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
-        except _CONVERTED as exc:
+        except Exception as exc:
             if isinstance(exc, RuntimeError):
                 raise
             raise _runtime_twin(type(exc))(*exc.args) from exc
@@ -257,8 +266,12 @@ def _te_grouped_scales(param: object, member_attr: str, shape: tuple[int, int, i
             f"{name}: expected the {direction.name} scale shape {want} of {gs.num_tensors} experts of shape "
             f"({rows}, {columns}); found {shape}"
         )
-    padded = MXFP8.te_scale_shape(direction, rows, columns)
-    return grouped_scales(buffer, shape[0], *padded, name)[:, : shape[1], : shape[2]]
+    # mok.grouped's reading of the group: TE's padding skipped, offsets and members' packing checked
+    sources = read_grouped(param, MXFP8, (gs.num_tensors, rows, columns))
+    matrices = next((s.sources[0].logical for s in sources if s.direction is direction), None)
+    if matrices is None:
+        raise ExpertWeightError(f"{name}: the grouped parameter holds no {direction.name} data")
+    return matrices.transpose(1, 2) if direction.transposed_scales else matrices
 
 
 def _expert_shape(shapes: Sequence[Sequence[int]], name: str) -> tuple[int, int]:
@@ -373,6 +386,11 @@ def _grouped_bf16(weight: Any, shape: tuple[int, int, int]) -> Any:
     storage = _seam("_parameter_storage_attr")(weight, "rowwise_data")
     if storage is not None:
         return _seam("_storage_view")(storage, shape, dtype=torch.bfloat16, name="single-grouped BF16 rowwise")
+    if not isinstance(weight, torch.Tensor):
+        raise ExpertWeightError(
+            f"grouped weight: expected a torch.bfloat16 tensor, or storage rowwise_data on the weight; found "
+            f"{describe(weight)} with neither"
+        )
     if weight.dtype != torch.bfloat16 or not weight.is_contiguous():
         raise ExpertWeightError(
             f"grouped weight: expected a contiguous torch.bfloat16 tensor of shape {shape}; found "
@@ -397,6 +415,7 @@ def _grouped_fast(weight: object, dims: tuple[int, int, int], cached_view: Group
 def _grouped_composed(weight: object, dims: tuple[int, int, int], cached_view: Any) -> tuple[Any, ...]:
     """Upstream's composition of the grouped view, through the module's own (or replaced) functions."""
     _check_grouped_shape(weight, dims)
+    row_out, col_out = (None, None) if cached_view is None else _tuple_outputs(cached_view)
     experts, rows, columns = dims
     view, scale_view, swizzle = (
         _seam(n) for n in ("_storage_view", "_single_grouped_mxfp8_scale_view", "_swizzle_mxfp8_scale")
@@ -412,7 +431,6 @@ def _grouped_composed(weight: object, dims: tuple[int, int, int], cached_view: A
     col_scale = scale_view(
         weight, "_columnwise_scale_inv", (experts, rows // 32, columns), name="single-grouped columnwise"
     ).transpose(-2, -1)  # the [columns, rows/32] transpose: the dgrad GEMM reads [M, K] as [K, M]
-    row_out, col_out = (None, None) if cached_view is None else (cached_view[1], cached_view[3])
     return (
         row_data,
         swizzle(row_scale, rows=rows, columns=columns, out=row_out),
@@ -420,6 +438,16 @@ def _grouped_composed(weight: object, dims: tuple[int, int, int], cached_view: A
         swizzle(col_scale, rows=columns, columns=rows, out=col_out),
         True,
     )
+
+
+def _tuple_outputs(cached_view: object) -> tuple[Any, Any]:
+    """Items 1 and 3 of an earlier grouped view (upstream's contract): its layout buffers."""
+    if not isinstance(cached_view, Sequence) or len(cached_view) < 4:
+        raise RefreshError(
+            "cached_view: expected an earlier grouped view, the 5-tuple (row_data, row_scales, column_data, "
+            f"column_scales, True); found {describe(cached_view)}"
+        )
+    return cached_view[1], cached_view[3]
 
 
 @_upstream_errors
@@ -440,7 +468,7 @@ def _native_single_grouped_weight_view(
     transpose). ``cached_view`` (an earlier result) has items 1 and 3 refreshed in place.
     Threads: as mok.grouped_weight_view.
     """
-    if use_mxfp8 is True and type(cached_view) is GroupedWeightTuple and not _REPLACED:
+    if use_mxfp8 is True and type(cached_view) is GroupedWeightTuple and _seams_are_own():
         # the refresh of a view mok.grouped_weight_view made: it checks its own arguments
         return _grouped_fast(weight, (num_experts, rows, columns), cached_view)
     experts, rows, columns = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
@@ -625,10 +653,8 @@ def _cached_outputs(cached_view: object, experts: int) -> tuple[Sequence[torch.T
 
 
 def _split_refresh(params: Sequence[Any], rows: int, columns: int, cached_view: Any) -> Any:
-    expert_view = cached_view.expert_view if isinstance(cached_view, SplitRoutedWeight) else None
-    if expert_view is not None and _seams_are_own() and _all_te_mxfp8(params):
-        split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, cached=expert_view)
-        return cached_view
+    """Upstream's refresh of any cached view: each expert's scales read again and converted into
+    the view's buffers (a view mok made is refreshed before this, by its own prepared launch)."""
     outs = _cached_outputs(cached_view, len(params))
     logical = []
     for e, param in enumerate(params):
@@ -655,7 +681,7 @@ def _native_split_weight_view(
     Threads: as mok.split_weight_view (refreshes of one view or of different views are safe; a
     refresh racing TE's reassignment of these weights' buffers is not).
     """
-    if use_mxfp8 is True and type(cached_view) is SplitRoutedWeight and cached_view.expert_view and not _REPLACED:
+    if use_mxfp8 is True and type(cached_view) is SplitRoutedWeight and cached_view.expert_view and _seams_are_own():
         # the refresh of a view mok.split_weight_view made: it checks its own arguments
         split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, cached=cached_view.expert_view)
         return cached_view

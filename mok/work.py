@@ -46,7 +46,6 @@ class PreparedWork:
 
     def __init__(self, work: Sequence[ScaleWork], backend: str | None = None) -> None:
         self.work = list(work)
-        self.backend = backend
         self._launch: Callable[[], None] | None = None
         if not self.work:
             return

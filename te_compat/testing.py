@@ -633,11 +633,15 @@ def _target(factory: str, shape: Sequence[int], options: FakeOptions) -> _Target
     seed = options.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed: expected an int; found {seed!r}")
+    storage, param = options.get("storage", False), options.get("param", False)
+    for name, value in (("storage", storage), ("param", param)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{factory}: {name}: expected a bool; found {value!r} ({type(value).__name__})")
     return _Target(
         shape,
         _version(options.get("release")),
-        bool(options.get("storage", False)),
-        bool(options.get("param", False)),
+        storage,
+        param,
         options.get("device", "cpu"),
         options.get("dtype", torch.bfloat16),
         torch.Generator().manual_seed(seed),

@@ -819,3 +819,18 @@ def test_a_refresh_names_the_index_of_a_bad_expert_too(installed_te: Installer) 
     view = mok.split_weight_view(params, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
     with pytest.raises(TypeError, match=r"params\[1\]: expected expert parameters \(tensors\); found None"):
         mok.split_weight_view([params[0], None], rows=ROWS, columns=COLUMNS, use_mxfp8=True, cached=view)
+
+
+def test_small_arguments_are_checked_on_every_path(installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    bf16 = [torch.zeros(ROWS, COLUMNS, dtype=torch.bfloat16)]
+    with pytest.raises(ValueError, match="backend: expected one of 'auto', 'cuda', 'torch' or None; found 'bogus'"):
+        mok.split_weight_view(bf16, rows=ROWS, columns=COLUMNS, format="bf16", backend="bogus")
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        mok.LayerRefresh([], backend="bogus")
+    with pytest.raises(ValueError, match="use_mxfp8=False contradicts format='mxfp8'"):
+        mok.split_weight_view(_params(), rows=ROWS, columns=COLUMNS, format="mxfp8", use_mxfp8=False)
+    from te_compat.testing import fake_mxfp8
+
+    with pytest.raises(TypeError, match=r"fake_mxfp8: param: expected a bool; found 'False' \(str\)"):
+        fake_mxfp8((128, 64), param="False")  # type: ignore[typeddict-item]

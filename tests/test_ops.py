@@ -199,8 +199,11 @@ def test_logical_scales_of_views_in_te_orientation(rows: int, cols: int, install
 def test_logical_scales_of_te_tensors(installed_te: Installer) -> None:
     installed_te("2.20.2")
     p = T.mxfp8_tensor("2.20.2", 160, 96, seed=5, param=True)
-    kept = mok.logical_scales(p)  # TE keeps them logical: a view of its own buffer
-    assert kept.data_ptr() == p._rowwise_scale_inv.data_ptr() and torch.equal(kept, p._rowwise_scale_inv[:160, :3])
+    kept = mok.logical_scales(p)  # TE keeps them logical: copied out, never a view of TE's buffer
+    assert torch.equal(kept, p._rowwise_scale_inv[:160, :3])
+    before = p._rowwise_scale_inv.clone()
+    kept.fill_(7)
+    assert torch.equal(p._rowwise_scale_inv, before) and kept.untyped_storage().nbytes() == 160 * 3
     logical = p._rowwise_scale_inv[:160, :3].clone()
     swizzled = spec_layout(logical).view(p._rowwise_scale_inv.shape)  # TE's GEMM layout, as the spec writes it
     q = T.mxfp8_tensor(
@@ -252,3 +255,30 @@ def test_view_repr_names_shapes_and_formats_only(installed_te: Installer) -> Non
     )
     assert "data=3 x torch.float8_e4m3fn[160, 96] cpu" in text and "scales=3 x torch.uint8[2, 1, 32, 16] cpu" in text
     assert str(hidden) == text
+
+
+def test_the_ops_check_their_outputs_themselves() -> None:
+    """The ops are public (torch.ops.mok.*): a wrong out is refused there too, before any write."""
+    s = _scales(1, 256, 8)
+    with pytest.raises(mok.LayoutError, match="out cannot hold the layout of scales"):
+        torch.ops.mok.swizzle_mxfp8_scales(s, torch.zeros(4096, dtype=torch.uint8))
+    with pytest.raises(mok.LayoutError, match=r"outs\[0\] cannot hold the layout"):
+        torch.ops.mok.swizzle_mxfp8_scales_many([s[0]], [torch.zeros(16, dtype=torch.uint8)])
+    with pytest.raises(mok.LayoutError, match="expected 1 output buffers, one per scale matrix; found 2"):
+        torch.ops.mok.swizzle_mxfp8_scales_many([s[0]], [torch.zeros(16, dtype=torch.uint8)] * 2)
+    layout = spec_layout(s)
+    with pytest.raises(
+        mok.LayoutError, match=r"layout: expected a uint8 layout of shape \(1, 2, 32, 16\); found \(\(2, 2"
+    ):
+        torch.ops.mok.unswizzle_mxfp8_scales(layout, torch.empty(1, 128, 8, dtype=torch.uint8))
+
+
+def test_an_output_that_overlaps_itself_is_refused() -> None:
+    layout = spec_layout(_scales(1, 128, 4))
+    folded = torch.zeros(1, 1, 1, dtype=torch.uint8).expand(1, 128, 4)
+    with pytest.raises(mok.LayoutError, match="out: expected a view whose elements each have a byte of their own"):
+        mok.unswizzle_mxfp8_scales(layout, rows=128, columns=128, out=folded)
+    with pytest.raises(mok.LayoutError, match="each have a byte of their own"):
+        torch.ops.mok.unswizzle_mxfp8_scales(
+            layout, torch.zeros(132, dtype=torch.uint8).as_strided((1, 128, 4), (0, 1, 1))
+        )

@@ -478,3 +478,20 @@ def test_the_guard_keeps_the_old_memory_alive(installed_te: Installer) -> None:
     gc.collect()
     assert any(st.data_ptr() == old and st.nbytes() > 0 for st in v.refresh_plan.guard.storages)
     assert not v.refresh_plan.guard.unchanged(ps)
+
+
+def test_a_213_group_whose_members_turn_swizzled_is_planned_again(installed_te: Installer) -> None:
+    """facts.md: TE 2.13's GroupedTensor keeps no swizzled flag; each MXFP8 member (2.12+) keeps
+    its own. When TE swizzles the members' scales, a refresh must not convert them again."""
+    installed_te("2.13.0")
+    g = T.grouped_tensor("2.13.0", 2, 128, 128, mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
+    grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
+    assert v.refresh_plan.plans == 1  # nothing changed: the prepared launch ran again
+    logical = torch.stack([m._rowwise_scale_inv[:128, :4] for m in g.quantized_tensors])
+    g.scale_inv.copy_(spec_layout(logical).flatten())  # TE wrote the GEMM layout in place ...
+    for m in g.quantized_tensors:
+        m._with_gemm_swizzled_scales = True  # ... and says so on each member
+    grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
+    assert v.refresh_plan.plans == 2
+    assert torch.equal(v.row_scales, spec_layout(logical))  # copied as they are, not swizzled twice

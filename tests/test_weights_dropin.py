@@ -418,3 +418,20 @@ def test_missing_member_names_member_expert_and_type() -> None:
         W._native_split_weight_view([SplitParam(1), half], rows=ROWS, columns=COLUMNS, use_mxfp8=True)
     with pytest.raises(mok.ExpertWeightError):  # the project's own class as well
         W._native_split_weight_view([SplitParam(1), half], rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+
+
+def test_refusals_pickle_and_name_their_cause() -> None:
+    """A refusal crosses a process boundary (a pool's worker) as the project's class."""
+    import pickle
+
+    with pytest.raises(RuntimeError) as caught:
+        W._swizzle_mxfp8_scale(torch.zeros(1, 128, 3, dtype=torch.uint8), rows=128, columns=128)
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert type(again) is mok.LayoutError and again.args == caught.value.args
+    with pytest.raises(RuntimeError, match="cached_view: expected an earlier grouped view, the 5-tuple"):
+        W._native_single_grouped_weight_view(
+            GroupedWeight((1, 256, 128)), num_experts=1, rows=256, columns=128, use_mxfp8=True, cached_view=(1,)
+        )
+    shaped = SimpleNamespace(shape=(1, 256, 128))  # no storage, no dtype
+    with pytest.raises(RuntimeError, match="grouped weight: expected a torch.bfloat16 tensor, or storage rowwise_data"):
+        W._native_single_grouped_weight_view(shaped, num_experts=1, rows=256, columns=128, use_mxfp8=False)

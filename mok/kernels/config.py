@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from te_compat import on_refresh
 
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS": one shape for every launch (benchmarks, tests)
-VARIANT_ENV = "MOK_KERNEL_VARIANT"  # read for scripts that still set it: "default" is the one kernel
+VARIANT_ENV = "MOK_KERNEL_VARIANT"  # "default" (the one kernel) or unset; anything else is refused
 BLOCK_SIZES = (64, 96, 128, 256)  # a part of a block is 128 threads (or the whole block), at most two
 MOST_TILES = 64  # widest unit accepted: 256 scale columns, beyond every shape measured
 SHAPE_RULE = f"THREADS one of {', '.join(map(str, BLOCK_SIZES))} and TILES a multiple of THREADS/8 up to {MOST_TILES}"

@@ -192,7 +192,9 @@ def jobs_of(work: Sequence[Any]) -> list[Job | JobGroup]:
     ``geometry``, ``inverse``): a ``convert_job``, ``copy_job`` or ``unswizzle_job`` each, with the
     single-matrix ones of one logical geometry (every expert of a view) as one :class:`JobGroup`
     of their addresses, which needs no Job per expert (``geometry``, where given, is the logical
-    side's: an inverse item's ``dst``). An address whose alignment differs gets a job of its own.
+    side's: an inverse item's ``dst``). An address whose alignment differs starts a group of its
+    own (the table then merges the groups of one geometry into one pointer-table row at the
+    narrowest load width).
     Inverse items and the others are refused together (one kernel a launch)."""
     jobs: list[Any] = []
     groups: dict[tuple[Any, ...], tuple[Job, list[int], list[int]]] = {}

@@ -149,11 +149,12 @@ class Launch:
         self._launch = launch
         self._launch_config = LaunchConfig(grid=self.grid, block=self.config.threads)
         self._args = (np.uint64(self.table.data_ptr()), np.int32(self.njobs), np.int64(self.total))
-        self._stream_handle = -1
-        self._stream: Any = None
+        self._last: tuple[int, Any] = (-1, None)  # (handle, cuda.core Stream): one object, read once
 
     def __call__(self) -> None:
         handle = _current_stream_handle(self._index)
-        if handle != self._stream_handle:
-            self._stream, self._stream_handle = _stream(handle), handle
-        self._launch(self._stream, self._launch_config, self.kernel, *self._args)
+        last_handle, stream = self._last  # one read: another thread may replace the pair meanwhile
+        if handle != last_handle:
+            stream = _stream(handle)
+            self._last = (handle, stream)
+        self._launch(stream, self._launch_config, self.kernel, *self._args)
