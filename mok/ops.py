@@ -6,9 +6,10 @@ experts of a grouped weight), ``swizzle_mxfp8_scales_many`` (separate per-expert
 schema (``Tensor(a!)``): ``torch.compile`` traces them without a graph break, ``FakeTensorMode``
 and meta tensors run their fake implementation (nothing is launched), and
 ``torch.library.opcheck`` can check them. The CPU and CUDA implementations run mok's work items:
-the torch reference on the CPU, the kernel on CUDA (or the reference, per ``backend``). They check
-every argument first, shapes and memory overlap included, since the ops are public too; the public
-functions (mok.swizzle) check shapes before anything is allocated, which works on fake tensors.
+the torch reference on the CPU, the kernel on CUDA (or the reference, per ``backend``). The ops are
+the one place that checks their arguments: shapes, dtypes and devices in every implementation,
+the fake one included, and memory overlap where there is memory (real tensors). The public
+functions (mok.swizzle) check only what they need before allocating.
 
 The ops are defined with ``torch.library.Library`` rather than ``torch.library.custom_op``: its
 dispatch costs about a microsecond per call, custom_op's about ten, and an eager refresh pays it.
@@ -16,7 +17,7 @@ dispatch costs about a microsecond per call, custom_op's about ten, and an eager
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -35,46 +36,76 @@ for _schema in _SCHEMAS:
     _LIB.define(_schema)  # type: ignore[no-untyped-call]
 
 
-def _swizzle(scales: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
+def _swizzle_args(scales: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """Shape, dtype and device checks (fake tensors have these too); the batch to convert."""
     batch = as_batch(scales)
     check_out(out, batch)
-    check_no_overlap([out], [batch], "swizzle_mxfp8_scales", out_label="out", input_label="scales")
-    run_work([ScaleWork(batch, out)], backend)
+    return batch
 
 
-def _swizzle_many(scales: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], backend: str | None = None) -> None:
+def _swizzle_many_args(
+    scales: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], backend: str | None = None
+) -> list[torch.Tensor]:
     batches = [as_batch(s, f"scales[{i}]") for i, s in enumerate(scales)]
     if len(outs) != len(batches):
         raise LayoutError(f"expected {len(batches)} output buffers, one per scale matrix; found {len(outs)}")
     for i, (b, o) in enumerate(zip(batches, outs, strict=True)):
         check_out(o, b, f"outs[{i}]")
-    check_no_overlap(outs, batches, "swizzle_mxfp8_scales_many", input_label="scales")
-    run_work([ScaleWork(b, o) for b, o in zip(batches, outs, strict=True)], backend)
+    return batches
 
 
-def _unswizzle(layout: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
+def _unswizzle_args(layout: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
     logical = tuple(out.shape)
     if len(logical) != 3:
         raise LayoutError(f"out: expected logical scales [E, R, C]; found shape {logical}")
     check_layout_of(layout, logical)
     check_logical_out(out, logical, layout.device)
+
+
+def _swizzle(scales: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
+    batch = _swizzle_args(scales, out)
+    check_no_overlap([out], [batch], "swizzle_mxfp8_scales", out_label="out", input_label="scales")
+    run_work([ScaleWork(batch, out)], backend)
+
+
+def _swizzle_many(scales: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], backend: str | None = None) -> None:
+    batches = _swizzle_many_args(scales, outs)
+    check_no_overlap(outs, batches, "swizzle_mxfp8_scales_many", input_label="scales")
+    run_work([ScaleWork(b, o) for b, o in zip(batches, outs, strict=True)], backend)
+
+
+def _unswizzle(layout: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
+    _unswizzle_args(layout, out)
     check_no_overlap([out], [layout], "unswizzle_mxfp8_scales", out_label="out", input_label="layout")
     run_work([ScaleWork(layout, out, inverse=True)], backend)
 
 
-def _nothing(*args: object, **kwargs: object) -> None:
-    """The fake (meta) implementation: the ops return nothing and write only ``out``, whose shape
-    the public functions have checked."""
+def _sizes_known(args: Sequence[object]) -> bool:
+    """Whether every tensor argument has concrete sizes (not a dynamic-shape trace's symbols)."""
+    tensors = [t for a in args for t in (a if isinstance(a, list | tuple) else [a]) if isinstance(t, torch.Tensor)]
+    return all(type(n) is int for t in tensors for n in t.shape)
 
 
-for _name, _impl in (
-    ("swizzle_mxfp8_scales", _swizzle),
-    ("swizzle_mxfp8_scales_many", _swizzle_many),
-    ("unswizzle_mxfp8_scales", _unswizzle),
+def _checks_only(check: Callable[..., object]) -> Callable[..., None]:
+    """A fake (meta) implementation: ``check``'s argument checks where sizes are known (with
+    symbolic sizes the real implementation checks them when it runs), nothing written, nothing
+    returned (as the schema says)."""
+
+    def fake(*args: object) -> None:
+        if _sizes_known(args):
+            check(*args)
+
+    return fake
+
+
+for _name, _impl, _check in (
+    ("swizzle_mxfp8_scales", _swizzle, _swizzle_args),
+    ("swizzle_mxfp8_scales_many", _swizzle_many, _swizzle_many_args),
+    ("unswizzle_mxfp8_scales", _unswizzle, _unswizzle_args),
 ):
     for _key in ("CPU", "CUDA"):  # mok.work.run_work: the reference on the CPU, the kernel on CUDA
         _LIB.impl(_name, _impl, _key)  # type: ignore[no-untyped-call]
-    torch.library.register_fake(f"mok::{_name}", _nothing, lib=_LIB)
+    torch.library.register_fake(f"mok::{_name}", _checks_only(_check), lib=_LIB)
 
 swizzle_op = torch.ops.mok.swizzle_mxfp8_scales.default
 swizzle_many_op = torch.ops.mok.swizzle_mxfp8_scales_many.default

@@ -86,6 +86,25 @@ def test_fake_tensors_still_get_shape_errors() -> None:
             mok.swizzle_mxfp8_scales(s, out=torch.empty(1, 1, 32, 16, dtype=torch.uint8, device="cuda"))
 
 
+def test_fake_tensors_get_the_ops_own_checks(no_launch: None) -> None:
+    """Called directly (as a traced graph calls them), the ops' fake implementations refuse what
+    the real ones refuse."""
+    with FakeTensorMode():
+        s = torch.empty(300, 7, dtype=torch.uint8, device="cuda")
+        small = torch.empty(1, 1, 32, 16, dtype=torch.uint8, device="cuda")
+        with pytest.raises(mok.LayoutError, match="out cannot hold the layout"):
+            torch.ops.mok.swizzle_mxfp8_scales(s, small)
+        with pytest.raises(mok.LayoutError, match=r"outs\[0\] cannot hold the layout"):
+            torch.ops.mok.swizzle_mxfp8_scales_many([s], [small])
+        with pytest.raises(mok.LayoutError, match="expected 1 output buffers, one per scale matrix; found 2"):
+            torch.ops.mok.swizzle_mxfp8_scales_many([s], [small, small])
+        layout = torch.empty(mok.layout_shape(300, 7), dtype=torch.uint8, device="cuda")
+        with pytest.raises(mok.LayoutError, match="each have a byte of their own"):
+            torch.ops.mok.unswizzle_mxfp8_scales(
+                layout, torch.empty(1, 1, 1, dtype=torch.uint8, device="cuda").expand(1, 300, 7)
+            )
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_opcheck(shape: tuple[int, int, int]) -> None:
     e, r, c = shape
