@@ -91,6 +91,18 @@ def empty_layout(rows: int, cols: int, experts: int, device: torch.device, what:
         ) from exc
 
 
+def te_swizzled_layout(buffer: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
+    """TE's buffer of scales it keeps swizzled (uint8), viewed as the layout ``shape`` it must
+    hold exactly: TE's swizzled scales are used as they are, so any other size or any gap is
+    refused rather than read as the layout."""
+    if buffer.numel() != math.prod(shape) or not buffer.is_contiguous():
+        raise LayoutError(
+            f"{name}: TE marks these scales swizzled, so its buffer should be exactly the layout {shape}; "
+            f"found shape {tuple(buffer.shape)}, strides {buffer.stride()}"
+        )
+    return buffer.view(shape)
+
+
 Geometry = tuple[tuple[int, int, int], tuple[int, int, int]]  # sizes and strides of logical [E, R, C]
 
 

@@ -10,16 +10,23 @@ mok.refresh (the guard and the prepared launch), mok.work and the kernel.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from mok.errors import LayoutError, RefreshError
+from mok.errors import RefreshError
 from mok.formats import Direction, Format
-from mok.layout import Geometry, check_out, empty_layout, layout_shape, logical_view, padded_shape
+from mok.layout import (
+    Geometry,
+    check_out,
+    empty_layout,
+    layout_shape,
+    logical_view,
+    padded_shape,
+    te_swizzled_layout,
+)
 from mok.overlap import check_no_overlap
 from mok.views import ExpertWeights, SplitExpertWeights, ViewDirection, ptr_table
 from mok.work import ScaleWork
@@ -59,13 +66,7 @@ class ScaleSlots:
 
 
 def _te_layout(source: ScaleSource, shape: tuple[int, ...]) -> torch.Tensor:
-    buf = source.te_buffer
-    if buf.numel() != math.prod(shape) or not buf.is_contiguous():
-        raise LayoutError(
-            f"{source.name}: TE marks these scales swizzled, so its buffer should be exactly the layout "
-            f"{shape}; found shape {tuple(buf.shape)}, strides {buf.stride()}"
-        )
-    return buf.view(shape)
+    return te_swizzled_layout(source.te_buffer, shape, source.name)
 
 
 def _allocate(sources: Sequence[ScaleSource], r: int, c: int) -> tuple[torch.Tensor, ...]:

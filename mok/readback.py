@@ -7,14 +7,13 @@ them (MXFP8: rowwise ``[rows, columns/32]``, columnwise ``[rows/32, columns]``; 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
-from mok.errors import ExpertWeightError, LayoutError
+from mok.errors import ExpertWeightError
 from mok.formats import FORMAT_OF_KIND, BlockFormat, Direction
-from mok.layout import layout_shape
+from mok.layout import layout_shape, te_swizzled_layout
 from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
 from mok.work import ScaleWork, run_work
 from te_compat import tensor_kind
@@ -72,12 +71,7 @@ def _from_tensor(param: object, name: str) -> torch.Tensor:
         logical = block.logical_scales(d, buffer, rows, columns, f"{name} scales")[0]
         return (logical.t() if d.transposed_scales else logical).clone()
     shape = layout_shape(*_layout_dims(block, d, rows, columns))
-    if buffer.numel() != math.prod(shape) or not buffer.is_contiguous():
-        raise LayoutError(
-            f"{name} scales: TE marks them swizzled, so its buffer should be exactly the layout {shape}; "
-            f"found shape {tuple(buffer.shape)}, strides {buffer.stride()}"
-        )
-    layout = buffer.view(torch.uint8).view(shape)
+    layout = te_swizzled_layout(buffer.view(torch.uint8), shape, f"{name} scales")
     return _unswizzle(block, d, [layout], 1, rows, columns)[0][0]
 
 
