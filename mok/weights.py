@@ -613,9 +613,7 @@ def _need(value: R | None, what: str) -> R:
 
 
 def _split_fast(view: SplitExpertWeights) -> SplitRoutedWeight:
-    row, col = view.rowwise, view.columnwise
-    if col is None:
-        raise ExpertWeightError("split weights: the view needs columnwise data; the experts hold none")
+    row, col = view.rowwise, _need(view.columnwise, "columnwise data")
     row_scales, col_scales = _need(row.scales, "rowwise scales"), _need(col.scales, "columnwise scales")
     return SplitRoutedWeight(
         data=row.data[0],
