@@ -158,13 +158,15 @@ def grouped_weight_view(
         if cached.refresh_plan.rerun((weight, *cached.refresh_plan.companions()), key):
             return cached
     sources = read_grouped(weight, fmt.block_format, dims)
-    request = ViewRequest(dims, fmt, _watched(weight), key, None, backend)
+    request = ViewRequest(dims, fmt, watched_group(weight), key, None, backend)
     return plan_view(GroupedExpertWeights, request, sources, cached)
 
 
-def _watched(weight: object) -> tuple[object, ...]:
+def watched_group(weight: object) -> tuple[object, ...]:
     """What a refresh guard watches: the group, and where the group keeps no swizzled flag of its
-    own (TE 2.13: te_compat reads it off the members), its members too."""
+    own (TE 2.13: te_compat reads it off the members), its members too. A rerun passes the group
+    with the members planned with: the group's own storage holds its member list, so a new member
+    list fails the guard."""
     members = storage_field(weight, StorageName.QUANTIZED_TENSORS)
     if members and storage_field(weight, StorageName.SCALES_SWIZZLED) is None:
         return (weight, *members)

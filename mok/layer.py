@@ -9,7 +9,7 @@ from typing import Any
 from mok.backend import backend_argument, preference
 from mok.errors import MokError, RefreshError
 from mok.formats import Format
-from mok.grouped import read_grouped
+from mok.grouped import read_grouped, watched_group
 from mok.per_expert import guarded_names, read_split, watched
 from mok.plan import check_cached, plan_directions
 from mok.refresh import RefreshPlan
@@ -27,7 +27,7 @@ def _plan_entry(i: int, entry: LayerEntry) -> tuple[list[object], list[ScaleWork
         if isinstance(cached, GroupedExpertWeights) and cached.format is not Format.BF16:
             dims = (cached.num_experts, cached.rows, cached.columns)
             sources = read_grouped(weight, cached.format.block_format, dims)
-            return [weight], plan_directions(sources, cached, "grouped ")[1]
+            return list(watched_group(weight)), plan_directions(sources, cached, "grouped ")[1]
         if isinstance(cached, SplitExpertWeights) and cached.format is not Format.BF16:
             params = param_list(weight)
             check_cached(cached, SplitExpertWeights, cached.format, (len(params), cached.rows, cached.columns))
@@ -59,14 +59,18 @@ class LayerRefresh:
         self.backend = backend_argument(backend)
         self.plan = RefreshPlan()
         self.key = tuple(id(view) for _, view in self.entries)
+        self._members: dict[int, list[object]] = {}  # grouped entry -> members its guard watches
 
     def weights(self) -> list[object]:
+        """What the guard watches, in planning order (a grouped entry's members as planned: see
+        mok.grouped.watched_group)."""
         out: list[object] = []
-        for weight, cached in self.entries:
+        for i, (weight, cached) in enumerate(self.entries):
             if isinstance(cached, SplitExpertWeights):
                 out.extend(watched(weight, cached.format))  # type: ignore[arg-type]
             else:
                 out.append(weight)
+                out.extend(self._members.get(i, ()))
         return out
 
     def __call__(self) -> None:
@@ -78,6 +82,8 @@ class LayerRefresh:
         work: list[ScaleWork] = []
         for i, entry in enumerate(self.entries):
             w, items = _plan_entry(i, entry)
+            if not isinstance(entry[1], SplitExpertWeights):
+                self._members[i] = w[1:]
             weights.extend(w)
             work.extend(items)
         self.plan.prepare(weights, key, work, self.backend, self._guarded_names())

@@ -495,3 +495,21 @@ def test_a_213_group_whose_members_turn_swizzled_is_planned_again(installed_te: 
     grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
     assert v.refresh_plan.plans == 2
     assert torch.equal(v.row_scales, spec_layout(logical))  # copied as they are, not swizzled twice
+
+
+def test_a_layer_with_a_213_group_sees_its_members_turn_swizzled(installed_te: Installer) -> None:
+    """The same for a layer refresh: the layer's guard watches the members of a 2.13 group too."""
+    installed_te("2.13.0")
+    g = T.grouped_tensor("2.13.0", 2, 128, 128, mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
+    layer = mok.LayerRefresh([(g, v)])
+    layer()
+    layer()
+    assert layer.plan.plans == 1  # nothing changed: the prepared launch ran again
+    logical = torch.stack([m._rowwise_scale_inv[:128, :4] for m in g.quantized_tensors])
+    g.scale_inv.copy_(spec_layout(logical).flatten())
+    for m in g.quantized_tensors:
+        m._with_gemm_swizzled_scales = True
+    layer()
+    assert layer.plan.plans == 2
+    assert torch.equal(v.row_scales, spec_layout(logical))  # copied as they are, not swizzled twice
