@@ -13,24 +13,9 @@ import torch
 
 import mok
 from mok.kernels import launch
+from mok.kernels.abi import FLAG_INDIRECT, FLAG_PARTS, FLAG_SLAB, MODE_COLS, MODE_COPY, MODE_GATHER, MODE_ROWS
 from mok.kernels.config import KernelConfig, LaunchShapes
-from mok.kernels.jobs import (
-    FLAG_INDIRECT,
-    FLAG_PARTS,
-    FLAG_SLAB,
-    MODE_COLS,
-    MODE_COPY,
-    MODE_GATHER,
-    MODE_ROWS,
-    DescriptorTable,
-    Job,
-    JobGroup,
-    config_for,
-    convert_job,
-    copy_job,
-    describe,
-    jobs_of,
-)
+from mok.kernels.jobs import DescriptorTable, Job, JobGroup, config_for, convert_job, copy_job, describe, jobs_of
 from mok.work import ScaleWork, run_work
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout

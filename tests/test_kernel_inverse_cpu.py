@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import mok
-from mok.kernels.config import KernelConfig, LaunchShapes
-from mok.kernels.jobs import (
+from mok.kernels.abi import (
     FLAG_INDIRECT,
     FLAG_INVERSE,
     FLAG_JOIN_LAST,
@@ -21,15 +20,9 @@ from mok.kernels.jobs import (
     MODE_COLS,
     MODE_GATHER,
     MODE_ROWS,
-    Job,
-    JobGroup,
-    config_for,
-    convert_job,
-    describe,
-    inverse_jobs,
-    jobs_of,
-    unswizzle_job,
 )
+from mok.kernels.config import KernelConfig, LaunchShapes
+from mok.kernels.jobs import Job, JobGroup, config_for, convert_job, describe, inverse_jobs, jobs_of, unswizzle_job
 from mok.work import ScaleWork
 
 CONFIGS = [LaunchShapes().other, LaunchShapes().rowwise]  # both shapes a launch takes

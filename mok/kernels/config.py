@@ -1,5 +1,6 @@
 """What one compiled kernel is (:class:`KernelConfig`), which one each launch takes
-(:class:`LaunchShapes`), and the one place the environment is read (:func:`launch_shapes`).
+(:class:`LaunchShapes`), and the one place the environment is read (:func:`launch_shapes`). The
+macros of a configuration carry the kernel's ABI too (mok.kernels.abi).
 
 Nothing here changes after it is made: a launch is prepared with a configuration and keeps it.
 Tests and benchmarks that want another shape pass a :class:`KernelConfig` to the launch, or set
@@ -13,10 +14,10 @@ import functools
 import os
 from dataclasses import dataclass
 
+from mok.kernels import abi
 from te_compat import on_refresh
 
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS": one shape for every launch (benchmarks, tests)
-VARIANT_ENV = "MOK_KERNEL_VARIANT"  # "default" (the one kernel) or unset; anything else is refused
 BLOCK_SIZES = (64, 96, 128, 256)  # a part of a block is 128 threads (or the whole block), at most two
 MOST_TILES = 64  # widest unit accepted: 256 scale columns, beyond every shape measured
 SHAPE_RULE = f"THREADS one of {', '.join(map(str, BLOCK_SIZES))} and TILES a multiple of THREADS/8 up to {MOST_TILES}"
@@ -72,11 +73,12 @@ class KernelConfig:
         return SLAB_BYTES if self.parts > 1 else 0
 
     def macros(self) -> list[tuple[str, str]]:
-        """The preprocessor definitions this configuration compiles the kernel with."""
+        """The preprocessor definitions this configuration compiles the kernel with: its shape,
+        then the ABI (mok.kernels.abi)."""
         found = [("TILES_PER_UNIT", str(self.tiles_per_unit)), ("THREADS", str(self.threads))]
         if self.slab_bytes:
             found.append(("SLAB_BYTES", str(self.slab_bytes)))
-        return found
+        return found + abi.macros()
 
 
 @dataclass(frozen=True)
@@ -99,16 +101,6 @@ class LaunchShapes:
         return f"per launch: {self.rowwise} with a rowwise job, else {self.other}"
 
 
-def _read_variant() -> str:
-    """MOK_KERNEL_VARIANT, checked: only the one kernel, "default", may be named."""
-    value = os.environ.get(VARIANT_ENV, "")
-    if value not in ("", "default"):
-        raise ValueError(
-            f"environment variable {VARIANT_ENV}: expected 'default' (the only kernel) or unset; found {value!r}"
-        )
-    return "default"
-
-
 def _read_shapes() -> LaunchShapes:
     """MOK_KERNEL_SHAPE, checked: the one shape it fixes for every launch, or the defaults."""
     value = os.environ.get(SHAPE_ENV, "")
@@ -125,7 +117,6 @@ def launch_shapes() -> LaunchShapes:
     """The launch shapes the environment asks for, read and checked once; ``te_compat.refresh()``
     reads them again. An invalid variable raises ValueError naming it, its value and what is
     expected."""
-    _read_variant()
     return _read_shapes()
 
 
@@ -135,9 +126,8 @@ on_refresh(launch_shapes.cache_clear)
 def environment_report() -> dict[str, str]:
     """The kernel's variables for ``te-compat report``: what each asks for, or why it is invalid."""
     rows: dict[str, str] = {}
-    for row, read in (("kernel variant", _read_variant), ("kernel shape", _read_shapes)):
-        try:
-            rows[row] = str(read())
-        except ValueError as exc:
-            rows |= {row: "invalid", f"{row} reason": str(exc)}
+    try:
+        rows["kernel shape"] = str(_read_shapes())
+    except ValueError as exc:
+        rows |= {"kernel shape": "invalid", "kernel shape reason": str(exc)}
     return rows

@@ -15,19 +15,24 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mok.errors import LayoutError
+from mok.kernels.abi import (
+    COPY_CHUNK,
+    FLAG_INDIRECT,
+    FLAG_INVERSE,
+    FLAG_JOIN_LAST,
+    FLAG_PARTS,
+    FLAG_SLAB,
+    MODE_COLS,
+    MODE_COPY,
+    MODE_GATHER,
+    MODE_ROWS,
+)
 from mok.kernels.config import KernelConfig, LaunchShapes
 from mok.layout import padded_shape
 
 if TYPE_CHECKING:
     import torch
 
-COPY_CHUNK = 16384  # bytes of a copy unit
-MODE_ROWS, MODE_COLS, MODE_GATHER, MODE_COPY = 0, 1, 2, 3
-FLAG_INDIRECT = 1 << 16  # src/dst of the job are device arrays of per-expert addresses
-FLAG_JOIN_LAST = 1 << 17  # the job's one-tile last chunk joins the chunk before (Job._joins_last)
-FLAG_PARTS = 1 << 18  # a job converted by parts (Job._width)
-FLAG_SLAB = 1 << 19  # a rowwise job converted a whole slab a unit (Job._slab)
-FLAG_INVERSE = 1 << 20  # a job of the inverse kernel (Job.inverse)
 MIXED_DIRECTIONS = (
     "a launch runs conversions and copies (mxfp8_swizzle_jobs) or inverse jobs (mxfp8_unswizzle_jobs), "
     "not both: run the inverse items in a call of their own"

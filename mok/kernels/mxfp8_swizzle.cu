@@ -56,18 +56,13 @@ static_assert(PARTS * PART_THREADS == THREADS && PARTS * PART_TILES == TILES_PER
 // addresses, and for per-expert jobs the pointer-table load; benchmarks/KERNEL_NOTES.md).
 #define MIN_BLOCKS (1280 / THREADS)
 static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns per thread");
-#define COPY_CHUNK 16384
-
-#define MODE_ROWS 0       // cs == 1: rows contiguous
-#define MODE_COLS 1       // rs == 1: columns contiguous (a transposed view)
-#define MODE_GATHER 2     // any strides, byte by byte
-#define MODE_COPY 3       // already in the layout: copy R bytes (C unused)
-#define FLAG_INDIRECT (1 << 16)  // src and dst are device arrays of per-expert addresses
-#define FLAG_JOIN_LAST (1 << 17)  // the one-tile last chunk of a columnwise job joins the chunk before
-                                  // (decided in jobs.py, Job._joins_last)
-#define FLAG_PARTS (1 << 18)      // a job converted by parts (decided in jobs.py, Job._width)
-#define FLAG_SLAB (1 << 19)       // a rowwise job converted a whole 128-row slab a unit (Job._slab)
-#define FLAG_INVERSE (1 << 20)    // a job of mxfp8_unswizzle_jobs: the layout back into logical scales
+// The ABI shared with mok/kernels/jobs.py (COPY_CHUNK, MODE_*, FLAG_*) comes from
+// mok/kernels/abi.py as macros on every compile: a compile without them stops here.
+#if !defined(COPY_CHUNK) || !defined(MODE_ROWS) || !defined(MODE_COLS) || !defined(MODE_GATHER) || \
+    !defined(MODE_COPY) || !defined(FLAG_INDIRECT) || !defined(FLAG_JOIN_LAST) || !defined(FLAG_PARTS) || \
+    !defined(FLAG_SLAB) || !defined(FLAG_INVERSE)
+#error "compile through mok.kernels: the ABI macros come from mok/kernels/abi.py (KernelConfig.macros())"
+#endif
 
 // One job: `experts` matrices [rows, cols], expert e read at src + e*es, written at dst + e*Rp*Cp.
 struct Job {

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mok
+from mok.kernels.abi import FLAG_SLAB, MODE_COLS, MODE_ROWS
 from mok.kernels.config import SHAPE_ENV, KernelConfig, LaunchShapes, launch_shapes
-from mok.kernels.jobs import FLAG_SLAB, MODE_COLS, MODE_ROWS, config_for, convert_job, copy_job
+from mok.kernels.jobs import config_for, convert_job, copy_job
 from mok.kernels.launch import Launch, _kernel
 from mok.layout import swizzle_reference
 from tests import te_objects as T
