@@ -13,7 +13,7 @@ from its first payload otherwise (:func:`_logical_shape`).
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -114,17 +114,22 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+StorageRead = Callable[[object], Mapping[str, Any]]
+"""How a snapshot reads an object's storage values by logical name: :func:`storage_values` unless
+a caller passes its own (one that records what it read, so it can later check exactly that)."""
+
+
 class _Values:
     """One object's storage, read once, each value checked as it is taken (see the module doc)."""
 
-    def __init__(self, obj: object, kind: TensorKind, caller: str) -> None:
+    def __init__(self, obj: object, kind: TensorKind, caller: str, read: StorageRead | None = None) -> None:
         found = tensor_kind(obj)
         if found is not kind:
             raise UnsupportedTensorError(
                 f"{caller} expects a TE {kind.value} tensor; found {class_path(type(obj))} (kind {found})"
             )
         self.obj = obj
-        self.values = storage_values(obj)
+        self.values = (read or storage_values)(obj)
 
     def raw(self, name: str) -> Any:
         """The value as TE stores it (None where the release has no such storage)."""
@@ -255,19 +260,21 @@ def _offsets(value: Any) -> tuple[int, ...] | None:
     return tuple(int(v) for v in value)
 
 
-def _group_swizzled(v: _Values, members: tuple[object, ...] | None) -> bool:
+def _group_swizzled(v: _Values, members: tuple[object, ...] | None, read: StorageRead | None) -> bool:
     """The group's flag (2.14+); 2.13 keeps none on the group, and its MXFP8 members (2.12+)
     carry their own."""
     flag = v.flag("scales_swizzled")
     if flag is not None or v.raw("quantizer") is None or not members:
         return bool(flag)
     mxfp8 = [m for m in members if tensor_kind(m) is TensorKind.MXFP8]
-    return any(bool(_Values(m, TensorKind.MXFP8, "grouped_storage").flag("scales_swizzled")) for m in mxfp8)
+    return any(bool(_Values(m, TensorKind.MXFP8, "grouped_storage", read).flag("scales_swizzled")) for m in mxfp8)
 
 
-def grouped_storage(param: object) -> GroupedStorage:
-    """Snapshot of a GroupedTensor (2.13 plain class, 2.14+ tensor/Parameter)."""
-    v = _Values(param, TensorKind.GROUPED, "grouped_storage")
+def grouped_storage(param: object, *, read: StorageRead | None = None) -> GroupedStorage:
+    """Snapshot of a GroupedTensor (2.13 plain class, 2.14+ tensor/Parameter). ``read``: how the
+    group's storage (and, in TE 2.13, where the group keeps no swizzled flag, each member's) is
+    read; default :func:`storage_values`."""
+    v = _Values(param, TensorKind.GROUPED, "grouped_storage", read)
     row, col = v.payloads("rowwise_data", "columnwise_data")
     members = v.raw("quantized_tensors")
     member_tuple = tuple(members) if members is not None else None
@@ -283,7 +290,7 @@ def grouped_storage(param: object) -> GroupedStorage:
         columnwise_scale_inv_offsets=_offsets(v.raw("columnwise_scale_inv_offsets")),
         members=member_tuple,
         quantized=v.raw("quantizer") is not None,
-        scales_swizzled=_group_swizzled(v, member_tuple),
+        scales_swizzled=_group_swizzled(v, member_tuple, read),
         amax_rowwise=v.tensor("amax_rowwise"),
         amax_columnwise=v.tensor("amax_columnwise"),
     )
@@ -431,9 +438,10 @@ class HybridStorage(StorageSnapshot):
     columnwise_kind: TensorKind | None
 
 
-def hybrid_storage(param: object) -> HybridStorage:
-    """Snapshot of a HybridQuantizedTensor, Parameter, ``.data`` or storage (TE 2.19+)."""
-    v = _Values(param, TensorKind.HYBRID, "hybrid_storage")
+def hybrid_storage(param: object, *, read: StorageRead | None = None) -> HybridStorage:
+    """Snapshot of a HybridQuantizedTensor, Parameter, ``.data`` or storage (TE 2.19+). ``read``:
+    as for :func:`grouped_storage`."""
+    v = _Values(param, TensorKind.HYBRID, "hybrid_storage", read)
     row, col = v.raw("rowwise_storage"), v.raw("columnwise_storage")
     if row is None and col is None:
         raise _not_found(param, "rowwise_storage")
