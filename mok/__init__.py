@@ -11,10 +11,9 @@ from mok.layer import LayerRefresh, refresh_layer
 from mok.layout import columnwise_scales, layout_offset, layout_shape, padded_shape, rowwise_scales
 from mok.per_expert import split_weight_view
 from mok.readback import logical_scales
-from mok.refresh import RefreshPlan
 from mok.shared_expert import prepare_shared_expert_config
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many, unswizzle_mxfp8_scales
-from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, ViewDirection, storage_view
+from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights, ViewDirection, storage_view
 
 __all__ = [
     "BackendChoice",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import Enum
 
 from mok.errors import LayoutError
 from mok.kernels.config import environment_report
@@ -14,6 +15,17 @@ from te_compat import MissingFeatureError, cuda_device, has_cuda_core
 
 BACKEND_ENV = "TE_COMPAT_KERNEL_BACKEND"
 BACKENDS = ("auto", "cuda", "torch")
+
+
+class Backend(str, Enum):
+    """What converts a view's scales: mok's CUDA kernel or the torch reference. A view resolves
+    it once, when it is built (:func:`backend_for`); its refreshes keep it."""
+
+    CUDA = "cuda"
+    TORCH = "torch"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -43,8 +55,9 @@ def preference(backend: object) -> str:
     return raw.lower()
 
 
-def backend_for(device: object, backend: str | None) -> str:
-    """ "cuda" or "torch" for tensors on ``device`` (a torch.device) under the requested backend.
+def backend_for(device: object, backend: str | None) -> Backend:
+    """The backend for tensors on ``device`` (a torch.device) under the requested backend (the
+    argument, else TE_COMPAT_KERNEL_BACKEND, else auto).
 
     The request is validated on every device; CPU tensors always take the torch reference.
     """
@@ -52,8 +65,8 @@ def backend_for(device: object, backend: str | None) -> str:
     if getattr(device, "type", None) != "cuda":
         if pref == "cuda":
             raise LayoutError(f"backend 'cuda' needs CUDA tensors; found scales on {device}")
-        return "torch"
-    return kernel_backend(pref).name
+        return Backend.TORCH
+    return Backend(kernel_backend(pref).name)
 
 
 def kernel_backend(backend: str | None = None) -> BackendChoice:

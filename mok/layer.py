@@ -1,4 +1,5 @@
-"""One kernel launch for every cached view of a MoE layer, planned once and owned by the layer."""
+"""One kernel launch for every cached view of a MoE layer, planned once and owned by the layer:
+the layer's entries go through the one pipeline (mok.pipeline.refresh) together."""
 
 from __future__ import annotations
 
@@ -6,39 +7,33 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from mok.backend import backend_argument, preference
-from mok.errors import MokError, RefreshError
+from mok.backend import backend_argument
+from mok.errors import RefreshError
 from mok.formats import Format
-from mok.grouped import read_grouped, watched_group
-from mok.per_expert import guarded_names, read_split, watched
-from mok.plan import check_cached, plan_directions
-from mok.refresh import RefreshPlan
-from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, param_list
-from mok.work import ScaleWork
-from te_compat import TECompatError, on_refresh
+from mok.pipeline import Reader, refresh
+from mok.readers import GroupedReader, SplitReader
+from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights, param_list
+from te_compat import on_refresh
 
 LayerEntry = tuple[object, ExpertWeights]
+_LABEL = "refresh_layer"
 
 
-def _plan_entry(i: int, entry: LayerEntry) -> tuple[list[object], list[ScaleWork]]:
-    """The weights and the planned work of one ``(weights, cached view)`` entry of a layer."""
-    weight, cached = entry
-    try:
-        if isinstance(cached, GroupedExpertWeights) and cached.format is not Format.BF16:
-            dims = (cached.num_experts, cached.rows, cached.columns)
-            sources = read_grouped(weight, cached.format.block_format, dims)
-            return list(watched_group(weight)), plan_directions(sources, cached, "grouped ")[1]
-        if isinstance(cached, SplitExpertWeights) and cached.format is not Format.BF16:
-            params = param_list(weight)
-            check_cached(cached, SplitExpertWeights, cached.format, (len(params), cached.rows, cached.columns))
-            sources = read_split(params, cached.format, cached.rows, cached.columns)
-            return list(watched(params, cached.format)), plan_directions(sources, cached, "")[1]
-        raise RefreshError(
-            "expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; "
-            f"found {type(cached).__name__}"
-        )
-    except (MokError, TECompatError, TypeError, ValueError) as exc:  # every refusal names its entry
-        raise type(exc)(f"refresh_layer entry {i}: {exc}") from exc
+def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
+    """The reader of one ``(weights, cached view)`` entry, for the view's format and shape."""
+    if getattr(view, "format", Format.BF16) is not Format.BF16:
+        if isinstance(view, GroupedExpertWeights):
+            return GroupedReader(weights, view.format, (view.num_experts, view.rows, view.columns))
+        if isinstance(view, SplitExpertWeights):
+            try:
+                params = param_list(weights, tensors=False)  # items checked when read
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
+            return SplitReader(tuple(params), view.format, view.rows, view.columns)
+    raise RefreshError(
+        f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; "
+        f"found {type(view).__name__}"
+    )
 
 
 class LayerRefresh:
@@ -54,53 +49,15 @@ class LayerRefresh:
         for i, entry in enumerate(entries):
             if not isinstance(entry, tuple) or len(entry) != 2:
                 found = type(entry).__name__
-                raise TypeError(f"refresh_layer entry {i}: expected a (weights, cached view) pair; found {found}")
+                raise TypeError(f"{_LABEL} entry {i}: expected a (weights, cached view) pair; found {found}")
         self.entries = tuple(entries)
         self.backend = backend_argument(backend)
         self.plan = RefreshPlan()
-        self.key = tuple(id(view) for _, view in self.entries)
-        self._members: dict[int, list[object]] = {}  # grouped entry -> members its guard watches
-
-    def weights(self) -> list[object]:
-        """What the guard watches, in planning order (a grouped entry's members as planned: see
-        mok.grouped.watched_group)."""
-        out: list[object] = []
-        for i, (weight, cached) in enumerate(self.entries):
-            if isinstance(cached, SplitExpertWeights):
-                out.extend(watched(weight, cached.format))  # type: ignore[arg-type]
-            else:
-                out.append(weight)
-                out.extend(self._members.get(i, ()))
-        return out
 
     def __call__(self) -> None:
         """Check every entry (nothing is written unless all pass), then launch once."""
-        key = (self.key, preference(self.backend))
-        if self.plan.rerun(self.weights(), key):
-            return
-        weights: list[object] = []
-        work: list[ScaleWork] = []
-        for i, entry in enumerate(self.entries):
-            w, items = _plan_entry(i, entry)
-            if not isinstance(entry[1], SplitExpertWeights):
-                self._members[i] = w[1:]
-            weights.extend(w)
-            work.extend(items)
-        self.plan.prepare(weights, key, work, self.backend, self._guarded_names())
-
-    def _guarded_names(self) -> tuple[str, ...] | None:
-        """The storage the layer's refresh depends on: what its split views of one format read
-        (None, read everything: grouped, hybrid or mixed-format layers)."""
-        names: list[str] = []
-        formats = {view.format for _, view in self.entries}
-        for _, view in self.entries:
-            if not isinstance(view, SplitExpertWeights) or len(formats) != 1:
-                return None
-            own = guarded_names(view.format, view.columnwise is not None)
-            if own is None:
-                return None
-            names += [n for n in own if n not in names]
-        return tuple(names)
+        readers = [(_reader(i, w, view), view) for i, (w, view) in enumerate(self.entries)]
+        refresh(self.plan, readers, self.backend, _LABEL)
 
 
 # refresh_layer's plans, by the ids of the layer's views. Bounded, and it keeps those views and
@@ -118,15 +75,12 @@ def refresh_layer(entries: Sequence[LayerEntry], *, backend: str | None = None) 
     or ``(list_of_expert_parameters, SplitExpertWeights)``, any mix. The layer's prepared plan is
     kept per set of views (a bounded cache); keep a :class:`LayerRefresh` to own it yourself.
 
-    Threads: refreshes of different views, and concurrent refreshes of one view, are safe (each
-    writes every byte of the view's own buffers once, with its final value). A refresh racing
-    another thread that makes TE reassign these weights' buffers is not: the check can pass just
-    before TE moves a buffer, and the launch then reads the old one. Order the two yourself.
+    Threads: as :func:`mok.split_weight_view`.
     """
     layer = LayerRefresh(entries, backend=backend)
     if not layer.entries:
-        raise ValueError("refresh_layer: expected at least one (weights, cached view) pair; found none")
-    cache_key = (layer.key, backend)
+        raise ValueError(f"{_LABEL}: expected at least one (weights, cached view) pair; found none")
+    cache_key = (tuple(id(view) for _, view in layer.entries), backend)
     known = _LAYERS.get(cache_key)
     if known is not None and all(a[1] is b[1] for a, b in zip(known.entries, layer.entries, strict=True)):
         known.entries = layer.entries  # the same views; the weights lists may be new objects

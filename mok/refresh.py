@@ -1,171 +1,125 @@
-"""The prepared refresh of a view or a layer: the launch that rewrites its layout buffers, and
-the guard under which it may simply run again.
+"""The guard of a prepared refresh, built from the readings its launch was planned from.
 
-A refresh of weights whose storage TE did not reassign reruns the prepared launch after a bulk
-identity check (:class:`StorageGuard`); anything TE changed is planned again (mok.plan).
+A refresh of weights whose storage TE did not reassign reruns the prepared launch; the guard says
+whether it may: the same objects as read, every tensor read still at the address it had when it
+was read, every flag and count the same. It never reads TE to learn what to expect, so a buffer TE
+reassigns while a view is planned shows at the next refresh, which plans again (mok.pipeline).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import chain
 from operator import is_
 from typing import Any
 
 import torch
 
-from mok.errors import RefreshError
-from mok.work import PreparedWork, ScaleWork
+from mok.snapshot import Reading, frozen
 from te_compat import storage_reader, storage_values
 
+_data_ptr = torch.Tensor.data_ptr
+_is_tensor = torch.Tensor.__instancecheck__
 
-def _same(a: object, b: object) -> bool:
-    """Equal storage values: the same object, or equal plain values (counts, flags, shape lists)."""
-    if a is b:
+
+def _same(old: Any, new: Any) -> bool:
+    """``new`` (read now) is what ``old`` (recorded, lists frozen) was: the same object, or equal
+    plain values (counts, flags, shapes), or sequences of such, item by item."""
+    if old is new:
         return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or type(a) is not type(b):
-        return False
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(map(_same, a, b))
-    return isinstance(a, (int, float, str, type(None))) and a == b
+    if _is_tensor(old) or _is_tensor(new):
+        return False  # a tensor is compared by address; another object is a new one
+    if isinstance(old, tuple) and isinstance(new, (list, tuple)):
+        return len(old) == len(new) and all(map(_same, old, new))
+    return type(old) is type(new) and isinstance(old, (int, float, str)) and old == new
 
 
 class StorageGuard:
-    """What a prepared refresh must see unchanged: the same weight objects, every storage tensor
-    they hold at the same address, every flag the same. TE re-quantising in place keeps all of
-    it; reassigning a buffer or flag, or pointing a tensor at new memory under the same object
-    (TE's own ``clear()``: ``t.data = _empty_tensor()``), does not.
+    """What a prepared refresh must find unchanged: ``top``, the caller's objects, are the same
+    objects, and every reading of the snapshot reads back the same (tensors by address, the rest
+    by identity or value). Readings of objects found inside another (a hybrid's sub-storages, a
+    TE 2.13 group's members) come after the reading they were found in, which vouches for them.
 
-    Host cost is what a checked refresh pays, so the common case (weights of one class) is read
-    in bulk: one C-level ``attrgetter`` of the tensor names per weight, its results fed straight
-    into ``Tensor.data_ptr``, and one of the flags; nothing else per weight.
+    Host cost is what a checked refresh pays, so a reading of one class is checked in bulk: one
+    C-level read per object of its tensors, fed straight into ``Tensor.data_ptr``, and one of its
+    flags; nothing else per object.
     """
 
-    def __init__(self, weights: Sequence[object], names: tuple[str, ...] | None = None) -> None:
-        """``names``: the logical storage names the refresh depends on (default: all of them)."""
-        self.weights = list(weights)
-        self.names = names
-        self._tensor_reader: Callable[[object], tuple[Any, ...]] | None = None
-        self._value_reader: Callable[[object], Any] = _no_values
-        self._one_value = False
-        if len({type(w) for w in self.weights}) == 1 and self._read_in_bulk(names):
-            return
-        # mixed classes (hybrid sub-storages), storage kept on .data only, or a tensor one weight
-        # has where another has None: read name by name, check every tensor found
-        self._tensor_reader = None
-        self.tensors, self.values = self._read_by_name(self.weights)
-        self.addresses = list(map(_data_ptr, self.tensors))
-        self.storages = list(map(torch.Tensor.untyped_storage, self.tensors))
+    def __init__(self, top: Sequence[object], readings: Sequence[Reading]) -> None:
+        self.top = tuple(top)
+        self.readings = tuple(readings)
+        self._checks = tuple(map(_check_of, self.readings))
 
-    def _read_in_bulk(self, names: tuple[str, ...] | None) -> bool:
-        """Split the names (per class) into tensors, checked by address, and the rest (flags),
-        checked by identity or value; False where that split does not hold for every weight."""
-        first = self.weights[0]
-        reader = storage_reader(first, names)
-        try:
-            values = reader.read(first)
-        except AttributeError:  # storage kept on .data only
-            return False
-        tensor_names = tuple(n for n, v in zip(reader.names, values, strict=True) if isinstance(v, torch.Tensor))
-        self._tensor_reader = storage_reader(first, tensor_names).read
-        value_reader = storage_reader(first, tuple(n for n in reader.names if n not in tensor_names))
-        self._value_reader = value_reader.read_one or value_reader.read
-        self._one_value = value_reader.read_one is not None
-        try:
-            self.tensors = list(chain.from_iterable(map(self._tensor_reader, self.weights)))
-            self.values = self._bulk_values(self.weights)
-            self.addresses = list(map(_data_ptr, self.tensors))
-        except (AttributeError, TypeError):
-            return False
-        # the memory itself kept alive (TE's clear() swaps a tensor's storage under the same
-        # object): an equal address is then always the old memory, never a reuse of it
-        self.storages = list(map(torch.Tensor.untyped_storage, self.tensors))
-        return not any(issubclass(t, torch.Tensor) for t in set(map(type, self.values)))
+    @property
+    def storages(self) -> list[torch.UntypedStorage]:
+        """The memory of every tensor read, kept alive while the guard lives."""
+        return [s for r in self.readings for s in r.storages]
 
-    def _bulk_values(self, weights: Sequence[object]) -> list[Any]:
-        if self._one_value:  # the usual case: TE's swizzled flag alone
-            return list(map(self._value_reader, weights))
-        return list(chain.from_iterable(map(self._value_reader, weights)))
-
-    def _read_by_name(self, weights: Sequence[object]) -> tuple[list[torch.Tensor], list[Any]]:
-        """(every tensor, every other value) of ``weights``, read weight by weight."""
-        state = [v for w in weights for v in self._values(w)]
-        return [v for v in state if isinstance(v, torch.Tensor)], [v for v in state if not isinstance(v, torch.Tensor)]
-
-    def _values(self, weight: object) -> tuple[Any, ...]:
-        return tuple(storage_values(weight, self.names).values())
-
-    def unchanged(self, weights: Sequence[object]) -> bool:
-        """Same weights, every watched tensor at the same address, every flag the same."""
-        if len(weights) != len(self.weights) or not all(map(is_, weights, self.weights)):
+    def unchanged(self, objects: Sequence[object]) -> bool:
+        """``objects`` are ``top``, and every reading reads back what it read."""
+        if len(objects) != len(self.top) or not all(map(is_, objects, self.top)):
             return False
         try:
-            tensors: Any
-            if self._tensor_reader is None:
-                tensors, values = self._read_by_name(weights)
-            else:
-                tensors = chain.from_iterable(map(self._tensor_reader, weights))
-                values = self._bulk_values(weights)
-            if list(map(_data_ptr, tensors)) != self.addresses:
-                return False
+            return all(check() for check in self._checks)
         except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
             return False
-        if len(values) != len(self.values):
+
+
+def _check_of(reading: Reading) -> Callable[[], bool]:
+    """The check of one reading: in bulk where each name holds tensors on every object, or
+    non-tensors on every object; else value by value."""
+    if reading.bulk:
+        found = _bulk_check(reading)
+        if found is not None:
+            return found
+    return partial(_rows_unchanged, reading)
+
+
+def _bulk_check(reading: Reading) -> Callable[[], bool] | None:
+    columns = list(zip(*reading.values, strict=True))
+    kinds = [set(map(_is_tensor, column)) for column in columns]
+    if any(len(k) > 1 for k in kinds):
+        return None
+    first, objects = reading.objects[0], reading.objects
+    tensor_names = tuple(n for n, k in zip(reading.names, kinds, strict=True) if k == {True})
+    value_names = tuple(n for n, k in zip(reading.names, kinds, strict=True) if k == {False})
+    tensors_of = storage_reader(first, tensor_names).read
+    values_reader = storage_reader(first, value_names)
+    addresses = list(reading.addresses)
+    recorded = [v for row in reading.values for v in row if not _is_tensor(v)]
+    one = values_reader.read_one
+
+    def check() -> bool:
+        if list(map(_data_ptr, chain.from_iterable(map(tensors_of, objects)))) != addresses:
             return False
-        return all(map(is_, values, self.values)) or all(map(_same, values, self.values))
+        if not value_names:
+            return True
+        now = (
+            list(map(one, objects)) if one is not None else list(chain.from_iterable(map(values_reader.read, objects)))
+        )
+        return all(map(is_, now, recorded)) or (len(now) == len(recorded) and all(map(_same, recorded, now)))
+
+    return check
 
 
-_data_ptr = torch.Tensor.data_ptr
+def _rows_unchanged(reading: Reading) -> bool:
+    """Every object's values read again as they were read, compared value by value."""
+    names = reading.names
+    if reading.bulk:
+        read: Callable[[object], tuple[Any, ...]] = storage_reader(reading.objects[0], names).read
+    else:
 
+        def read(obj: object) -> tuple[Any, ...]:
+            values = storage_values(obj, reading.requested)
+            return tuple(frozen(values.get(n)) for n in names)
 
-def _no_values(weight: object) -> tuple[()]:
-    return ()
-
-
-class RefreshPlan:
-    """The prepared refresh of one view or one layer: the launch that rewrites its layout
-    buffers, the guard under which it may simply run again, and how often it was planned."""
-
-    def __init__(self) -> None:
-        self.guard: StorageGuard | None = None
-        self.work: PreparedWork | None = None
-        self.key: tuple[Any, ...] = ()
-        self.plans = 0
-
-    def companions(self) -> tuple[object, ...]:
-        """What the guard watches besides the first weight it was given (a TE 2.13 group's
-        members, whose own flags say whether the group's scales are swizzled)."""
-        return tuple(self.guard.weights[1:]) if self.guard is not None else ()
-
-    def rerun(self, weights: Sequence[object], key: tuple[Any, ...]) -> bool:
-        """Run the prepared work again if ``key`` matches and the guard sees nothing changed."""
-        if self.work is None or self.guard is None or key != self.key or not self.guard.unchanged(weights):
-            return False
-        self.work.run()
-        return True
-
-    def prepare(
-        self,
-        weights: Sequence[object],
-        key: tuple[Any, ...],
-        work: Sequence[ScaleWork],
-        backend: str | None,
-        names: tuple[str, ...] | None = None,
-    ) -> None:
-        """Bind and run freshly planned ``work``; remember it for reruns under a new guard of
-        ``names`` (see StorageGuard). ``key`` holds what else a rerun must match (shapes, format,
-        backend)."""
-        guard = StorageGuard(weights, names)  # before any write: a guard that cannot read raises first
-        prepared = PreparedWork(work, backend)
-        prepared.run()
-        self.guard, self.work, self.key = guard, prepared, key
-        self.plans += 1
-
-    def run_unchecked(self) -> None:
-        """Run the prepared launch again WITHOUT checking TE's storage (a few microseconds of
-        host time). Only for callers who know TE reassigned no buffer and set no flag since the
-        view was built or last refreshed (TE re-quantising in place); otherwise the result is
-        silently stale. The checked refresh (``cached=``) is the default for that reason."""
-        if self.work is None:
-            raise RefreshError("run_unchecked: nothing prepared yet; build the view (or refresh it) first")
-        self.work.run()
+    addresses = iter(reading.addresses)
+    for obj, old_row in zip(reading.objects, reading.values, strict=True):
+        for old, new in zip(old_row, read(obj), strict=True):
+            if _is_tensor(old):
+                if not _is_tensor(new) or new.data_ptr() != next(addresses):
+                    return False
+            elif not _same(old, new):
+                return False
+    return True

@@ -19,13 +19,6 @@ def bf16_warning_emitted() -> bool:
     return _warned
 
 
-def set_bf16_warning_emitted(value: bool) -> None:
-    """Say it has (True: it will not warn again) or has not (False: it warns at its next call);
-    what tests do to upstream's module flag, ``_SHARED_EXPERT_BF16_WARNING_EMITTED``."""
-    global _warned
-    _warned = check_bool("value", value)
-
-
 def _is_rank_zero() -> bool:
     dist = getattr(sys.modules.get("torch"), "distributed", None)
     if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -63,6 +56,33 @@ def _with_bf16(config: Any) -> Any:
     return shared
 
 
+def bf16_config(config: T) -> T:
+    """``config`` itself if it has no FP8 parameters, else its BF16 copy (:func:`_with_bf16`)."""
+    missing = [name for name in ("fp8", "fp8_param") if not hasattr(config, name)]
+    if missing:
+        raise TypeError(
+            f"prepare_shared_expert_config: expected a config with attributes fp8 and fp8_param; "
+            f"{type(config).__name__} lacks {', '.join(missing)}"
+        )
+    source: Any = config  # any object with the two attributes
+    if not check_bool(f"{type(config).__name__}.fp8_param", source.fp8_param):
+        return config
+    return cast(T, _with_bf16(config))
+
+
+def warn_shared_experts_bf16(config: object, stacklevel: int) -> bool:
+    """Say (on rank 0 only) that shared experts run in BF16; whether it was said."""
+    if not _is_rank_zero():
+        return False
+    warnings.warn(
+        f"shared experts run in BF16: FP8 execution (fp8={getattr(config, 'fp8', None)!r}) and FP8 parameters "
+        "are disabled for them",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
+    return True
+
+
 def prepare_shared_expert_config(config: T) -> T:
     """For a config with FP8 parameters, a copy with FP8 execution and FP8 parameters off
     (``fp8 = None``, ``fp8_param = False``), so shared experts run in BF16.
@@ -74,21 +94,7 @@ def prepare_shared_expert_config(config: T) -> T:
     initialised.
     """
     global _warned
-    missing = [name for name in ("fp8", "fp8_param") if not hasattr(config, name)]
-    if missing:
-        raise TypeError(
-            f"prepare_shared_expert_config: expected a config with attributes fp8 and fp8_param; "
-            f"{type(config).__name__} lacks {', '.join(missing)}"
-        )
-    source: Any = config  # any object with the two attributes
-    if not check_bool(f"{type(config).__name__}.fp8_param", source.fp8_param):
-        return config
-    shared = _with_bf16(config)
-    if not _warned and _is_rank_zero():
-        _warned = True
-        warnings.warn(
-            f"shared experts run in BF16: FP8 execution (fp8={source.fp8!r}) and FP8 parameters are disabled for them",
-            UserWarning,
-            stacklevel=2,
-        )
-    return cast(T, shared)
+    shared = bf16_config(config)
+    if shared is not config and not _warned:
+        _warned = warn_shared_experts_bf16(config, stacklevel=3)
+    return shared

@@ -6,7 +6,8 @@ A view is a weight's shape and format and one :class:`ViewDirection` per directi
 backward ones). Payloads are views of TE's own buffers (same data pointers). Block scales
 (MXFP8, NVFP4) are in the tcgen05 layout, in buffers the view owns (or TE's own, when TE wrote
 them swizzled and aligned), refreshed in place (``cached=``) so kernels captured in a CUDA graph
-keep valid addresses. The planning is mok.plan's. This module names no TE attribute.
+keep valid addresses. Data only: reading, planning and launching are mok.pipeline's. This module
+names no TE attribute.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, methodcaller
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 import torch
 
 from mok.checks import check_int, check_sequence, describe
-from mok.errors import ExpertWeightError
+from mok.errors import ExpertWeightError, RefreshError
 from mok.formats import Format
-from mok.refresh import RefreshPlan
 
 T = TypeVar("T")
 
@@ -44,6 +44,32 @@ def _repr(obj: object) -> str:
     fields_ = getattr(obj, "__dataclass_fields__", {})
     parts = ", ".join(f"{n}={_brief(getattr(obj, n))}" for n, f in fields_.items() if f.repr)
     return f"{type(obj).__name__}({parts})"
+
+
+class Prepared(Protocol):
+    """A prepared refresh (mok.pipeline.PreparedRefresh): it can run its launch again."""
+
+    def run(self) -> None: ...
+
+
+class RefreshPlan:
+    """The prepared refresh of one view or one layer, as mok.pipeline leaves it: ``prepared``
+    (the launch, its guard and backend: one object, replaced whole when planned again) and how
+    often it was planned."""
+
+    def __init__(self) -> None:
+        self.prepared: Prepared | None = None
+        self.plans = 0
+
+    def run_unchecked(self) -> None:
+        """Run the prepared launch again WITHOUT checking TE's storage (a few microseconds of
+        host time). Only for callers who know TE reassigned no buffer and set no flag since the
+        view was built or last refreshed (TE re-quantising in place); otherwise the result is
+        silently stale. The checked refresh (``cached=``) is the default for that reason."""
+        prepared = self.prepared
+        if prepared is None:
+            raise RefreshError("run_unchecked: nothing prepared yet; build the view (or refresh it) first")
+        prepared.run()
 
 
 @dataclass(frozen=True, eq=False, repr=False)

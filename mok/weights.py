@@ -2,43 +2,42 @@
 
 The same names, signatures, results and exception types as that module, and the same
 composition: the views call this module's ``_parameter_storage_attr``, ``_storage_view``,
-``_single_grouped_mxfp8_scale_view`` and ``_swizzle_mxfp8_scale``, looked up in the module's
-globals at call time, so a caller (or its test) that replaces one sees the calls upstream makes.
+``_single_grouped_mxfp8_scale_view`` and ``_swizzle_mxfp8_scale`` by their global names, so a
+caller (or its test) that replaces one (``monkeypatch.setattr``) sees the calls upstream makes.
 Any object that carries the storage is accepted (a TE tensor or a duck-typed stand-in); with
 ``use_mxfp8=True`` the caller asserts MXFP8, and the storage found decides.
 
-While those four functions are this module's own and the weights are TE tensors te_compat knows,
-the views take mok's fast paths instead: every expert and both directions in one kernel launch,
-and a refresh that reruns the prepared launch after a bulk check that TE moved nothing.
+While those four names are this module's own functions and the weights are TE tensors te_compat
+knows, a view is mok's: it goes through mok's one refresh pipeline (mok.pipeline), every expert
+and both directions in one kernel launch, and a refresh reruns the prepared launch while TE
+reassigned nothing.
 
 On top of upstream: padded shapes work, scales TE already swizzled are never swizzled twice,
 storage names may be TE's attribute names of any release or te_compat's logical names, and CPU
-tensors work (the torch reference). Every error is a ``RuntimeError``, as upstream's are, and
-also mok's or te_compat's own error class, naming the parameter, expert and what was expected.
+tensors work (the torch reference). Every refusal is a ``RuntimeError``, as upstream's are; its
+message names the parameter, expert and what was expected, and its ``__cause__`` is mok's or
+te_compat's own error (a ``LayoutError``, ``ExpertWeightError``, ``TypeError``, ...).
 """
 
 from __future__ import annotations
 
 import functools
-import sys
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from mok import shared_expert
 from mok.checks import check_bool, check_int, check_sequence, describe
-from mok.errors import ExpertWeightError, LayoutError, RefreshError
-from mok.formats import MXFP8
-from mok.grouped import grouped_weight_view, read_grouped
+from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
+from mok.formats import MXFP8, Format
 from mok.layout import MXFP8_BLOCK, columnwise_scales, rowwise_scales
-from mok.per_expert import split_weight_view
-from mok.shared_expert import prepare_shared_expert_config
+from mok.pipeline import view_or_refresh
+from mok.readers import GroupedReader, SplitReader
+from mok.shared_expert import bf16_config, warn_shared_experts_bf16
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
-from te_compat import TensorKind, grouped_storage, known_storage_name, storage_field, tensor_kind_or_none
+from te_compat import TECompatError, TensorKind, grouped_storage, known_storage_name, storage_field, tensor_kind_or_none
 
 __all__ = [
     "_SHARED_EXPERT_BF16_WARNING_EMITTED",
@@ -55,97 +54,33 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
-_FLAG = "_SHARED_EXPERT_BF16_WARNING_EMITTED"
-# The functions upstream's views are composed of; a caller may replace any of them.
-_SEAMS = ("_parameter_storage_attr", "_storage_view", "_single_grouped_mxfp8_scale_view", "_swizzle_mxfp8_scale")
-_OWN: dict[str, object] = {}  # this module's own versions of _SEAMS (filled at the end)
-_REPLACED: set[str] = set()  # the seams a caller replaced (kept by _WeightsModule.__setattr__)
 
-# Declared, never bound: reads go to __getattr__ below (PEP 562 is consulted only for names the
-# module does not define), so the value is always mok.shared_expert's live state.
-_SHARED_EXPERT_BF16_WARNING_EMITTED: bool
+# Upstream's module global: prepare_shared_expert_config warns once, then sets it; a caller (or
+# Megatron's tests) resets it by assigning the module attribute.
+_SHARED_EXPERT_BF16_WARNING_EMITTED = False
 
-
-def __getattr__(name: str) -> bool:
-    """PEP 562: upstream's module global, read live from mok.shared_expert."""
-    if name == _FLAG:
-        return shared_expert.bf16_warning_emitted()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class _WeightsModule(types.ModuleType):
-    """Assigning the flag (Megatron's tests reset it with monkeypatch.setattr) sets
-    mok.shared_expert's state; binding a global instead would hide the live value for good.
-    Assigning a seam (``monkeypatch.setattr(weights, "_storage_view", fake)``) notes whether it is
-    the module's own, so the views ask one set, not four globals, whether to take a fast path."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == _FLAG:
-            shared_expert.set_bf16_warning_emitted(check_bool(f"{__name__}.{_FLAG}", value))
-            return
-        super().__setattr__(name, value)
-        if name in _OWN:
-            (_REPLACED.discard if value is _OWN[name] else _REPLACED.add)(name)
-
-    def __delattr__(self, name: str) -> None:
-        # pytest >= 9.2's monkeypatch undoes a patch of a name absent from the module's dict by
-        # deleting it: the flag is never in the dict (it reads mok.shared_expert's state)
-        if name != _FLAG:
-            super().__delattr__(name)
-            _REPLACED.discard(name)
-
-
-sys.modules[__name__].__class__ = _WeightsModule
-
-
-# ------------------------------------------------------------------------------ upstream's errors
-
-_RUNTIME_TWINS: dict[type[BaseException], type[BaseException]] = {}
-
-
-def _reduce_to_original(error: BaseException) -> tuple[Any, ...]:
-    """Pickle a twin as the class it stands for: a twin exists in no module's namespace."""
-    return type(error).__mro__[1], error.args
-
-
-def _runtime_twin(cls: type[BaseException]) -> type[BaseException]:
-    """``cls`` as a RuntimeError too (same name and module): ``except RuntimeError`` catches it, as
-    it catches upstream's errors, and ``except cls`` still does."""
-    twin = _RUNTIME_TWINS.get(cls)
-    if twin is None:
-        namespace = {
-            "__module__": cls.__module__,
-            "__qualname__": cls.__qualname__,
-            "__doc__": cls.__doc__,
-            "__reduce__": _reduce_to_original,
-        }
-        twin = _RUNTIME_TWINS[cls] = type(cls.__name__, (cls, RuntimeError), namespace)
-    return twin
+_REFUSALS = (MokError, TECompatError, TypeError, ValueError)
 
 
 def _upstream_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Raise every error of ``fn`` as a RuntimeError as well as its own class."""
+    """Every refusal of ``fn`` as a ``RuntimeError`` (upstream's type), its own error the cause."""
 
     @functools.wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
-        except Exception as exc:
-            if isinstance(exc, RuntimeError):
-                raise
-            raise _runtime_twin(type(exc))(*exc.args) from exc
+        except RuntimeError:
+            raise
+        except _REFUSALS as exc:
+            raise RuntimeError(*exc.args) from exc
 
     return call
 
 
-def _seam(name: str) -> Any:
-    """The module's current ``name``: its own function, or the caller's replacement."""
-    return globals()[name]
-
-
-def _seams_are_own(names: Sequence[str] = _SEAMS) -> bool:
-    """Whether ``names`` are the module's own functions (none replaced through setattr)."""
-    return not _REPLACED or _REPLACED.isdisjoint(names)
+def _own(*names: str) -> bool:
+    """Whether ``names`` are still this module's own functions (none replaced by a caller)."""
+    current = globals()
+    return all(current[name] is _OWN[name] for name in names)
 
 
 # ------------------------------------------------------------------------------ storage names
@@ -211,6 +146,17 @@ def _storage_view(storage: torch.Tensor, shape: tuple[int, ...], *, dtype: torch
     return view
 
 
+def _member(obj: Any, name: str, what: str) -> Any:
+    """Storage ``name`` of ``obj``, found through _parameter_storage_attr; a named error if none."""
+    value = _parameter_storage_attr(obj, name)
+    if value is None:
+        raise ExpertWeightError(f"{what}: expected {name} storage on the {type(obj).__name__}; found none")
+    return value
+
+
+# ------------------------------------------------------------------------------ grouped scales
+
+
 def _scale_shape(shape: object) -> tuple[int, int, int]:
     dims = check_sequence("shape", shape, "three ints (experts, rows, columns)")
     if len(dims) != 3:
@@ -236,7 +182,7 @@ def _single_grouped_mxfp8_scale_view(
     dims = _scale_shape(shape)
     if _te_kind(param) is TensorKind.GROUPED:
         return _te_grouped_scales(param, member_attr, dims, name)
-    return _member_scales(param, member_attr, dims, name)
+    return _packed_member_scales(param, member_attr, dims, name)
 
 
 def _te_grouped_scales(param: object, member_attr: str, shape: tuple[int, int, int], name: str) -> torch.Tensor:
@@ -266,9 +212,9 @@ def _te_grouped_scales(param: object, member_attr: str, shape: tuple[int, int, i
             f"{name}: expected the {direction.name} scale shape {want} of {gs.num_tensors} experts of shape "
             f"({rows}, {columns}); found {shape}"
         )
-    # mok.grouped's reading of the group: TE's padding skipped, offsets and members' packing checked
-    sources = read_grouped(param, MXFP8, (gs.num_tensors, rows, columns))
-    matrices = next((s.sources[0].logical for s in sources if s.direction is direction), None)
+    # mok's reading of the group: TE's padding skipped, offsets and members' packing checked
+    snapshot = GroupedReader(param, Format.MXFP8, (gs.num_tensors, rows, columns)).read()
+    matrices = next((s.sources[0].logical for s in snapshot.directions if s.direction is direction), None)
     if matrices is None:
         raise ExpertWeightError(f"{name}: the grouped parameter holds no {direction.name} data")
     return matrices.transpose(1, 2) if direction.transposed_scales else matrices
@@ -283,19 +229,21 @@ def _expert_shape(shapes: Sequence[Sequence[int]], name: str) -> tuple[int, int]
     return rows, columns
 
 
-def _member_scales(param: object, member_attr: str, shape: tuple[int, int, int], name: str) -> torch.Tensor:
+def _packed_member_scales(param: Any, member_attr: str, shape: tuple[int, int, int], name: str) -> torch.Tensor:
     """Upstream's view: the members' scales, packed expert-major in one storage, as one tensor."""
-    members = _seam("_parameter_storage_attr")(param, "quantized_tensors")
+    members = _parameter_storage_attr(param, "quantized_tensors")
     count = 0 if members is None else len(members)
     if members is None or count != shape[0]:
         raise ExpertWeightError(
-            f"{name}: expected {shape[0]} grouped members (quantized_tensors of {type(param).__name__}); found {count}"
+            f"MOK {name} expected {shape[0]} grouped members, got {count} (quantized_tensors of {type(param).__name__})"
         )
-    scales = [_seam("_parameter_storage_attr")(m, member_attr) for m in members]
+    scales: list[Any] = [_parameter_storage_attr(m, member_attr) for m in members]
     first, per_expert = scales[0], shape[1] * shape[2]
     for expert, scale in enumerate(scales):
         if not isinstance(scale, torch.Tensor):
-            raise ExpertWeightError(f"{name}: member {expert} has no {member_attr}; found {describe(scale)}")
+            raise ExpertWeightError(
+                f"MOK {name} member {expert} has no {member_attr}: expected a tensor; found {describe(scale)}"
+            )
         packed = (
             tuple(scale.shape) == shape[1:]
             and scale.is_contiguous()
@@ -304,8 +252,8 @@ def _member_scales(param: object, member_attr: str, shape: tuple[int, int, int],
         )
         if not packed:
             raise ExpertWeightError(
-                f"{name}: member {expert} scale is not packed expert-major: expected shape {shape[1:]} at element "
-                f"{first.storage_offset() + expert * per_expert} of member 0's storage; found shape "
+                f"MOK {name} member {expert} scale is not packed expert-major: expected shape {shape[1:]} at "
+                f"element {first.storage_offset() + expert * per_expert} of member 0's storage; found shape "
                 f"{tuple(scale.shape)} at element {scale.storage_offset()}"
             )
     flat: torch.Tensor = first.as_strided((shape[0] * per_expert,), (1,), first.storage_offset())
@@ -337,14 +285,6 @@ def _swizzle_mxfp8_scale(
         )
     converted: torch.Tensor = swizzle_mxfp8_scales(logical_scale, out=out)
     return converted
-
-
-def _member(obj: object, name: str, what: str) -> Any:
-    """Storage ``name`` of ``obj``, found through _parameter_storage_attr; a named error if none."""
-    value = _seam("_parameter_storage_attr")(obj, name)
-    if value is None:
-        raise ExpertWeightError(f"{what}: expected {name} storage on the {type(obj).__name__}; found none")
-    return value
 
 
 # ------------------------------------------------------------------------------ grouped
@@ -383,9 +323,9 @@ def _check_grouped_shape(weight: object, shape: tuple[int, int, int]) -> None:
 def _grouped_bf16(weight: Any, shape: tuple[int, int, int]) -> Any:
     """TE's high-precision payload (``rowwise_data``) when the weight has one, else the weight."""
     _check_grouped_shape(weight, shape)
-    storage = _seam("_parameter_storage_attr")(weight, "rowwise_data")
+    storage = _parameter_storage_attr(weight, "rowwise_data")
     if storage is not None:
-        return _seam("_storage_view")(storage, shape, dtype=torch.bfloat16, name="single-grouped BF16 rowwise")
+        return _storage_view(storage, shape, dtype=torch.bfloat16, name="single-grouped BF16 rowwise")
     if not isinstance(weight, torch.Tensor):
         raise ExpertWeightError(
             f"grouped weight: expected a torch.bfloat16 tensor, or storage rowwise_data on the weight; found "
@@ -399,12 +339,11 @@ def _grouped_bf16(weight: Any, shape: tuple[int, int, int]) -> Any:
     return weight
 
 
-def _grouped_fast(weight: object, dims: tuple[int, int, int], cached_view: GroupedWeightTuple | None) -> Any:
-    """mok.grouped_weight_view: both directions in one launch; a refresh reruns it when TE
-    reassigned nothing."""
+def _grouped_view(weight: object, dims: tuple[int, int, int], cached_view: GroupedWeightTuple | None) -> Any:
+    """mok's view through the pipeline: both directions in one launch; a refresh reruns it while
+    TE reassigned nothing."""
     cached = None if cached_view is None else cached_view.expert_view
-    experts, rows, columns = dims
-    view = grouped_weight_view(weight, num_experts=experts, rows=rows, columns=columns, use_mxfp8=True, cached=cached)
+    view = view_or_refresh(GroupedReader(weight, Format.MXFP8, dims), cached)
     if cached_view is not None:
         return cached_view
     if view.col_data is None or view.col_scales is None:
@@ -412,30 +351,29 @@ def _grouped_fast(weight: object, dims: tuple[int, int, int], cached_view: Group
     return GroupedWeightTuple(view)
 
 
-def _grouped_composed(weight: object, dims: tuple[int, int, int], cached_view: Any) -> tuple[Any, ...]:
+def _grouped_composed(weight: Any, dims: tuple[int, int, int], cached_view: Any) -> tuple[Any, ...]:
     """Upstream's composition of the grouped view, through the module's own (or replaced) functions."""
     _check_grouped_shape(weight, dims)
     row_out, col_out = (None, None) if cached_view is None else _tuple_outputs(cached_view)
     experts, rows, columns = dims
-    view, scale_view, swizzle = (
-        _seam(n) for n in ("_storage_view", "_single_grouped_mxfp8_scale_view", "_swizzle_mxfp8_scale")
-    )
     fp8 = torch.float8_e4m3fn
-    row_data = view(
+    row_data = _storage_view(
         _member(weight, "rowwise_data", "grouped weight"), dims, dtype=fp8, name="single-grouped MXFP8 rowwise"
     )
-    col_data = view(
+    col_data = _storage_view(
         _member(weight, "columnwise_data", "grouped weight"), dims, dtype=fp8, name="single-grouped MXFP8 columnwise"
     )
-    row_scale = scale_view(weight, "_rowwise_scale_inv", (experts, rows, columns // 32), name="single-grouped rowwise")
-    col_scale = scale_view(
+    row_scale = _single_grouped_mxfp8_scale_view(
+        weight, "_rowwise_scale_inv", (experts, rows, columns // 32), name="single-grouped rowwise"
+    )
+    col_scale = _single_grouped_mxfp8_scale_view(
         weight, "_columnwise_scale_inv", (experts, rows // 32, columns), name="single-grouped columnwise"
     ).transpose(-2, -1)  # the [columns, rows/32] transpose: the dgrad GEMM reads [M, K] as [K, M]
     return (
         row_data,
-        swizzle(row_scale, rows=rows, columns=columns, out=row_out),
+        _swizzle_mxfp8_scale(row_scale, rows=rows, columns=columns, out=row_out),
         col_data,
-        swizzle(col_scale, rows=columns, columns=rows, out=col_out),
+        _swizzle_mxfp8_scale(col_scale, rows=columns, columns=rows, out=col_out),
         True,
     )
 
@@ -448,6 +386,14 @@ def _tuple_outputs(cached_view: object) -> tuple[Any, Any]:
             f"column_scales, True); found {describe(cached_view)}"
         )
     return cached_view[1], cached_view[3]
+
+
+_GROUPED_SEAMS = (
+    "_parameter_storage_attr",
+    "_storage_view",
+    "_single_grouped_mxfp8_scale_view",
+    "_swizzle_mxfp8_scale",
+)
 
 
 @_upstream_errors
@@ -468,17 +414,17 @@ def _native_single_grouped_weight_view(
     transpose). ``cached_view`` (an earlier result) has items 1 and 3 refreshed in place.
     Threads: as mok.grouped_weight_view.
     """
-    if use_mxfp8 is True and type(cached_view) is GroupedWeightTuple and _seams_are_own():
-        # the refresh of a view mok.grouped_weight_view made: it checks its own arguments
-        return _grouped_fast(weight, (num_experts, rows, columns), cached_view)
-    experts, rows, columns = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
-    dims = (experts, rows, columns)
+    if use_mxfp8 is True and type(cached_view) is GroupedWeightTuple and _own(*_GROUPED_SEAMS):
+        # the refresh of a view mok made: the pipeline checks its own arguments
+        return _grouped_view(weight, (num_experts, rows, columns), cached_view)
+    dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
+    shape = (dims[0], dims[1], dims[2])
     if not check_bool("use_mxfp8", use_mxfp8):
-        return _grouped_bf16(weight, dims)
-    fast = _te_kind(weight) is TensorKind.GROUPED and _seams_are_own()
-    if fast and (cached_view is None or isinstance(cached_view, GroupedWeightTuple)):
-        return _grouped_fast(weight, dims, cached_view)
-    return _grouped_composed(weight, dims, cached_view)
+        return _grouped_bf16(weight, shape)
+    mine = cached_view is None or isinstance(cached_view, GroupedWeightTuple)
+    if mine and _te_kind(weight) is TensorKind.GROUPED and _own(*_GROUPED_SEAMS):
+        return _grouped_view(weight, shape, cached_view)
+    return _grouped_composed(weight, shape, cached_view)
 
 
 # ------------------------------------------------------------------------------ per expert
@@ -509,6 +455,7 @@ class SplitRoutedWeight:
 
 
 _MXFP8_MEMBERS = ("rowwise_data", "columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
+_SPLIT_SEAMS = ("_parameter_storage_attr", "_storage_view", "_swizzle_mxfp8_scale")
 
 
 def _expert_params(params: object) -> tuple[Any, ...]:
@@ -526,9 +473,9 @@ def _all_te_mxfp8(params: Sequence[object]) -> bool:
     return all(_te_kind(p) is TensorKind.MXFP8 for p in {type(p): p for p in params}.values())
 
 
-def _expert_members(e: int, param: object) -> dict[str, Any]:
+def _expert_members(e: int, param: Any) -> dict[str, Any]:
     """The four MXFP8 storages of one expert, through _parameter_storage_attr."""
-    found = {name: _seam("_parameter_storage_attr")(param, name) for name in _MXFP8_MEMBERS}
+    found = {name: _parameter_storage_attr(param, name) for name in _MXFP8_MEMBERS}
     missing = [name for name, value in found.items() if value is None]
     if missing:
         raise ExpertWeightError(
@@ -553,40 +500,41 @@ def _convert(
     """Every expert's two scale matrices in the layout (into ``outs``, (row, column) output
     sequences, when refreshing). The module's own _swizzle_mxfp8_scale converts them all in one
     launch; a replacement is called as upstream calls it, once per expert and direction."""
-    if _seams_are_own(("_swizzle_mxfp8_scale",)):
+    if _own("_swizzle_mxfp8_scale"):
         matrices = [r for r, _ in logical] + [c for _, c in logical]
         converted = swizzle_mxfp8_scales_many(matrices, outs=None if outs is None else [*outs[0], *outs[1]])
         return converted[: len(logical)], converted[len(logical) :]
-    swizzle = _seam("_swizzle_mxfp8_scale")
     if outs is None:  # upstream converts every rowwise matrix, then every columnwise one
         return (
-            [swizzle(r.unsqueeze(0), rows=rows, columns=columns) for r, _ in logical],
-            [swizzle(c.unsqueeze(0), rows=columns, columns=rows) for _, c in logical],
+            [_swizzle_mxfp8_scale(r.unsqueeze(0), rows=rows, columns=columns) for r, _ in logical],
+            [_swizzle_mxfp8_scale(c.unsqueeze(0), rows=columns, columns=rows) for _, c in logical],
         )
     for (r, c), row_out, col_out in zip(logical, *outs, strict=True):  # a refresh: expert by expert
-        swizzle(r.unsqueeze(0), rows=rows, columns=columns, out=row_out)
-        swizzle(c.unsqueeze(0), rows=columns, columns=rows, out=col_out)
+        _swizzle_mxfp8_scale(r.unsqueeze(0), rows=rows, columns=columns, out=row_out)
+        _swizzle_mxfp8_scale(c.unsqueeze(0), rows=columns, columns=rows, out=col_out)
     return list(outs[0]), list(outs[1])
 
 
 def _split_bf16(params: Sequence[Any], shape: tuple[int, int]) -> SplitRoutedWeight:
     payloads = []
     for e, param in enumerate(params):
-        storage = _seam("_parameter_storage_attr")(param, "rowwise_data")
+        storage = _parameter_storage_attr(param, "rowwise_data")
         payload = param if storage is None else storage
-        payloads.append(_seam("_storage_view")(payload, shape, dtype=torch.bfloat16, name=f"expert {e} BF16 rowwise"))
+        payloads.append(_storage_view(payload, shape, dtype=torch.bfloat16, name=f"expert {e} BF16 rowwise"))
     return SplitRoutedWeight(data=payloads[0], storage_table=ptr_table(payloads, same_device(payloads)))
 
 
 def _split_composed(params: Sequence[Any], rows: int, columns: int) -> SplitRoutedWeight:
     """Upstream's composition of the MXFP8 split view, through the module's own (or replaced) functions."""
-    view, fp8 = _seam("_storage_view"), torch.float8_e4m3fn
+    fp8 = torch.float8_e4m3fn
     row_data, col_data, logical = [], [], []
     for e, param in enumerate(params):
         members = _expert_members(e, param)
-        row_data.append(view(members["rowwise_data"], (rows, columns), dtype=fp8, name=f"expert {e} MXFP8 rowwise"))
+        row_data.append(
+            _storage_view(members["rowwise_data"], (rows, columns), dtype=fp8, name=f"expert {e} MXFP8 rowwise")
+        )
         col_data.append(
-            view(members["columnwise_data"], (rows, columns), dtype=fp8, name=f"expert {e} MXFP8 columnwise")
+            _storage_view(members["columnwise_data"], (rows, columns), dtype=fp8, name=f"expert {e} MXFP8 columnwise")
         )
         logical.append(_logical_pair(e, members, rows, columns))
     row_scales, col_scales = _convert(logical, rows, columns, None)
@@ -612,7 +560,11 @@ def _need(value: R | None, what: str) -> R:
     return value
 
 
-def _split_fast(view: SplitExpertWeights) -> SplitRoutedWeight:
+def _split_view(
+    params: Sequence[object], rows: int, columns: int, cached: SplitExpertWeights | None
+) -> SplitRoutedWeight:
+    """mok's view through the pipeline (or its refresh), in upstream's fields."""
+    view = view_or_refresh(SplitReader(tuple(params), Format.MXFP8, rows, columns), cached)
     row, col = view.rowwise, _need(view.columnwise, "columnwise data")
     row_scales, col_scales = _need(row.scales, "rowwise scales"), _need(col.scales, "columnwise scales")
     return SplitRoutedWeight(
@@ -652,7 +604,7 @@ def _cached_outputs(cached_view: object, experts: int) -> tuple[Sequence[torch.T
 
 def _split_refresh(params: Sequence[Any], rows: int, columns: int, cached_view: Any) -> Any:
     """Upstream's refresh of any cached view: each expert's scales read again and converted into
-    the view's buffers (a view mok made is refreshed before this, by its own prepared launch)."""
+    the view's buffers."""
     outs = _cached_outputs(cached_view, len(params))
     logical = []
     for e, param in enumerate(params):
@@ -676,14 +628,14 @@ def _native_split_weight_view(
     ``transposed_scale_tensors``, per-expert layout buffers) is refreshed in place and returned:
     same scale addresses, fresh values.
 
-    Threads: as mok.split_weight_view (refreshes of one view or of different views are safe; a
-    refresh racing TE's reassignment of these weights' buffers is not).
+    Threads: as mok.split_weight_view.
     """
-    if use_mxfp8 is True and type(cached_view) is SplitRoutedWeight and cached_view.expert_view and _seams_are_own():
-        # the refresh of a view mok.split_weight_view made: it checks its own arguments
-        split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, cached=cached_view.expert_view)
+    if use_mxfp8 is True and type(cached_view) is SplitRoutedWeight and cached_view.expert_view and _own(*_SPLIT_SEAMS):
+        # the refresh of a view mok made: the pipeline checks its own arguments
+        r, c = check_sizes(rows=rows, columns=columns)
+        _split_view(check_sequence("params", params, "per-expert parameters"), r, c, cached_view.expert_view)
         return cached_view
-    params = _expert_params(params)
+    experts = _expert_params(params)
     rows, columns = check_sizes(rows=rows, columns=columns)
     mxfp8 = check_bool("use_mxfp8", use_mxfp8)
     if cached_view is not None:
@@ -692,12 +644,35 @@ def _native_split_weight_view(
                 "cached_view: expected None for BF16 split weights (plain views of the parameters: nothing to "
                 f"refresh); found {describe(cached_view)}"
             )
-        return _split_refresh(params, rows, columns, cached_view)
+        return _split_refresh(experts, rows, columns, cached_view)
     if not mxfp8:
-        return _split_bf16(params, (rows, columns))
-    if _seams_are_own() and _all_te_mxfp8(params):
-        return _split_fast(split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True))
-    return _split_composed(params, rows, columns)
+        return _split_bf16(experts, (rows, columns))
+    if _own(*_SPLIT_SEAMS) and _all_te_mxfp8(experts):
+        return _split_view(experts, rows, columns, None)
+    return _split_composed(experts, rows, columns)
 
 
-_OWN.update({name: globals()[name] for name in _SEAMS})
+# ------------------------------------------------------------------------------ shared experts
+
+
+@_upstream_errors
+def prepare_shared_expert_config(config: Any) -> Any:
+    """For a config with FP8 parameters, a copy with FP8 execution and FP8 parameters off
+    (``fp8 = None``, ``fp8_param = False``), so shared experts run in BF16; ``config`` itself is
+    never changed, and one without FP8 parameters is returned as it is. Warns once while this
+    module's ``_SHARED_EXPERT_BF16_WARNING_EMITTED`` is False (rank 0 only under
+    torch.distributed), then sets it. The copy is made as mok.prepare_shared_expert_config makes it.
+    """
+    global _SHARED_EXPERT_BF16_WARNING_EMITTED
+    shared = bf16_config(config)
+    if shared is config:
+        return config
+    if not _SHARED_EXPERT_BF16_WARNING_EMITTED:
+        _SHARED_EXPERT_BF16_WARNING_EMITTED = warn_shared_experts_bf16(config, stacklevel=4)
+    return shared
+
+
+_OWN: dict[str, object] = {
+    name: globals()[name]
+    for name in ("_parameter_storage_attr", "_storage_view", "_single_grouped_mxfp8_scale_view", "_swizzle_mxfp8_scale")
+}

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from mok.backend import backend_for
+from mok.backend import Backend, backend_for
 from mok.errors import LayoutError
 from mok.kernels.jobs import MIXED_DIRECTIONS
 from mok.layout import Geometry, logical_view, swizzle_reference, unswizzle_reference
@@ -44,7 +44,8 @@ class PreparedWork:
     """A list of work items bound to a backend, ready to run again and again (a refresh of
     unchanged buffers runs its prepared work without planning anything)."""
 
-    def __init__(self, work: Sequence[ScaleWork], backend: str | None = None) -> None:
+    def __init__(self, work: Sequence[ScaleWork], backend: Backend | str | None = None) -> None:
+        """``backend``: a resolved :class:`Backend` (a view's), or a request to resolve here."""
         self.work = list(work)
         self._launch: Callable[[], None] | None = None
         if not self.work:
@@ -62,7 +63,11 @@ class PreparedWork:
                         f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
                         f"expected every tensor on {device}"
                     )
-        if backend_for(device, backend) == "cuda":
+        if not isinstance(backend, Backend):
+            backend = backend_for(device, backend)
+        elif backend is Backend.CUDA and device.type != "cuda":
+            raise LayoutError(f"backend 'cuda' needs CUDA tensors; found scales on {device}")
+        if backend is Backend.CUDA:
             from mok.kernels.jobs import jobs_of
             from mok.kernels.launch import Launch
 

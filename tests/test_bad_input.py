@@ -768,16 +768,6 @@ def test_refresh_layer_names_the_entry_of_every_refusal(installed_te: Installer)
         mok.LayerRefresh([(_params(), v)])()  # a list of experts beside a grouped view
 
 
-@pytest.mark.parametrize("value", ["no", "False", 0, 1, None])
-def test_the_warning_flag_takes_only_bools(value: object) -> None:
-    from mok import weights
-
-    before = weights._SHARED_EXPERT_BF16_WARNING_EMITTED
-    with pytest.raises(TypeError, match="_SHARED_EXPERT_BF16_WARNING_EMITTED: expected a bool"):
-        weights._SHARED_EXPERT_BF16_WARNING_EMITTED = value
-    assert weights._SHARED_EXPERT_BF16_WARNING_EMITTED is before
-
-
 @pytest.mark.parametrize(
     ("shape", "dtype", "match"),
     [

@@ -14,7 +14,7 @@ import torch
 
 import mok
 from mok import ExpertWeightError, RefreshError, grouped_weight_view, split_weight_view
-from mok import plan as mok_plan
+from mok import pipeline as mok_plan
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 from tests.standins import make_standin
@@ -26,7 +26,7 @@ PR, PC = 160, 96  # padded: 160 rows, 96/16 = 6 NVFP4 scale columns
 
 @pytest.fixture
 def planned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of every scale set the views plan (all planning goes through plan.plan_scales)."""
+    """Names of every scale set the views plan (all planning goes through pipeline.plan_scales)."""
     calls: list[str] = []
     real = mok_plan.plan_scales
 
@@ -36,6 +36,12 @@ def planned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(mok_plan, "plan_scales", counting)
     return calls
+
+
+def _prepared(v: Any) -> mok.pipeline.PreparedRefresh:
+    prepared = v.refresh_plan.prepared
+    assert isinstance(prepared, mok.pipeline.PreparedRefresh)
+    return prepared
 
 
 def _rows(buf: torch.Tensor, r: int, blocks: int) -> torch.Tensor:
@@ -331,7 +337,7 @@ def test_refresh_of_te_swizzled_aligned_scales_moves_no_byte(
     installed_te("2.20.2")
     ps = _te_swizzled("2.20.2", 3)
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
-    assert v.row_scales_zero_copy and v.refresh_plan.work is not None and v.refresh_plan.work.work == []
+    assert v.row_scales_zero_copy and _prepared(v).work.work == []
     runs: list[str] = []
     monkeypatch.setattr(mok.work, "swizzle_reference", lambda *a: runs.append("convert"))
     monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: runs.append("copy"))
@@ -348,7 +354,7 @@ def test_te_swizzled_grouped_aligned_is_a_pointer_check(installed_te: Installer,
     v = grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True)
     assert v.row_scales_zero_copy and v.row_scales.data_ptr() == g.scale_inv.data_ptr()
     grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True, cached=v)
-    assert planned == ["grouped rowwise scales"] and v.refresh_plan.work is not None and v.refresh_plan.work.work == []
+    assert planned == ["grouped rowwise scales"] and _prepared(v).work.work == []
 
 
 # ------------------------------------------------------------------------------------ hybrid
@@ -424,13 +430,23 @@ def test_a_replaced_nvfp4_amax_is_refused(installed_te: Installer) -> None:
         split_weight_view(ps, rows=R, columns=C, format="nvfp4", cached=v)
 
 
-def test_a_refresh_reads_the_backend_variable(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_view_resolves_its_backend_once(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend is resolved when the view is built; its refreshes, planned again or not, keep
+    it without reading the environment; a new view reads it, and an argument is checked."""
     installed_te("2.20.2")
-    ps = [T.mxfp8_tensor("2.20.2", R, C, param=True, columnwise=False)]
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
+    monkeypatch.setenv("TE_COMPAT_KERNEL_BACKEND", "torch")
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     monkeypatch.setenv("TE_COMPAT_KERNEL_BACKEND", "garbage")
-    with pytest.raises(ValueError, match="TE_COMPAT_KERNEL_BACKEND"):
-        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)  # reran
+    ps[0]._rowwise_scale_inv = ps[0]._rowwise_scale_inv.clone().random_(0, 255)  # TE moved a buffer
+    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)  # planned again
+    assert v.refresh_plan.plans == 2 and _prepared(v).backend is mok.backend.Backend.TORCH
+    assert torch.equal(v.row_scales[0], spec_layout(_rows(ps[0]._rowwise_scale_inv, R, C // 32)))
+    with pytest.raises(ValueError, match="environment variable TE_COMPAT_KERNEL_BACKEND"):
+        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v, backend="garbage")
 
 
 @pytest.mark.parametrize("layout", ["one class", "a tensor where another has None", "two classes"])
@@ -445,7 +461,8 @@ def test_the_guard_catches_each_change_whatever_it_reads(
         ws[0]._columnwise_scale_inv = None
     elif layout == "two classes":
         ws[2] = _nvfp4_params("2.20.2", R, C, 1)[0]
-    guard = mok.refresh.StorageGuard(ws, None if layout == "two classes" else mok.formats.MXFP8.storage_names)
+    names = None if layout == "two classes" else mok.formats.MXFP8.storage_names
+    guard = mok.refresh.StorageGuard(ws, [mok.snapshot.read_storage(ws, names)])
     assert guard.unchanged(list(ws))
     target = ws[1]
     if change == "memory under the same object":
@@ -476,8 +493,8 @@ def test_the_guard_keeps_the_old_memory_alive(installed_te: Installer) -> None:
     old = scales.data_ptr()
     scales.data = torch.empty(0, dtype=torch.uint8)  # what TE's clear() does
     gc.collect()
-    assert any(st.data_ptr() == old and st.nbytes() > 0 for st in v.refresh_plan.guard.storages)
-    assert not v.refresh_plan.guard.unchanged(ps)
+    assert any(st.data_ptr() == old and st.nbytes() > 0 for st in _prepared(v).guard.storages)
+    assert not _prepared(v).guard.unchanged(ps)
 
 
 def test_a_213_group_whose_members_turn_swizzled_is_planned_again(installed_te: Installer) -> None:

@@ -1,0 +1,286 @@
+"""The one refresh pipeline: read TE once, plan from that read, prepare the launch, guard exactly
+what was read.
+
+Every view and every refresh goes through here, whatever reads the weights (mok.readers: one
+Parameter per expert, one grouped Parameter, hybrid weights):
+
+1. a refresh checks the prepared state: the same views, the same backend, and a guard that reads
+   back what the last planning read (mok.refresh). Then it reruns the prepared launch: no reading
+   of storage beyond that check, no planning, no allocation;
+2. otherwise the reader reads the weights once into a :class:`~mok.snapshot.Snapshot`;
+3. :func:`plan_directions` decides the layout buffers (new ones, the cached view's, or TE's own
+   swizzled ones) and the work that fills them, from the snapshot alone;
+4. the work is bound to the view's backend and run (mok.work: one kernel launch on CUDA), and the
+   view keeps it with a guard built from the snapshot's readings, never from a new read.
+
+:func:`view_or_refresh` serves one view (split_weight_view, grouped_weight_view, mok.weights);
+:func:`refresh` any number of cached views in one launch (a layer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import torch
+
+from mok.backend import Backend, backend_for
+from mok.errors import MokError, RefreshError
+from mok.layout import check_out, empty_layout, layout_shape, padded_shape, te_swizzled_layout
+from mok.overlap import check_no_overlap
+from mok.refresh import StorageGuard
+from mok.snapshot import DirectionSource, Reading, ScaleSource, Snapshot
+from mok.views import ExpertWeights, RefreshPlan, SplitExpertWeights, ViewDirection, ptr_table
+from mok.work import PreparedWork, ScaleWork
+from te_compat import TECompatError
+
+V = TypeVar("V", bound=ExpertWeights)
+
+
+class Reader(Protocol[V]):
+    """What mok.readers provide: the view type they read for, and one read of the weights."""
+
+    view_type: ClassVar[type[V]]
+    what: ClassVar[str]  # how messages name the weights ("" or "grouped ")
+
+    @property
+    def objects(self) -> tuple[object, ...]: ...  # the caller's objects, compared by identity
+
+    @property
+    def dims(self) -> tuple[int, int, int]: ...  # (experts, rows, columns)
+
+    @property
+    def format(self) -> object: ...
+
+    def read(self, cached: ExpertWeights | None = None) -> Snapshot: ...
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedRefresh:
+    """What a refresh may rerun: the launch, for these views, on this backend, while the guard
+    finds the storage it was planned from unchanged. Replaced whole when planned again."""
+
+    views: tuple[int, ...]  # ids: the views own their plans, so no reference back to them
+    guard: StorageGuard
+    work: PreparedWork
+    backend: Backend
+
+    def run(self) -> None:
+        self.work.run()
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+@dataclass(frozen=True)
+class ScaleSlots:
+    """The layout buffers of one direction of a view, one per source. ``zero_copy``: they are
+    TE's own swizzled buffers (aligned shapes), so a refresh has nothing to convert."""
+
+    tensors: tuple[torch.Tensor, ...]
+    zero_copy: bool
+
+
+def _te_layout(source: ScaleSource, shape: tuple[int, ...]) -> torch.Tensor:
+    return te_swizzled_layout(source.te_buffer, shape, source.name)
+
+
+def _allocate(sources: Sequence[ScaleSource], r: int, c: int) -> tuple[torch.Tensor, ...]:
+    """One buffer for every source's layout, split per source (expert-major)."""
+    counts = [s.shape[0] for s in sources]
+    whole = empty_layout(r, c, sum(counts), sources[0].te_buffer.device, sources[0].name)
+    per_expert_tiles = layout_shape(r, c)[0]
+    return tuple(torch.split(whole, [n * per_expert_tiles for n in counts]))
+
+
+def plan_scales(
+    sources: Sequence[ScaleSource], slots: ScaleSlots | None, what: str
+) -> tuple[ScaleSlots, list[ScaleWork]]:
+    """The layout buffers for ``sources`` (``slots`` to refresh in place, else new ones or TE's
+    own), and the work that fills them. Every source has the same logical ``[R, C]``."""
+    _, r, c = sources[0].shape
+    aligned = (r, c) == padded_shape(r, c)
+    if slots is None:
+        if aligned and all(s.swizzled for s in sources):
+            return ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.shape[0])) for s in sources), True), []
+        outs, checked = _allocate(sources, r, c), True
+    else:
+        if len(slots.tensors) != len(sources):
+            raise RefreshError(f"{what}: the cached view has {len(slots.tensors)} scale buffers; found {len(sources)}")
+        if slots.zero_copy and not all(s.swizzled for s in sources):
+            bad = next(s.name for s in sources if not s.swizzled)
+            raise RefreshError(
+                f"{bad}: the cached view exposes TE's own swizzled scale buffers, but TE now holds unswizzled "
+                "scales; writing the layout there would overwrite TE's storage. Build a new view (without cached=)"
+            )
+        outs, checked = slots.tensors, False
+    work: list[ScaleWork] = []
+    for source, out in zip(sources, outs, strict=True):
+        if source.swizzled:
+            if out.data_ptr() != source.te_buffer.data_ptr():
+                work.append(ScaleWork(_te_layout(source, tuple(out.shape)), out, copy=True))
+            continue
+        if not checked:
+            check_out(out, source.logical, source.name)
+        work.append(ScaleWork(source.te_buffer, out, geometry=source.geometry))
+    if not checked:  # a cached view's buffers: never over TE's scales, nor over each other
+        check_no_overlap([w.dst for w in work], [w.src for w in work], what, out_label="cached buffers")
+    return slots if slots is not None else ScaleSlots(outs, False), work
+
+
+def _check_not_moved(what: str, old: tuple[torch.Tensor, ...] | None, new: tuple[torch.Tensor, ...]) -> None:
+    """Kernels hold these addresses (pointer tables, captured graphs): a refresh cannot follow a move."""
+    if old is None or len(old) != len(new):
+        raise RefreshError(f"{what}: the cached view has no such data for {len(new)} experts; build a new view")
+    for e, (a, b) in enumerate(zip(old, new, strict=True)):
+        if a.data_ptr() != b.data_ptr():
+            name = what if len(new) == 1 else f"expert {e} {what}"
+            raise RefreshError(
+                f"{name} moved from {hex(a.data_ptr())} to {hex(b.data_ptr())} since the cached view was built; "
+                "its pointer tables would be stale. Build a new view (without cached=)"
+            )
+
+
+def _cached_direction(cached: ExpertWeights, source: DirectionSource, what: str) -> ScaleSlots:
+    """The cached view's buffers for ``source``'s direction, after checking that no payload or
+    amax it exposes has moved."""
+    name = source.direction.name
+    old = cached.rowwise if name == "rowwise" else cached.columnwise
+    _check_not_moved(f"{what}{name} data", None if old is None else old.data, source.data)
+    assert old is not None
+    if source.amax is not None:
+        _check_not_moved(f"{what}{name} amax", old.amax, source.amax)
+    return ScaleSlots(old.scales or (), old.scales_zero_copy)
+
+
+def plan_directions(
+    sources: Sequence[DirectionSource], cached: ExpertWeights | None, what: str
+) -> tuple[list[ScaleSlots], list[ScaleWork]]:
+    """Every direction's scale buffers (the cached view's, or new ones) and the work filling them."""
+    all_slots: list[ScaleSlots] = []
+    work: list[ScaleWork] = []
+    for source in sources:
+        old = None if cached is None else _cached_direction(cached, source, what)
+        slots, items = plan_scales(source.sources, old, f"{what}{source.direction.name} scales")
+        all_slots.append(slots)
+        work.extend(items)
+    if cached is not None and len(sources) < 2 and cached.columnwise is not None:
+        raise RefreshError(f"{what}the cached view has columnwise data; the weights no longer do")
+    return all_slots, work
+
+
+def _view_direction(source: DirectionSource, slots: ScaleSlots, tables: bool) -> ViewDirection:
+    if not tables:
+        return ViewDirection(source.format, source.data, None, slots.tensors, None, slots.zero_copy, source.amax)
+    device = source.data[0].device
+    return ViewDirection(
+        source.format,
+        source.data,
+        ptr_table(source.data, device),
+        slots.tensors,
+        ptr_table(slots.tensors, device),
+        slots.zero_copy,
+        source.amax,
+        None if source.amax is None else ptr_table(source.amax, device),
+    )
+
+
+def check_cached(cached: object, reader: Reader[V]) -> V:
+    """``cached`` as an earlier view of the reader's class, format, experts and shape."""
+    cls = reader.view_type
+    if not isinstance(cached, cls):
+        raise RefreshError(f"cached: expected a {cls.__name__} from an earlier call; found {type(cached).__name__}")
+    if cached.format is not reader.format:
+        raise RefreshError(f"cached view is a {cached.format} view; asked for {reader.format}")
+    got = (cached.num_experts, cached.rows, cached.columns)
+    if got != reader.dims:
+        raise RefreshError(f"cached view was built for (experts, rows, columns) = {got}; asked for {reader.dims}")
+    return cached
+
+
+# ------------------------------------------------------------------------------ the pipeline
+
+
+def _prepare(
+    plan: RefreshPlan,
+    views: tuple[ExpertWeights, ...],
+    top: tuple[object, ...],
+    readings: Sequence[Reading],
+    work: Sequence[ScaleWork],
+    backend: Backend,
+) -> None:
+    """Bind ``work`` to ``backend``, run it, and keep it under a guard of ``readings``."""
+    guard = StorageGuard(top, readings)
+    prepared = PreparedWork(work, backend)
+    prepared.run()
+    plan.prepared = PreparedRefresh(tuple(map(id, views)), guard, prepared, backend)
+    plan.plans += 1
+
+
+def view_or_refresh(reader: Reader[V], cached: V | None = None, backend: str | None = None) -> V:
+    """A new view of what ``reader`` reads, or ``cached`` refreshed in place (same buffers) and
+    returned. ``backend``: a request ("auto", "cuda", "torch"); None takes the environment's for
+    a new view and the view's own for a refresh."""
+    if cached is not None:
+        view = check_cached(cached, reader)
+        refresh(view.refresh_plan, [(reader, view)], backend)
+        return view
+    snapshot = reader.read()
+    slots, work = plan_directions(snapshot.directions, None, reader.what)
+    tables = issubclass(reader.view_type, SplitExpertWeights)  # per-expert tensors: kernels find them by tables
+    rowwise, *columnwise = (
+        _view_direction(s, slot, tables) for s, slot in zip(snapshot.directions, slots, strict=True)
+    )
+    new = reader.view_type(*reader.dims, reader.format, rowwise, columnwise[0] if columnwise else None)  # type: ignore[arg-type]
+    backend_ = backend_for(rowwise.data[0].device, backend)
+    _prepare(new.refresh_plan, (new,), reader.objects, snapshot.readings, work, backend_)
+    return new
+
+
+def refresh(
+    plan: RefreshPlan,
+    entries: Sequence[tuple[Reader[Any], ExpertWeights]],
+    backend: str | None = None,
+    label: str | None = None,
+) -> None:
+    """Refresh every ``(reader, cached view)`` entry in place, in one launch kept in ``plan``.
+    ``label`` (a layer's name for itself) prefixes each refusal with the entry it is about."""
+    views = tuple(view for _, view in entries)
+    top = tuple(obj for reader, _ in entries for obj in reader.objects)
+    prepared = plan.prepared if isinstance(plan.prepared, PreparedRefresh) else None
+    wanted = prepared.backend if backend is None and prepared is not None else _resolve(views, backend)
+    if (
+        prepared is not None
+        and prepared.backend is wanted
+        and prepared.views == tuple(map(id, views))
+        and prepared.guard.unchanged(top)
+    ):
+        prepared.run()
+        return
+    readings: list[Reading] = []
+    work: list[ScaleWork] = []
+    for i, (reader, view) in enumerate(entries):
+        with _naming(label, i):
+            check_cached(view, reader)
+            snapshot = reader.read(view)
+            work += plan_directions(snapshot.directions, view, reader.what)[1]
+        readings += snapshot.readings
+    _prepare(plan, views, top, readings, work, wanted)
+
+
+def _resolve(views: Sequence[ExpertWeights], backend: str | None) -> Backend:
+    return backend_for(views[0].rowwise.data[0].device, backend)
+
+
+@contextlib.contextmanager
+def _naming(label: str | None, index: int) -> Iterator[None]:
+    """Within a layer, every refusal names its entry (same exception class)."""
+    if label is None:
+        yield
+        return
+    try:
+        yield
+    except (MokError, TECompatError, TypeError, ValueError) as exc:
+        raise type(exc)(f"{label} entry {index}: {exc}") from exc

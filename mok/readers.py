@@ -1,0 +1,345 @@
+"""The readers of TE: one per weight layout, each reading the weights once into a
+:class:`~mok.snapshot.Snapshot` (what it read, and the directions planned from exactly that).
+
+- :class:`SplitReader`: one Parameter per expert (MXFP8, NVFP4), and TE 2.19+ hybrid weights,
+  each direction read off its own sub-storage, in its own format.
+- :class:`GroupedReader`: one grouped Parameter ``(E, rows, columns)`` (TE 2.13 and 2.14+).
+
+A reader checks what it reads (kinds, shapes, packing) and raises naming the expert; it never
+plans, allocates or launches (mok.pipeline does). Everything TE-specific comes from te_compat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, ClassVar
+
+import torch
+
+from mok.checks import describe
+from mok.errors import ExpertWeightError
+from mok.formats import FORMAT_OF_KIND, BlockFormat, Direction, Format
+from mok.layout import grouped_scales
+from mok.snapshot import DirectionSource, Reading, Recorder, ScaleSource, Snapshot, read_storage
+from mok.views import (
+    ExpertWeights,
+    GroupedExpertWeights,
+    SplitExpertWeights,
+    param_list,
+    same_device,
+    storage_view,
+    storage_views,
+)
+from te_compat import (
+    GroupedStorage,
+    StorageName,
+    TensorKind,
+    grouped_storage,
+    hybrid_storage,
+    storage_field,
+    storage_reader,
+    tensor_kind,
+)
+
+_shape = attrgetter("shape")
+_HYBRID_NAMES = (str(StorageName.ROWWISE_STORAGE), str(StorageName.COLUMNWISE_STORAGE))
+
+
+def _read_directions(block: BlockFormat, cached: ExpertWeights | None) -> tuple[Direction, ...]:
+    """What to read: every direction TE may store, or for a refresh those the cached view has."""
+    if cached is None or cached.columnwise is not None:
+        return block.directions()
+    return (block.rowwise,)
+
+
+# ------------------------------------------------------------------------------ one per expert
+
+
+def _shape_of(owner: object, block: BlockFormat) -> tuple[int, ...]:
+    """The logical shape of an expert; a TE storage object (a hybrid direction) has none, so its
+    snapshot derives it from the payload."""
+    shape = getattr(owner, "shape", None)
+    return tuple(shape) if isinstance(shape, tuple) else tuple(block.snapshot(owner).shape)
+
+
+def _check_expert(e: int, p: object, block: BlockFormat, rows: int, columns: int) -> None:
+    kind = tensor_kind(p)
+    if kind is not block.kind:
+        quantizer = (
+            storage_field(p, StorageName.QUANTIZER)
+            if kind not in (TensorKind.PLAIN, TensorKind.OTHER_QUANTIZED)
+            else None
+        )
+        extra = f", quantizer {type(quantizer).__name__}" if quantizer is not None else ""
+        raise ExpertWeightError(
+            f"expert {e}: expected an {block.format.name} parameter; found {type(p).__name__} (kind {kind}{extra})"
+        )
+    shape = _shape_of(p, block)
+    if shape != (rows, columns):
+        raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {shape}")
+
+
+def _read_experts(
+    owners: tuple[object, ...], block: BlockFormat, names: tuple[str, ...], dims: tuple[int, int]
+) -> Reading:
+    """Every expert's storage, read once. Experts of one class, the expected kind and shape pass a
+    class check and a shape comparison; anything else is checked expert by expert, which raises
+    naming the first expert that is wrong."""
+    first = owners[0]
+    fine = len(set(map(type, owners))) == 1 and tensor_kind(first) is block.kind and hasattr(first, "shape")
+    if not fine or not all(s == dims for s in map(_shape, owners)):
+        for e, p in enumerate(owners):
+            _check_expert(e, p, block, *dims)
+    return read_storage(owners, names)
+
+
+def _need(reading: Reading, block: BlockFormat, name: str) -> tuple[Any, ...]:
+    """The column ``name``; te_compat's error naming attribute, class and release if an expert
+    lacks it."""
+    column = reading.column(name)
+    if any(v is None for v in column):
+        pairs = zip(reading.objects, column, strict=True)
+        return tuple(v if v is not None else block.snapshot(o).need(name) for o, v in pairs)
+    return column
+
+
+def _swizzled_flags(reading: Reading) -> tuple[bool, ...]:
+    """TE's swizzled-scales flag of every expert (False where the release has none); a flag that
+    is not a bool is refused, never read as ``bool()`` (the string "False" is truthy)."""
+    flags = reading.column(str(StorageName.SCALES_SWIZZLED))
+    if not set(map(type, flags)) <= {bool, type(None)}:  # one set of classes, not a loop of 256 checks
+        e = next(i for i, flag in enumerate(flags) if flag is not None and not isinstance(flag, bool))
+        raise ExpertWeightError(
+            f"expert {e}: TE's swizzled-scales flag ({type(reading.objects[e]).__name__}) is "
+            f"{describe(flags[e])}; expected a bool"
+        )
+    return tuple(map(bool, flags))
+
+
+def _split_direction(
+    reading: Reading, block: BlockFormat, d: Direction, rows: int, columns: int
+) -> DirectionSource | None:
+    """One direction of every expert (None where no expert stores it)."""
+    payloads = reading.column(str(d.data))
+    present = [t is not None for t in payloads]
+    if not any(present):
+        return None
+    if not all(present):
+        raise ExpertWeightError(f"expert {present.index(False)} has no {d.name} data; the others do")
+    shape = block.payload_shape(d, rows, columns)
+    data = storage_views(payloads, shape, dtype=block.payload_dtype, name=lambda e: f"expert {e} {d.name} data")
+    buffers = _need(reading, block, str(d.scales))
+    names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
+    found = block.scale_sources(d, buffers, rows, columns, names)
+    flags = _swizzled_flags(reading)
+    sources = tuple(ScaleSource(n, b, g, f) for n, (b, g), f in zip(names, found, flags, strict=True))
+    amax = _need(reading, block, str(d.amax)) if d.amax is not None else None
+    return DirectionSource(d, block.format, data, sources, amax)
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """Objects storing some directions of every expert in one block format: the parameters
+    themselves, or each expert's sub-storage of one direction (hybrid weights)."""
+
+    owners: tuple[object, ...]
+    block: BlockFormat
+    directions: tuple[Direction, ...]
+
+
+@dataclass(frozen=True)
+class SplitReader:
+    """Reads one Parameter per expert, each ``(rows, columns)``, in ``format`` (MXFP8, NVFP4, or
+    HYBRID: each direction in its own sub-storage and block format)."""
+
+    view_type: ClassVar[type[SplitExpertWeights]] = SplitExpertWeights
+    what: ClassVar[str] = ""
+
+    params: tuple[object, ...]
+    format: Format
+    rows: int
+    columns: int
+
+    @property
+    def objects(self) -> tuple[object, ...]:
+        return self.params
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return len(self.params), self.rows, self.columns
+
+    def read(self, cached: ExpertWeights | None = None) -> Snapshot:
+        """Every direction TE stores of the experts (a refresh: those ``cached`` has), rowwise first."""
+        param_list(self.params)  # tensors, each named if not
+        recorder = Recorder()
+        sources: list[DirectionSource] = []
+        for stored in self._stored(recorder, cached):
+            stored.block.check_dims(self.rows, self.columns, f"{self.format} weights")
+            names = stored.block.names_of(stored.directions)
+            reading = recorder.add(_read_experts(stored.owners, stored.block, names, (self.rows, self.columns)))
+            for d in stored.directions:
+                source = _split_direction(reading, stored.block, d, self.rows, self.columns)
+                if source is None and self.format is Format.HYBRID:
+                    raise ExpertWeightError(f"hybrid weights: the {d.name} sub-storages hold no {d.name} data")
+                if source is None and d.name == "rowwise":
+                    _need(reading, stored.block, str(d.data))  # raises, naming the attribute and release
+                sources += [source] if source is not None else []
+        same_device(sources[0].data)
+        return Snapshot(tuple(recorder.readings), tuple(sources))
+
+    def _stored(self, recorder: Recorder, cached: ExpertWeights | None) -> list[_Stored]:
+        if self.format is not Format.HYBRID:
+            block = self.format.block_format
+            return [_Stored(self.params, block, _read_directions(block, cached))]
+        return _hybrid_stored(self.params, recorder, cached)
+
+
+def _hybrid_stored(params: tuple[object, ...], recorder: Recorder, cached: ExpertWeights | None) -> list[_Stored]:
+    """TE 2.19+ hybrid weights: each direction stored in its own sub-storage, in its own format.
+    The parameters' sub-storages are read once, in bulk, and recorded before the sub-storages."""
+    for e, p in enumerate(params):
+        if tensor_kind(p) is not TensorKind.HYBRID:
+            raise ExpertWeightError(f"expert {e}: expected a hybrid parameter; found {type(p).__name__}")
+    recorder.add(read_storage(params, _HYBRID_NAMES))
+    hybrids = [hybrid_storage(p, read=recorder) for p in params]
+    wanted = ("rowwise",) if cached is not None and cached.columnwise is None else ("rowwise", "columnwise")
+    stored = []
+    for name in wanted:
+        subs = tuple(getattr(h, name) for h in hybrids)
+        if all(s is None for s in subs):
+            if name == "rowwise":
+                hybrids[0].need("rowwise")  # raises, naming the attribute and release
+            continue
+        kinds = [getattr(h, f"{name}_kind") for h in hybrids]
+        block = FORMAT_OF_KIND.get(kinds[0])
+        if block is None or any(k is not kinds[0] for k in kinds):
+            e = next((i for i, k in enumerate(kinds) if k is not kinds[0]), 0)
+            h = hybrids[e]
+            raise ExpertWeightError(
+                f"expert {e}: hybrid weight with rowwise {h.rowwise_kind} and columnwise {h.columnwise_kind} "
+                f"storage; mok views MXFP8 or NVFP4 in each direction, the same for every expert"
+            )
+        if any(s is None for s in subs):
+            raise ExpertWeightError(f"expert {subs.index(None)} has no {name} sub-storage; the others do")
+        stored.append(_Stored(subs, block, (block.rowwise if name == "rowwise" else block.columnwise,)))
+    return stored
+
+
+# ------------------------------------------------------------------------------ grouped
+
+
+def check_group_shape(gs: GroupedStorage, dims: tuple[int, int, int]) -> None:
+    """The group holds ``E`` experts of one ``(rows, columns)``, as the caller declared."""
+    experts, rows, columns = dims
+    if gs.num_tensors != experts:
+        raise ExpertWeightError(f"grouped weight: expected {experts} experts; found {gs.num_tensors}")
+    for e, shape in enumerate(gs.tensor_shapes):
+        if tuple(shape) != (rows, columns):
+            raise ExpertWeightError(
+                f"grouped weight: expected every expert of shape ({rows}, {columns}); expert {e} has {tuple(shape)}"
+            )
+
+
+def _check_group(gs: GroupedStorage, block: BlockFormat, dims: tuple[int, int, int]) -> None:
+    check_group_shape(gs, dims)
+    block.check_dims(dims[1], dims[2], "grouped weight")
+    if not gs.quantized:
+        raise ExpertWeightError("grouped weight holds no quantized data (no quantizer); pass format='bf16'")
+    if gs.members and tensor_kind(gs.members[0]) is not block.kind:
+        raise ExpertWeightError(
+            f"grouped weight: expected {block.format.name} experts; found {type(gs.members[0]).__name__} members"
+        )
+
+
+def _members_scales(members: tuple[object, ...], d: Direction) -> list[Any]:
+    """Each member's scales of direction ``d``: one C-level read per member where they share a
+    class and hold the storage themselves (a snapshot of each of 256 members would cost
+    milliseconds on a first view), else member by member."""
+    reader = storage_reader(members[0], (str(d.scales),))
+    if len(set(map(type, members))) == 1 and reader.read_one is not None:
+        with contextlib.suppress(AttributeError):  # storage kept on .data only: read below
+            return list(map(reader.read_one, members))
+    return [storage_field(m, d.scales) for m in members]
+
+
+def _check_packing(gs: GroupedStorage, d: Direction, flat: torch.Tensor, per_expert: int) -> None:
+    """Each member's scales must be a view at offset e*per_expert of the grouped buffer (what the
+    group's offsets say, and where its members' scales are: a consistency check, not something
+    the launch reads, so not recorded for the guard)."""
+    offsets = gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets
+    for e, off in enumerate((offsets or ())[: gs.num_tensors]):
+        if off != e * per_expert:
+            raise ExpertWeightError(
+                f"grouped weight: {d.name} scale offsets are not expert-major: expert {e} starts "
+                f"at byte {off}, expected {e * per_expert}"
+            )
+    if not gs.members:
+        return
+    if len(gs.members) != gs.num_tensors:
+        raise ExpertWeightError(
+            f"grouped weight: expected {gs.num_tensors} per-expert members; found {len(gs.members)}"
+        )
+    base = flat.data_ptr()
+    for e, scales in enumerate(_members_scales(gs.members, d)):
+        if scales is None:
+            raise ExpertWeightError(f"grouped weight: expert {e} has no {d.name} scales")
+        where = scales.data_ptr() - base
+        if where != e * per_expert:
+            found = f"byte {where} of it" if 0 <= where < flat.numel() else "outside it"
+            raise ExpertWeightError(
+                f"grouped weight: expert {e}'s {d.name} scales are not packed expert-major in the "
+                f"grouped buffer: expected byte {e * per_expert}, found {found}"
+            )
+
+
+def _group_direction(
+    gs: GroupedStorage, block: BlockFormat, d: Direction, dims: tuple[int, int, int]
+) -> DirectionSource | None:
+    experts, rows, columns = dims
+    data = getattr(gs, d.data.value)
+    if data is None:
+        return None
+    name = f"grouped {d.name}"
+    payload = storage_view(
+        data, (experts, *block.payload_shape(d, rows, columns)), dtype=block.payload_dtype, name=f"{name} data"
+    )
+    pr, pc = block.te_scale_shape(d, rows, columns)
+    flat = gs.need(d.scales)
+    padded = grouped_scales(flat, experts, pr, pc, f"{name} scales")
+    _check_packing(gs, d, flat, pr * pc)
+    ((buffer, geometry),) = block.scale_sources(d, (padded,), rows, columns, (f"{name} scales",))
+    source = ScaleSource(f"{name} scales", buffer, geometry, gs.scales_swizzled)
+    amax = None if d.amax is None else getattr(gs, d.amax.value)
+    return DirectionSource(d, block.format, (payload,), (source,), (amax,) if isinstance(amax, torch.Tensor) else None)
+
+
+@dataclass(frozen=True)
+class GroupedReader:
+    """Reads one grouped Parameter ``(E, rows, columns)`` of ``format`` (MXFP8, NVFP4): TE's
+    flat buffers, all experts (TE 2.13 ``data`` and 2.14+ ``rowwise_data`` naming)."""
+
+    view_type: ClassVar[type[GroupedExpertWeights]] = GroupedExpertWeights
+    what: ClassVar[str] = "grouped "
+
+    weight: object
+    format: Format
+    dims: tuple[int, int, int]
+
+    @property
+    def objects(self) -> tuple[object, ...]:
+        return (self.weight,)
+
+    def read(self, cached: ExpertWeights | None = None) -> Snapshot:
+        """Every direction TE stores of the group (a refresh: those ``cached`` has), rowwise first.
+        The group's storage, and in TE 2.13 its members' flags, are recorded for the guard."""
+        recorder = Recorder()
+        gs = grouped_storage(self.weight, read=recorder)
+        block = self.format.block_format
+        _check_group(gs, block, self.dims)
+        sources = [_group_direction(gs, block, d, self.dims) for d in _read_directions(block, cached)]
+        found = tuple(s for s in sources if s is not None)
+        if not found or found[0].direction.name != "rowwise":
+            gs.need(StorageName.ROWWISE_DATA)  # raises, naming the attribute and release
+        return Snapshot(tuple(recorder.readings), found)

@@ -1,0 +1,248 @@
+"""The one refresh pipeline: a refresh guards exactly what was read, so a race with TE heals at the
+next refresh that nothing races; one path for split, grouped, layer and mok.weights; and the
+architecture it stands on (views hold data only, a shallow import graph, no callbacks upward)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import pytest
+import torch
+
+import mok
+from mok import pipeline
+from mok import weights as W
+from tests import te_objects as T
+from tests.spec_oracle import spec_layout
+from tests.test_imports import _import_graph
+
+Installer = Callable[..., None]
+R, C = 128, 256
+
+
+def _rows(buf: torch.Tensor, rows: int = R, blocks: int = C // 32) -> torch.Tensor:
+    return buf[:rows, :blocks]
+
+
+def _fresh(t: torch.Tensor, seed: int) -> torch.Tensor:
+    """A new buffer like ``t`` (what TE's re-quantisation into new storage leaves), random bytes."""
+    return torch.randint(0, 256, t.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)).view(
+        t.dtype
+    )
+
+
+@pytest.fixture
+def between_read_and_plan(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], None]], None]:
+    """Run an action once, after the weights were read and before the launch is planned: where a
+    thread of TE's could reassign a buffer."""
+    actions: list[Callable[[], None]] = []
+    real = pipeline.plan_directions
+
+    def racing(*args: Any) -> Any:
+        while actions:
+            actions.pop()()
+        return real(*args)
+
+    monkeypatch.setattr(pipeline, "plan_directions", racing)
+    return actions.append
+
+
+# ------------------------------------------------------------------ a race heals at the next refresh
+
+
+@pytest.mark.parametrize("refreshing", [False, True], ids=["first view", "refresh"])
+def test_a_buffer_reassigned_while_planning_is_converted_next_time(
+    installed_te: Installer, between_read_and_plan: Callable[[Callable[[], None]], None], refreshing: bool
+) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
+    view = split_weight_view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True) if refreshing else None
+
+    def te_moves_a_buffer() -> None:
+        ps[1]._rowwise_scale_inv = _fresh(ps[1]._rowwise_scale_inv, 7)
+
+    between_read_and_plan(te_moves_a_buffer)
+    if refreshing:
+        ps[2]._columnwise_scale_inv = _fresh(ps[2]._columnwise_scale_inv, 8)  # makes this refresh plan
+    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=split_weight_view)
+    plans = view.refresh_plan.plans
+    # the racing call read the old buffer; the next refresh must see the new one and convert it
+    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    assert view.refresh_plan.plans == plans + 1
+    assert torch.equal(view.row_scales[1], spec_layout(_rows(ps[1]._rowwise_scale_inv)))
+    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    assert view.refresh_plan.plans == plans + 1  # and then nothing changed: the launch reruns
+
+
+def test_a_flag_set_while_planning_is_seen_next_time(
+    installed_te: Installer, between_read_and_plan: Callable[[Callable[[], None]], None]
+) -> None:
+    """TE swizzles the scales in place and sets its flag after the read: the next refresh copies
+    them as they are instead of converting them a second time."""
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
+    logical = _rows(ps[0]._rowwise_scale_inv).clone()
+
+    def te_swizzles() -> None:
+        ps[0]._rowwise_scale_inv.view(-1)[: spec_layout(logical).numel()] = spec_layout(logical).view(-1)
+        ps[0]._with_gemm_swizzled_scales = True
+
+    between_read_and_plan(te_swizzles)
+    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    assert torch.equal(view.row_scales[0], spec_layout(logical))  # copied, not swizzled twice
+
+
+def test_a_group_swizzled_while_planning_is_copied_next_time(
+    installed_te: Installer, between_read_and_plan: Callable[[Callable[[], None]], None]
+) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, R, C, mxfp8=True)
+    logical = torch.stack([_rows(m._rowwise_scale_inv) for m in g.quantized_tensors]).clone()
+
+    def te_swizzles_the_group() -> None:
+        g.scale_inv[: spec_layout(logical).numel()] = spec_layout(logical).view(-1)
+        g._with_gemm_swizzled_scales = True
+
+    between_read_and_plan(te_swizzles_the_group)
+    view = mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True)
+    mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True, cached=view)
+    assert view.refresh_plan.plans == 2 and torch.equal(view.row_scales, spec_layout(logical))
+
+
+def test_a_layer_and_the_drop_in_heal_the_same_way(
+    installed_te: Installer, between_read_and_plan: Callable[[Callable[[], None]], None]
+) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
+    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    layer = mok.LayerRefresh([(ps, view)])
+    between_read_and_plan(lambda: setattr(ps[0], "_rowwise_scale_inv", _fresh(ps[0]._rowwise_scale_inv, 5)))
+    layer()  # the layer's first call plans (and races)
+    layer()
+    assert torch.equal(view.row_scales[0], spec_layout(_rows(ps[0]._rowwise_scale_inv)))
+
+    drop_in = W._native_split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    between_read_and_plan(lambda: setattr(ps[1], "_columnwise_scale_inv", _fresh(ps[1]._columnwise_scale_inv, 6)))
+    ps[0]._rowwise_scale_inv = _fresh(ps[0]._rowwise_scale_inv, 9)  # so this refresh plans (and races)
+    W._native_split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached_view=drop_in)
+    W._native_split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached_view=drop_in)
+    col = ps[1]._columnwise_scale_inv[: R // 32, :C].t()
+    assert torch.equal(drop_in.transposed_scale_tensors[1], spec_layout(col))
+
+
+def test_refreshes_racing_a_thread_that_moves_buffers_heal_afterwards(installed_te: Installer) -> None:
+    """Real threads: while a refresh plans, another thread moves a buffer as TE would, at a random
+    moment; once it is done, one refresh makes the view byte-correct, in every trial."""
+    installed_te("2.20.2")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: the race windows are microseconds wide
+    try:
+        for trial in range(100):
+            _race_and_heal(trial)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _race_and_heal(trial: int) -> None:
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(4)]
+    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    wait = random.Random(trial).randrange(12000)
+
+    def te() -> None:
+        for _ in range(wait):  # spin: a sleep would give the planning thread all the time it needs
+            pass
+        ps[2]._rowwise_scale_inv = _fresh(ps[2]._rowwise_scale_inv, trial)
+
+    ps[0]._rowwise_scale_inv = _fresh(ps[0]._rowwise_scale_inv, 1000 + trial)  # so the next refresh plans
+    mover = threading.Thread(target=te)
+    mover.start()
+    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    mover.join()
+    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    for e, p in enumerate(ps):
+        assert torch.equal(view.row_scales[e], spec_layout(_rows(p._rowwise_scale_inv))), (trial, e)
+
+
+# ------------------------------------------------------------------ the architecture
+
+
+def _floors(package: str) -> dict[str, int]:
+    graph = _import_graph(package)
+    floors: dict[str, int] = {}
+
+    def floor(module: str) -> int:
+        if module not in floors:
+            floors[module] = 1 + max((floor(d) for d in graph[module]), default=0)
+        return floors[module]
+
+    for module in graph:
+        floor(module)
+    return floors
+
+
+def test_mok_imports_are_at_most_nine_floors_deep() -> None:
+    floors = _floors("mok")
+    assert max(floors.values()) <= 9, sorted(floors.items(), key=lambda kv: kv[1])
+
+
+def test_views_hold_data_only() -> None:
+    """The view types import none of the reading, planning, guarding or launching modules."""
+    graph = _import_graph("mok")
+
+    def below(module: str) -> set[str]:
+        return set().union(*({d} | below(d) for d in graph[module])) if graph[module] else set()
+
+    stack = {"mok.pipeline", "mok.readers", "mok.refresh", "mok.snapshot", "mok.work", "mok.kernels.launch"}
+    assert not below("mok.views") & stack, below("mok.views")
+
+
+def _mok_stacks(call: Callable[[], object]) -> Iterator[tuple[str, list[str]]]:
+    """(callee module, modules of the mok frames below it) at every call ``call`` makes."""
+    seen: list[tuple[str, list[str]]] = []
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            mods, f = [], frame.f_back
+            while f is not None:
+                mods.append(str(f.f_globals.get("__name__", "")))
+                f = f.f_back
+            seen.append((str(frame.f_globals.get("__name__", "")), [m for m in reversed(mods) if m.startswith("mok")]))
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return iter(seen)
+
+
+@pytest.mark.parametrize("entry", ["split", "grouped"])
+def test_a_first_view_enters_each_module_once(installed_te: Installer, entry: str) -> None:
+    """The public entry calls each module in one stretch (its arguments, the reader, the pipeline;
+    no going back and forth), and no module is called back by one it called."""
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
+    g = T.grouped_tensor("2.20.2", 2, R, C, mxfp8=True)
+
+    def first_view() -> object:
+        if entry == "split":
+            return mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+        return mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True)
+
+    first_view()  # compiled regexes, cached readers: the steady state
+    stacks = list(_mok_stacks(first_view))
+    module = "mok.per_expert" if entry == "split" else "mok.grouped"
+    called = [callee for callee, below in stacks if below and below[-1] == module and callee != module]
+    in_order = [m for m, _ in itertools.groupby(called) if m.startswith("mok")]
+    assert len(in_order) == len(set(in_order)), in_order
+    assert in_order[-2:] == ["mok.readers", "mok.pipeline"]
+    for callee, below in stacks:
+        chain = [m for m, _ in itertools.groupby([*below, callee]) if m.startswith("mok")]
+        assert len(chain) == len(set(chain)), chain  # a module re-entered from below it
