@@ -10,7 +10,7 @@ from typing import Any
 from mok.backend import backend_argument
 from mok.errors import RefreshError
 from mok.formats import Format
-from mok.pipeline import Reader, refresh
+from mok.pipeline import Reader, refresh, rerun
 from mok.readers import GroupedReader, SplitReader
 from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights, param_list
 from te_compat import on_refresh
@@ -25,11 +25,12 @@ def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
         if isinstance(view, GroupedExpertWeights):
             return GroupedReader(weights, view.format, (view.num_experts, view.rows, view.columns))
         if isinstance(view, SplitExpertWeights):
-            try:
-                params = param_list(weights, tensors=False)  # items checked when read
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
-            return SplitReader(tuple(params), view.format, view.rows, view.columns)
+            if type(weights) is not list and type(weights) is not tuple:
+                try:
+                    weights = param_list(weights, tensors=False)  # items checked when read
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
+            return SplitReader(tuple(weights), view.format, view.rows, view.columns)
     raise RefreshError(
         f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; "
         f"found {type(view).__name__}"
@@ -56,6 +57,8 @@ class LayerRefresh:
 
     def __call__(self) -> None:
         """Check every entry (nothing is written unless all pass), then launch once."""
+        if self.backend is None and rerun(self.plan, self.entries):
+            return
         readers = [(_reader(i, w, view), view) for i, (w, view) in enumerate(self.entries)]
         refresh(self.plan, readers, self.backend, _LABEL)
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar
+from itertools import chain
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -37,13 +38,17 @@ from mok.work import PreparedWork, ScaleWork
 from te_compat import TECompatError
 
 V = TypeVar("V", bound=ExpertWeights)
+V_co = TypeVar("V_co", bound=ExpertWeights, covariant=True)
 
 
-class Reader(Protocol[V]):
+class Reader(Protocol[V_co]):
     """What mok.readers provide: the view type they read for, and one read of the weights."""
 
-    view_type: ClassVar[type[V]]
-    what: ClassVar[str]  # how messages name the weights ("" or "grouped ")
+    @property
+    def view_type(self) -> type[V_co]: ...
+
+    @property
+    def what(self) -> str: ...  # how messages name the weights ("" or "grouped ")
 
     @property
     def objects(self) -> tuple[object, ...]: ...  # the caller's objects, compared by identity
@@ -225,7 +230,10 @@ def view_or_refresh(reader: Reader[V], cached: V | None = None, backend: str | N
     a new view and the view's own for a refresh."""
     if cached is not None:
         view = check_cached(cached, reader)
-        refresh(view.refresh_plan, [(reader, view)], backend)
+        plan = view.refresh_plan
+        wanted = None if backend is None else _resolve((view,), backend)
+        if not _reran(plan.prepared, (id(view),), reader.objects, wanted):
+            refresh(plan, [(reader, view)], backend)
         return view
     snapshot = reader.read()
     slots, work = plan_directions(snapshot.directions, None, reader.what)
@@ -248,16 +256,10 @@ def refresh(
     """Refresh every ``(reader, cached view)`` entry in place, in one launch kept in ``plan``.
     ``label`` (a layer's name for itself) prefixes each refusal with the entry it is about."""
     views = tuple(view for _, view in entries)
-    top = tuple(obj for reader, _ in entries for obj in reader.objects)
+    top = entries[0][0].objects if len(entries) == 1 else tuple(chain.from_iterable(r.objects for r, _ in entries))
     prepared = plan.prepared if isinstance(plan.prepared, PreparedRefresh) else None
     wanted = prepared.backend if backend is None and prepared is not None else _resolve(views, backend)
-    if (
-        prepared is not None
-        and prepared.backend is wanted
-        and prepared.views == tuple(map(id, views))
-        and prepared.guard.unchanged(top)
-    ):
-        prepared.run()
+    if _reran(prepared, tuple(map(id, views)), top, wanted):
         return
     readings: list[Reading] = []
     work: list[ScaleWork] = []
@@ -268,6 +270,28 @@ def refresh(
             work += plan_directions(snapshot.directions, view, reader.what)[1]
         readings += snapshot.readings
     _prepare(plan, views, top, readings, work, wanted)
+
+
+def rerun(plan: RefreshPlan, entries: Sequence[tuple[object, ExpertWeights]]) -> bool:
+    """A layer's refresh without building its readers: ``entries`` are ``(weights, view)`` pairs
+    (a split view's weights: its sequence of parameters, read as they are now). True if the
+    prepared launch ran again."""
+    parts: list[Any] = [w if isinstance(v, SplitExpertWeights) else (w,) for w, v in entries]
+    top = tuple(chain.from_iterable(parts))
+    return _reran(plan.prepared, tuple(id(v) for _, v in entries), top, None)
+
+
+def _reran(prepared: object, views: tuple[int, ...], top: tuple[object, ...], backend: Backend | None) -> bool:
+    """Run ``prepared`` again if it was made for these views, on ``backend`` (None: the one it
+    has), and its guard finds the storage it was planned from unchanged."""
+    if type(prepared) is not PreparedRefresh or prepared.views != views:
+        return False
+    if backend is not None and prepared.backend is not backend:
+        return False
+    if not prepared.guard.unchanged(top):
+        return False
+    prepared.run()
+    return True
 
 
 def _resolve(views: Sequence[ExpertWeights], backend: str | None) -> Backend:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, ClassVar
+from typing import Any, NamedTuple
 
 import torch
 
@@ -149,18 +149,23 @@ class _Stored:
     directions: tuple[Direction, ...]
 
 
-@dataclass(frozen=True)
-class SplitReader:
+class SplitReader(NamedTuple):
     """Reads one Parameter per expert, each ``(rows, columns)``, in ``format`` (MXFP8, NVFP4, or
-    HYBRID: each direction in its own sub-storage and block format)."""
-
-    view_type: ClassVar[type[SplitExpertWeights]] = SplitExpertWeights
-    what: ClassVar[str] = ""
+    HYBRID: each direction in its own sub-storage and block format). A named tuple: a refresh
+    makes one, and pays a C-level construction."""
 
     params: tuple[object, ...]
     format: Format
     rows: int
     columns: int
+
+    @property
+    def view_type(self) -> type[SplitExpertWeights]:
+        return SplitExpertWeights
+
+    @property
+    def what(self) -> str:
+        return ""
 
     @property
     def objects(self) -> tuple[object, ...]:
@@ -178,7 +183,8 @@ class SplitReader:
         for stored in self._stored(recorder, cached):
             stored.block.check_dims(self.rows, self.columns, f"{self.format} weights")
             names = stored.block.names_of(stored.directions)
-            reading = recorder.add(_read_experts(stored.owners, stored.block, names, (self.rows, self.columns)))
+            reading = _read_experts(stored.owners, stored.block, names, (self.rows, self.columns))
+            absent: list[str] = []
             for d in stored.directions:
                 source = _split_direction(reading, stored.block, d, self.rows, self.columns)
                 if source is None and self.format is Format.HYBRID:
@@ -186,6 +192,8 @@ class SplitReader:
                 if source is None and d.name == "rowwise":
                     _need(reading, stored.block, str(d.data))  # raises, naming the attribute and release
                 sources += [source] if source is not None else []
+                absent += [] if source is not None else stored.block.names_of((d,))[1:]
+            recorder.add(reading.without_absent(absent))  # what the view does not read, its refresh need not watch
         same_device(sources[0].data)
         return Snapshot(tuple(recorder.readings), tuple(sources))
 
@@ -315,17 +323,21 @@ def _group_direction(
     return DirectionSource(d, block.format, (payload,), (source,), (amax,) if isinstance(amax, torch.Tensor) else None)
 
 
-@dataclass(frozen=True)
-class GroupedReader:
+class GroupedReader(NamedTuple):
     """Reads one grouped Parameter ``(E, rows, columns)`` of ``format`` (MXFP8, NVFP4): TE's
     flat buffers, all experts (TE 2.13 ``data`` and 2.14+ ``rowwise_data`` naming)."""
-
-    view_type: ClassVar[type[GroupedExpertWeights]] = GroupedExpertWeights
-    what: ClassVar[str] = "grouped "
 
     weight: object
     format: Format
     dims: tuple[int, int, int]
+
+    @property
+    def view_type(self) -> type[GroupedExpertWeights]:
+        return GroupedExpertWeights
+
+    @property
+    def what(self) -> str:
+        return "grouped "
 
     @property
     def objects(self) -> tuple[object, ...]:

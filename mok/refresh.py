@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mok.snapshot import Reading, frozen
+from mok.snapshot import Reading
 from te_compat import storage_reader, storage_values
 
 _data_ptr = torch.Tensor.data_ptr
@@ -24,15 +24,13 @@ _is_tensor = torch.Tensor.__instancecheck__
 
 
 def _same(old: Any, new: Any) -> bool:
-    """``new`` (read now) is what ``old`` (recorded, lists frozen) was: the same object, or equal
-    plain values (counts, flags, shapes), or sequences of such, item by item."""
+    """``new`` (read now) is what ``old`` (recorded) was: the same object (TE replaces a member
+    list or a shape list, it does not change one in place), or equal plain values (counts, flags)."""
     if old is new:
         return True
     if _is_tensor(old) or _is_tensor(new):
         return False  # a tensor is compared by address; another object is a new one
-    if isinstance(old, tuple) and isinstance(new, (list, tuple)):
-        return len(old) == len(new) and all(map(_same, old, new))
-    return type(old) is type(new) and isinstance(old, (int, float, str)) and old == new
+    return type(old) is type(new) and isinstance(old, (int, float, str, tuple)) and old == new
 
 
 class StorageGuard:
@@ -77,27 +75,25 @@ def _check_of(reading: Reading) -> Callable[[], bool]:
 
 
 def _bulk_check(reading: Reading) -> Callable[[], bool] | None:
-    columns = list(zip(*reading.values, strict=True))
-    kinds = [set(map(_is_tensor, column)) for column in columns]
-    if any(len(k) > 1 for k in kinds):
+    columns = reading.tensor_columns
+    if columns is None:
         return None
     first, objects = reading.objects[0], reading.objects
-    tensor_names = tuple(n for n, k in zip(reading.names, kinds, strict=True) if k == {True})
-    value_names = tuple(n for n, k in zip(reading.names, kinds, strict=True) if k == {False})
+    tensor_names = tuple(reading.names[i] for i in columns)
+    value_columns = [i for i in range(len(reading.names)) if i not in columns]
+    value_names = tuple(reading.names[i] for i in value_columns)
     tensors_of = storage_reader(first, tensor_names).read
     values_reader = storage_reader(first, value_names)
     addresses = list(reading.addresses)
-    recorded = [v for row in reading.values for v in row if not _is_tensor(v)]
-    one = values_reader.read_one
+    recorded = reading.flat(value_columns)
+    one, read_values = values_reader.read_one, values_reader.read
 
     def check() -> bool:
         if list(map(_data_ptr, chain.from_iterable(map(tensors_of, objects)))) != addresses:
             return False
         if not value_names:
             return True
-        now = (
-            list(map(one, objects)) if one is not None else list(chain.from_iterable(map(values_reader.read, objects)))
-        )
+        now = list(map(one, objects)) if one is not None else list(chain.from_iterable(map(read_values, objects)))
         return all(map(is_, now, recorded)) or (len(now) == len(recorded) and all(map(_same, recorded, now)))
 
     return check
@@ -112,7 +108,7 @@ def _rows_unchanged(reading: Reading) -> bool:
 
         def read(obj: object) -> tuple[Any, ...]:
             values = storage_values(obj, reading.requested)
-            return tuple(frozen(values.get(n)) for n in names)
+            return tuple(values.get(n) for n in names)
 
     addresses = iter(reading.addresses)
     for obj, old_row in zip(reading.objects, reading.values, strict=True):

@@ -10,9 +10,10 @@ buffer's address, the next refresh sees the new one, and plans again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import torch
@@ -24,36 +25,57 @@ from te_compat import storage_reader, storage_values
 _is_tensor = torch.Tensor.__instancecheck__
 
 
-def frozen(value: Any) -> Any:
-    """``value`` as it is now: a list (TE's member list, shapes, offsets) becomes a tuple, so a
-    later change of the list in place cannot change what was recorded."""
-    return tuple(map(frozen, value)) if isinstance(value, list) else value
-
-
 @dataclass(frozen=True, eq=False)
 class Reading:
     """One read of ``objects``: per object the values of the logical storage ``names``, in order.
 
     ``bulk``: read by the objects' one class's C-level reader (te_compat.storage_reader), which a
     guard reads again the same way; else name by name (te_compat.storage_values: the ``.data``
-    fallback, mixed classes). ``addresses``: every tensor value's ``data_ptr()``, object by object,
-    taken with the read; ``storages``: their memory, kept alive so an equal address later is
-    still that memory (TE's ``clear()`` swaps a tensor's storage under the same object)."""
+    fallback, mixed classes). ``tensor_columns``: the names holding a tensor on every object,
+    where every other name holds none on any (None where some name mixes them). ``addresses``:
+    every tensor value's ``data_ptr()``, object by object, taken with the read; ``storages``:
+    their memory, kept alive so an equal address later is still that memory (TE's ``clear()``
+    swaps a tensor's storage under the same object)."""
 
     objects: tuple[object, ...]
     names: tuple[str, ...]
     values: tuple[tuple[Any, ...], ...]
     bulk: bool
     requested: tuple[str, ...] | None  # the names asked for (None: each object's kind's own)
+    tensor_columns: tuple[int, ...] | None
     addresses: tuple[int, ...]
     storages: tuple[torch.UntypedStorage, ...]
+
+    def without_absent(self, names: Sequence[str]) -> Reading:
+        """The same reading less the columns ``names`` where no object holds anything (a
+        direction TE does not store): nothing a view of the rest depends on. Their tensors were
+        none, so the addresses stay as they were taken."""
+        drop = {i for i, n in enumerate(self.names) if n in names and not any(self.column(n))}
+        if not drop:
+            return self
+        keep = [i for i in range(len(self.names)) if i not in drop]
+        names_ = tuple(self.names[i] for i in keep)
+        rows = tuple(map(_picker(keep), self.values))
+        columns = None if self.tensor_columns is None else tuple(keep.index(i) for i in self.tensor_columns)
+        return Reading(self.objects, names_, rows, self.bulk, names_, columns, self.addresses, self.storages)
+
+    def flat(self, columns: Sequence[int]) -> list[Any]:
+        """The values of ``columns`` (indices into ``names``), object by object, as one list."""
+        return list(chain.from_iterable(map(_picker(columns), self.values)))
 
     def column(self, name: str) -> tuple[Any, ...]:
         """The value of ``name`` on every object (None where the release has no such storage)."""
         if name not in self.names:
             return (None,) * len(self.objects)
-        i = self.names.index(name)
-        return tuple(row[i] for row in self.values)
+        return tuple(map(itemgetter(self.names.index(name)), self.values))
+
+
+def _picker(indices: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """``itemgetter`` of ``indices`` that always returns a tuple."""
+    if len(indices) == 1:
+        get = itemgetter(indices[0])
+        return lambda row: (get(row),)
+    return itemgetter(*indices) if indices else lambda row: ()
 
 
 def read_storage(objects: Sequence[object], names: tuple[str, ...] | None = None) -> Reading:
@@ -67,13 +89,18 @@ def read_storage(objects: Sequence[object], names: tuple[str, ...] | None = None
         except AttributeError:  # storage kept on .data only: read below, name by name
             pass
         else:
-            if list in set(map(type, chain.from_iterable(rows))):  # a group's member list, shapes
-                rows = tuple(tuple(map(frozen, row)) for row in rows)
             return _reading(objects, reader.names, rows, True, names)
     found = [storage_values(o, names) for o in objects]
     kept = tuple(dict.fromkeys(n for values in found for n in values))
-    rows = tuple(tuple(frozen(values.get(n)) for n in kept) for values in found)
+    rows = tuple(tuple(values.get(n) for n in kept) for values in found)
     return _reading(objects, kept, rows, False, names)
+
+
+def _tensor_columns(rows: tuple[tuple[Any, ...], ...], width: int) -> tuple[int, ...] | None:
+    kinds = [set(map(_is_tensor, column)) for column in zip(*rows, strict=True)] if rows else [set()] * width
+    if any(len(k) > 1 for k in kinds):
+        return None
+    return tuple(i for i, k in enumerate(kinds) if k == {True})
 
 
 def _reading(
@@ -83,10 +110,14 @@ def _reading(
     bulk: bool,
     requested: tuple[str, ...] | None,
 ) -> Reading:
-    tensors = [v for v in chain.from_iterable(rows) if _is_tensor(v)]
+    columns = _tensor_columns(rows, len(names))
+    if columns is not None:  # the usual case: C-level, no test per value
+        tensors: list[torch.Tensor] = list(chain.from_iterable(map(_picker(columns), rows)))  # as Reading.flat
+    else:
+        tensors = [v for v in chain.from_iterable(rows) if _is_tensor(v)]
     addresses = tuple(map(torch.Tensor.data_ptr, tensors))
     storages = tuple(map(torch.Tensor.untyped_storage, tensors))
-    return Reading(objects, names, rows, bulk, requested, addresses, storages)
+    return Reading(objects, names, rows, bulk, requested, columns, addresses, storages)
 
 
 class Recorder:
@@ -96,20 +127,18 @@ class Recorder:
 
     def __init__(self) -> None:
         self.readings: list[Reading] = []
-        self._rows: dict[int, dict[str, Any]] = {}  # id(object) -> its values; the readings keep it alive
 
     def add(self, reading: Reading) -> Reading:
         self.readings.append(reading)
-        for obj, row in zip(reading.objects, reading.values, strict=True):
-            self._rows[id(obj)] = dict(zip(reading.names, row, strict=True))
         return reading
 
     def __call__(self, obj: object) -> dict[str, Any]:
-        row = self._rows.get(id(obj))
-        if row is None:
-            self.add(read_storage((obj,)))
-            row = self._rows[id(obj)]
-        return row
+        for reading in self.readings:
+            for found, row in zip(reading.objects, reading.values, strict=True):
+                if found is obj:
+                    return dict(zip(reading.names, row, strict=True))
+        reading = self.add(read_storage((obj,)))
+        return dict(zip(reading.names, reading.values[0], strict=True))
 
 
 class ScaleSource(NamedTuple):

@@ -80,7 +80,7 @@ def _upstream_errors(fn: Callable[P, R]) -> Callable[P, R]:
 def _own(*names: str) -> bool:
     """Whether ``names`` are still this module's own functions (none replaced by a caller)."""
     current = globals()
-    return all(current[name] is _OWN[name] for name in names)
+    return all([current[name] is _OWN[name] for name in names])
 
 
 # ------------------------------------------------------------------------------ storage names
@@ -560,11 +560,9 @@ def _need(value: R | None, what: str) -> R:
     return value
 
 
-def _split_view(
-    params: Sequence[object], rows: int, columns: int, cached: SplitExpertWeights | None
-) -> SplitRoutedWeight:
-    """mok's view through the pipeline (or its refresh), in upstream's fields."""
-    view = view_or_refresh(SplitReader(tuple(params), Format.MXFP8, rows, columns), cached)
+def _split_view(params: Sequence[object], rows: int, columns: int) -> SplitRoutedWeight:
+    """mok's view through the pipeline, in upstream's fields."""
+    view = view_or_refresh(SplitReader(tuple(params), Format.MXFP8, rows, columns))
     row, col = view.rowwise, _need(view.columnwise, "columnwise data")
     row_scales, col_scales = _need(row.scales, "rowwise scales"), _need(col.scales, "columnwise scales")
     return SplitRoutedWeight(
@@ -633,7 +631,8 @@ def _native_split_weight_view(
     if use_mxfp8 is True and type(cached_view) is SplitRoutedWeight and cached_view.expert_view and _own(*_SPLIT_SEAMS):
         # the refresh of a view mok made: the pipeline checks its own arguments
         r, c = check_sizes(rows=rows, columns=columns)
-        _split_view(check_sequence("params", params, "per-expert parameters"), r, c, cached_view.expert_view)
+        experts = tuple(check_sequence("params", params, "per-expert parameters"))
+        view_or_refresh(SplitReader(experts, Format.MXFP8, r, c), cached_view.expert_view)
         return cached_view
     experts = _expert_params(params)
     rows, columns = check_sizes(rows=rows, columns=columns)
@@ -648,7 +647,7 @@ def _native_split_weight_view(
     if not mxfp8:
         return _split_bf16(experts, (rows, columns))
     if _own(*_SPLIT_SEAMS) and _all_te_mxfp8(experts):
-        return _split_view(experts, rows, columns, None)
+        return _split_view(experts, rows, columns)
     return _split_composed(experts, rows, columns)
 
 
