@@ -7,8 +7,9 @@ and on the very TE a process will run. The source is parsed with :mod:`ast`; not
 imported or executed.
 
 For each class of TE's PyTorch tensor modules: its module path, its bases (resolved through the
-module's imports), the attributes its constructors assign, its properties and its methods. The
-check (:func:`check_classes`) compares those facts with the table's rows.
+module's imports), the attributes its constructors assign, its properties, its methods, and the
+parameters of the few methods te_compat calls (``SIGNED_METHODS``). The check
+(:func:`check_classes`) compares those facts with the table's rows.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ SOURCE_FILES = (
 )
 # Methods that set up an instance: what they assign is what the class "assigns".
 CONSTRUCTOR_NAMES = ("__new__", "__init__", "_initialize_storage_fields")
+# Methods whose parameters are recorded: the constructors and quantisation entry points that
+# te_compat.quantize calls with keywords, so the matrix checks every keyword it passes.
+SIGNED_METHODS = ("__init__", "__new__", "make_empty", "quantize", "quantize_", "quantize_impl", "update_quantized")
 
 
 class ClassFacts(TypedDict):
@@ -44,6 +48,7 @@ class ClassFacts(TypedDict):
     assigns: list[str]
     properties: list[str]
     methods: list[str]
+    signatures: dict[str, str]  # SIGNED_METHODS defined here -> parameters, ", "-joined (see signature())
 
 
 # "module.Class" -> facts, for every class of one release's tensor modules.
@@ -137,11 +142,45 @@ def _assigned_attrs(func: ast.FunctionDef) -> set[str]:
     return found
 
 
+def signature(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """A method's parameters after ``self``/``cls``, as written: names, with ``/`` after the
+    positional-only ones, ``*`` before keyword-only ones (``*args`` in its place when there is
+    one) and ``**kwargs`` last: ``["fp8_dtype", "*", "rowwise", "columnwise"]`` (records join
+    them with ", "; :func:`parameters` splits them again)."""
+    a = func.args
+    params = [p.arg for p in a.posonlyargs] + (["/"] if a.posonlyargs else []) + [p.arg for p in a.args]
+    if a.vararg is not None:
+        params.append(f"*{a.vararg.arg}")
+    elif a.kwonlyargs:
+        params.append("*")
+    params += [p.arg for p in a.kwonlyargs]
+    if a.kwarg is not None:
+        params.append(f"**{a.kwarg.arg}")
+    first = (a.posonlyargs + a.args)[:1]
+    decorators = {_dotted(d) for d in func.decorator_list}
+    if first and "staticmethod" not in decorators and params[0] == first[0].arg:
+        params.pop(0)  # self, or cls of __new__ and classmethods
+        if params[:1] == ["/"]:
+            params.pop(0)
+    return params
+
+
+def parameters(facts: ClassFacts | Mapping[str, object], method: str) -> list[str] | None:
+    """The recorded parameters of ``method`` of one class (None: the class does not define it, or
+    its facts predate signatures)."""
+    found = facts.get("signatures", {})
+    text = found.get(method) if isinstance(found, Mapping) else None
+    if not isinstance(text, str):
+        return None
+    return text.split(", ") if text else []
+
+
 def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: set[str]) -> ClassFacts:
     """The facts of one class definition of ``module``."""
     assigns: set[str] = set()
     properties: list[str] = []
     methods: list[str] = []
+    signatures: dict[str, str] = {}
     for node in cls.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             decorators = {_dotted(d) or "" for d in node.decorator_list}
@@ -153,6 +192,8 @@ def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: 
                 methods.append(node.name)
             if node.name in CONSTRUCTOR_NAMES and isinstance(node, ast.FunctionDef):
                 assigns |= _assigned_attrs(node)
+            if node.name in SIGNED_METHODS and not decorators & {"property", "overload", "typing.overload"}:
+                signatures[node.name] = ", ".join(signature(node))
         elif isinstance(node, ast.Assign):
             # ``_scale_inv = property(**_make_fp8_attr_property_funcs("scale_inv"))`` (1.x) and
             # ``data = property(_get_data, _set_data)``
@@ -170,6 +211,7 @@ def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: 
         "assigns": sorted(assigns),
         "properties": sorted(set(properties)),
         "methods": sorted(set(methods)),
+        "signatures": dict(sorted(signatures.items())),
     }
 
 
