@@ -143,26 +143,29 @@ def _assigned_attrs(func: ast.FunctionDef) -> set[str]:
 
 
 def signature(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
-    """A method's parameters after ``self``/``cls``, as written: names, with ``/`` after the
-    positional-only ones, ``*`` before keyword-only ones (``*args`` in its place when there is
-    one) and ``**kwargs`` last: ``["fp8_dtype", "*", "rowwise", "columnwise"]`` (records join
-    them with ", "; :func:`parameters` splits them again)."""
+    """A method's parameters after ``self``/``cls``, as written: names (``name=`` where it has a
+    default), ``/`` after the positional-only ones, ``*`` before keyword-only ones (``*args`` in
+    its place when there is one) and ``**kwargs`` last: ``["fp8_dtype", "*", "rowwise=",
+    "columnwise="]`` (records join them with ", "; :func:`parameters` splits them again)."""
     a = func.args
-    params = [p.arg for p in a.posonlyargs] + (["/"] if a.posonlyargs else []) + [p.arg for p in a.args]
+    positional = a.posonlyargs + a.args
+    defaulted = len(positional) - len(a.defaults)
+    names = [p.arg + ("=" if i >= defaulted else "") for i, p in enumerate(positional)]
+    if a.posonlyargs:
+        names.insert(len(a.posonlyargs), "/")
     if a.vararg is not None:
-        params.append(f"*{a.vararg.arg}")
+        names.append(f"*{a.vararg.arg}")
     elif a.kwonlyargs:
-        params.append("*")
-    params += [p.arg for p in a.kwonlyargs]
+        names.append("*")
+    names += [p.arg + ("" if d is None else "=") for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
     if a.kwarg is not None:
-        params.append(f"**{a.kwarg.arg}")
-    first = (a.posonlyargs + a.args)[:1]
+        names.append(f"**{a.kwarg.arg}")
     decorators = {_dotted(d) for d in func.decorator_list}
-    if first and "staticmethod" not in decorators and params[0] == first[0].arg:
-        params.pop(0)  # self, or cls of __new__ and classmethods
-        if params[:1] == ["/"]:
-            params.pop(0)
-    return params
+    if positional and "staticmethod" not in decorators:
+        names.pop(0)  # self, or cls of __new__ and classmethods
+        if names[:1] == ["/"]:
+            names.pop(0)
+    return names
 
 
 def parameters(facts: ClassFacts | Mapping[str, object], method: str) -> list[str] | None:
@@ -173,6 +176,46 @@ def parameters(facts: ClassFacts | Mapping[str, object], method: str) -> list[st
     if not isinstance(text, str):
         return None
     return text.split(", ") if text else []
+
+
+@dataclass(frozen=True)
+class KeywordCall:
+    """What a call of a method by keyword may and must pass, through the class's lineage.
+
+    A method that ends in ``**kwargs`` passes the rest on (TE's constructors call
+    ``super().__new__(cls, *args, **kwargs)``), so the next class of the lineage that defines it
+    takes them: its parameters are accepted too, and its required ones are required unless an
+    earlier definer names them itself (and so passes them on explicitly).
+    """
+
+    accepted: frozenset[str]  # names that may be passed by keyword
+    required: frozenset[str]  # names without a default that nothing earlier supplies
+    positional: tuple[str, ...]  # the first definer's positional parameters, in order
+    open_ended: bool  # the last definer still takes **kwargs: other names may be accepted too
+
+
+def keyword_call(classes: Classes, path: str, method: str) -> KeywordCall | None:
+    """How ``path.method`` is called by keyword in one release (None: no class of the lineage
+    records the method)."""
+    accepted: set[str] = set()
+    required: set[str] = set()
+    positional: tuple[str, ...] | None = None
+    forwards = True
+    for cls in lineage(classes, path):
+        params = parameters(classes[cls], method)
+        if params is None or not forwards:
+            continue
+        only = params.index("/") if "/" in params else 0  # positional-only: not by keyword
+        star = next((i for i, n in enumerate(params) if n.startswith("*") and not n.startswith("**")), len(params))
+        if positional is None:
+            positional = tuple(n.rstrip("=") for n in params[:star] if n != "/")
+        named = [n for n in params[only:] if n not in ("/", "*") and not n.startswith("*")]
+        required |= {n for n in named if not n.endswith("=")} - accepted
+        accepted |= {n.rstrip("=") for n in named}
+        forwards = any(n.startswith("**") for n in params)
+    if positional is None:
+        return None
+    return KeywordCall(frozenset(accepted), frozenset(required), positional, forwards)
 
 
 def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: set[str]) -> ClassFacts:
