@@ -206,7 +206,7 @@ def keyword_call(classes: Classes, path: str, method: str) -> KeywordCall | None
         if params is None or not forwards:
             continue
         only = params.index("/") if "/" in params else 0  # positional-only: not by keyword
-        star = next((i for i, n in enumerate(params) if n.startswith("*") and not n.startswith("**")), len(params))
+        star = next((i for i, n in enumerate(params) if n.startswith("*")), len(params))  # *, *args or **kw
         if positional is None:
             positional = tuple(n.rstrip("=") for n in params[:star] if n != "/")
         named = [n for n in params[only:] if n not in ("/", "*") and not n.startswith("*")]
