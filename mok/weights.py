@@ -288,8 +288,8 @@ def _member_scales(param: object, member_attr: str, shape: tuple[int, int, int],
     members = _seam("_parameter_storage_attr")(param, "quantized_tensors")
     count = 0 if members is None else len(members)
     if members is None or count != shape[0]:
-        raise ExpertWeightError(
-            f"{name}: expected {shape[0]} grouped members (quantized_tensors of {type(param).__name__}); found {count}"
+        raise ExpertWeightError(  # upstream's words: "expected E grouped members, got n"
+            f"{name}: expected {shape[0]} grouped members, got {count} (quantized_tensors of {type(param).__name__})"
         )
     scales = [_seam("_parameter_storage_attr")(m, member_attr) for m in members]
     first, per_expert = scales[0], shape[1] * shape[2]
