@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -383,6 +384,14 @@ def mxfp8_quantize_into(
     values["quantizer"] = quantizer
     if row.swizzled_keyword is not None:
         values[row.swizzled_keyword] = gemm_layout
-    dst = _load(row.tensor)(**{k: values[k] for k in row.tensor_keywords})
-    getattr(quantizer, row.into)(src, dst)
+    with _on(src.device):  # without device= (2.10+ only) TE puts the tensor on the current device
+        dst = _load(row.tensor)(**{k: values[k] for k in row.tensor_keywords})
+        getattr(quantizer, row.into)(src, dst)
     return dst
+
+
+def _on(device: torch.device) -> AbstractContextManager[object]:
+    """``device`` made current while TE builds and fills the tensor (a CUDA device only)."""
+    import torch
+
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
