@@ -6,7 +6,9 @@ For every release in the matrix and every tensor kind the table covers there:
   row's classes or their TE base classes;
 - every attribute those classes assign is known to the row (probed or listed as known), so a
   rename in a future release fails here instead of being silently missed;
-- a release that defines a covered class the table has no row for fails.
+- a release that defines a covered class the table has no row for fails;
+- the quantizer rows (te_compat.gemm_layout) and quantize rows (te_compat.quantize) name classes,
+  methods, attributes and keyword parameters the release defines, and pass every required one.
 
 The check itself is ``te_compat.source_facts.check_classes``, shared with ``te-compat verify``.
 
@@ -25,6 +27,7 @@ from matrix.extract import load_record
 from matrix.releases import matrix_release, release_versions
 from te_compat import table
 from te_compat.gemm_layout import check_quantizer_rows
+from te_compat.quantize import check_quantize_rows
 from te_compat.source_facts import check_classes, lineage
 from te_compat.source_facts import uncovered_quantized as _uncovered
 from te_compat.table import StorageRow
@@ -46,8 +49,14 @@ def check_release(version: str, record: dict[str, Any] | None = None) -> list[st
     """Check one matrix release (its own record, or its source release's record)."""
     if record is None:
         record = load_record(matrix_release(version).source_from)
-    # the storage rows, then the quantizer rows behind te_compat.request_gemm_layout_scales
-    return check_record({**record, "release": version}) + check_quantizer_rows(version, record["classes"])
+    # the storage rows, the quantizer rows behind te_compat.request_gemm_layout_scales, and the
+    # quantize rows behind te_compat.mxfp8_quantize_into
+    classes = record["classes"]
+    return (
+        check_record({**record, "release": version})
+        + check_quantizer_rows(version, classes)
+        + check_quantize_rows(version, classes)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -234,7 +234,7 @@ def _packed_member_scales(param: Any, member_attr: str, shape: tuple[int, int, i
     members = _parameter_storage_attr(param, "quantized_tensors")
     count = 0 if members is None else len(members)
     if members is None or count != shape[0]:
-        raise ExpertWeightError(
+        raise ExpertWeightError(  # upstream's words: "MOK {name} expected E grouped members, got n"
             f"MOK {name} expected {shape[0]} grouped members, got {count} (quantized_tensors of {type(param).__name__})"
         )
     scales: list[Any] = [_parameter_storage_attr(m, member_attr) for m in members]

@@ -28,6 +28,7 @@ from te_compat.probe import (
     tensor_kind,
     tensor_kind_or_none,
 )
+from te_compat.quantize import mxfp8_quantize_into
 from te_compat.snapshots import (
     BlockwiseStorage,
     Float8Storage,
@@ -91,6 +92,7 @@ __all__ = [
     "hybrid_storage",
     "known_storage_name",
     "logical_storage_name",
+    "mxfp8_quantize_into",
     "mxfp8_storage",
     "nvfp4_storage",
     "on_refresh",

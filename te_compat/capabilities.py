@@ -15,14 +15,15 @@ from packaging.version import Version
 
 from te_compat import table
 from te_compat.caches import on_refresh
-from te_compat.errors import MissingFeatureError, TECompatError
+from te_compat.errors import MissingFeatureError, TECompatError, TEVersionError
+from te_compat.quantize import describe as describe_quantize
+from te_compat.quantize import quantize_row, support
 from te_compat.table import TensorKind
-from te_compat.version import release_of, te_import_status, te_status
+from te_compat.version import parse_te_version, release_of, te_import_status, te_status
 
-# TE's recipe check asks for compute capability 10.0 for MXFP8 GEMMs (tcgen05).
+# TE's recipe check asks for compute capability 10.0 for MXFP8 GEMMs (tcgen05). Where TE's MXFP8
+# quantisation writes is te_compat.quantize's MXFP8_QUANTIZE_CC (10.x only: on an H200 it writes nothing).
 MXFP8_GEMM_MIN_CC = (10, 0)
-# MXFP8 quantisation kernels ran on an H200 (sm_90) with TE 2.20.2 (shared/te-releases).
-MXFP8_QUANTIZE_MIN_CC = (9, 0)
 
 
 @cache
@@ -72,7 +73,8 @@ class Capabilities:
     grouped_tensors: bool
     swizzled_scale_flag: bool
     mxfp8_hardware: bool
-    mxfp8_quantization: bool
+    mxfp8_quantization: bool  # TE can quantise MXFP8 here: usable, a quantize row, a 10.x device
+    mxfp8_quantize_api: str | None  # how (te_compat.mxfp8_quantize_into's call); None before TE 2.0
     cuda_core: bool  # mok's kernel needs it (pip install te-compat[cuda]) and a CUDA device
 
     def as_dict(self) -> dict[str, Any]:
@@ -117,6 +119,18 @@ def _kind(kind: TensorKind) -> Callable[[Capabilities], tuple[bool, str]]:
     return check
 
 
+def _quantize_reason(c: Capabilities) -> str:
+    """Why TE cannot quantise MXFP8 in this process (te_compat.quantize.support's rule)."""
+    release = None
+    if c.te_version is not None:
+        try:
+            release = release_of(parse_te_version(c.te_version))
+        except TEVersionError:
+            pass
+    why = support(release, c.te_usable, c.compute_capability)[1]
+    return why or "TE can quantise MXFP8 on this device"
+
+
 _CHECKS: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
     "te": lambda c: (c.te_usable, _te_reason(c) or "transformer_engine is usable"),
     "cuda": lambda c: (c.cuda_device is not None, "no CUDA device visible to torch"),
@@ -133,12 +147,7 @@ _CHECKS: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
         f"MXFP8 GEMMs need compute capability >= {MXFP8_GEMM_MIN_CC[0]}.{MXFP8_GEMM_MIN_CC[1]}; "
         f"found {c.compute_capability or 'no CUDA device'}",
     ),
-    "mxfp8_quantization": lambda c: (
-        c.mxfp8_quantization,
-        "needs a usable TE with MXFP8 and a CUDA device of compute capability >= 9.0; found "
-        f"TE {c.te_version or 'none'} ({'usable' if c.te_usable else c.te_reason}), "
-        f"device {c.compute_capability or 'none'}",
-    ),
+    "mxfp8_quantization": lambda c: (c.mxfp8_quantization, _quantize_reason(c)),
     "cuda_kernel": lambda c: (
         c.cuda_core and c.cuda_device is not None,
         f"mok's CUDA kernel needs cuda.core ({'present' if c.cuda_core else 'pip install te-compat[cuda]'}) "
@@ -210,6 +219,7 @@ def capabilities(*, import_te: bool = True, verify: bool = True) -> Capabilities
     except ImportError:
         torch_version = None
     device, cc, _ = cuda_device()
+    qrow = quantize_row(release) if release is not None else None
     usable = bool(status.usable) if import_te else status.present
     verified, verdict = _verification(status.present, verify)
     return Capabilities(
@@ -229,8 +239,7 @@ def capabilities(*, import_te: bool = True, verify: bool = True) -> Capabilities
         grouped_tensors=TensorKind.GROUPED in kinds,
         swizzled_scale_flag=bool(swizzle_flag),
         mxfp8_hardware=cc is not None and cc >= MXFP8_GEMM_MIN_CC,
-        mxfp8_quantization=bool(
-            usable and TensorKind.MXFP8 in kinds and cc is not None and cc >= MXFP8_QUANTIZE_MIN_CC
-        ),
+        mxfp8_quantization=support(release, usable, cc)[0],
+        mxfp8_quantize_api=None if qrow is None or release is None else describe_quantize(qrow, release),
         cuda_core=has_cuda_core(),
     )

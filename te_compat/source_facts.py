@@ -7,8 +7,9 @@ and on the very TE a process will run. The source is parsed with :mod:`ast`; not
 imported or executed.
 
 For each class of TE's PyTorch tensor modules: its module path, its bases (resolved through the
-module's imports), the attributes its constructors assign, its properties and its methods. The
-check (:func:`check_classes`) compares those facts with the table's rows.
+module's imports), the attributes its constructors assign, its properties, its methods, and the
+parameters of the few methods te_compat calls (``SIGNED_METHODS``). The check
+(:func:`check_classes`) compares those facts with the table's rows.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ SOURCE_FILES = (
 )
 # Methods that set up an instance: what they assign is what the class "assigns".
 CONSTRUCTOR_NAMES = ("__new__", "__init__", "_initialize_storage_fields")
+# Methods whose parameters are recorded: the constructors and quantisation entry points that
+# te_compat.quantize calls with keywords, so the matrix checks every keyword it passes.
+SIGNED_METHODS = ("__init__", "__new__", "make_empty", "quantize", "quantize_", "quantize_impl", "update_quantized")
 
 
 class ClassFacts(TypedDict):
@@ -44,6 +48,7 @@ class ClassFacts(TypedDict):
     assigns: list[str]
     properties: list[str]
     methods: list[str]
+    signatures: dict[str, str]  # SIGNED_METHODS defined here -> parameters, ", "-joined (see signature())
 
 
 # "module.Class" -> facts, for every class of one release's tensor modules.
@@ -137,11 +142,88 @@ def _assigned_attrs(func: ast.FunctionDef) -> set[str]:
     return found
 
 
+def signature(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """A method's parameters after ``self``/``cls``, as written: names (``name=`` where it has a
+    default), ``/`` after the positional-only ones, ``*`` before keyword-only ones (``*args`` in
+    its place when there is one) and ``**kwargs`` last: ``["fp8_dtype", "*", "rowwise=",
+    "columnwise="]`` (records join them with ", "; :func:`parameters` splits them again)."""
+    a = func.args
+    positional = a.posonlyargs + a.args
+    defaulted = len(positional) - len(a.defaults)
+    names = [p.arg + ("=" if i >= defaulted else "") for i, p in enumerate(positional)]
+    if a.posonlyargs:
+        names.insert(len(a.posonlyargs), "/")
+    if a.vararg is not None:
+        names.append(f"*{a.vararg.arg}")
+    elif a.kwonlyargs:
+        names.append("*")
+    names += [p.arg + ("" if d is None else "=") for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+    if a.kwarg is not None:
+        names.append(f"**{a.kwarg.arg}")
+    decorators = {_dotted(d) for d in func.decorator_list}
+    if positional and "staticmethod" not in decorators:
+        names.pop(0)  # self, or cls of __new__ and classmethods
+        if names[:1] == ["/"]:
+            names.pop(0)
+    return names
+
+
+def parameters(facts: ClassFacts | Mapping[str, object], method: str) -> list[str] | None:
+    """The recorded parameters of ``method`` of one class (None: the class does not define it, or
+    its facts predate signatures)."""
+    found = facts.get("signatures", {})
+    text = found.get(method) if isinstance(found, Mapping) else None
+    if not isinstance(text, str):
+        return None
+    return text.split(", ") if text else []
+
+
+@dataclass(frozen=True)
+class KeywordCall:
+    """What a call of a method by keyword may and must pass, through the class's lineage.
+
+    A method that ends in ``**kwargs`` passes the rest on (TE's constructors call
+    ``super().__new__(cls, *args, **kwargs)``), so the next class of the lineage that defines it
+    takes them: its parameters are accepted too, and its required ones are required unless an
+    earlier definer names them itself (and so passes them on explicitly).
+    """
+
+    accepted: frozenset[str]  # names that may be passed by keyword
+    required: frozenset[str]  # names without a default that nothing earlier supplies
+    positional: tuple[str, ...]  # the first definer's positional parameters, in order
+    open_ended: bool  # the last definer still takes **kwargs: other names may be accepted too
+
+
+def keyword_call(classes: Classes, path: str, method: str) -> KeywordCall | None:
+    """How ``path.method`` is called by keyword in one release (None: no class of the lineage
+    records the method)."""
+    accepted: set[str] = set()
+    required: set[str] = set()
+    positional: tuple[str, ...] | None = None
+    forwards = True
+    for cls in lineage(classes, path):
+        params = parameters(classes[cls], method)
+        if params is None or not forwards:
+            continue
+        only = params.index("/") if "/" in params else 0  # positional-only: not by keyword
+        star = next((i for i, n in enumerate(params) if n.startswith("*")), len(params))  # *, *args or **kw
+        if positional is None:
+            positional = tuple(n.rstrip("=") for n in params[:star] if n != "/")
+        named = [n for n in params[only:] if n not in ("/", "*") and not n.startswith("*")]
+        required |= {n for n in named if not n.endswith("=")} - accepted
+        accepted |= {n.rstrip("=") for n in named}
+        forwards = any(n.startswith("**") for n in params)
+    if positional is None:
+        return None
+    return KeywordCall(frozenset(accepted), frozenset(required), positional, forwards)
+
+
 def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: set[str]) -> ClassFacts:
     """The facts of one class definition of ``module``."""
     assigns: set[str] = set()
     properties: list[str] = []
     methods: list[str] = []
+    signatures: dict[str, str] = {}
     for node in cls.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             decorators = {_dotted(d) or "" for d in node.decorator_list}
@@ -153,6 +235,8 @@ def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: 
                 methods.append(node.name)
             if node.name in CONSTRUCTOR_NAMES and isinstance(node, ast.FunctionDef):
                 assigns |= _assigned_attrs(node)
+            if node.name in SIGNED_METHODS and not decorators & {"property", "overload", "typing.overload"}:
+                signatures[node.name] = ", ".join(signature(node))
         elif isinstance(node, ast.Assign):
             # ``_scale_inv = property(**_make_fp8_attr_property_funcs("scale_inv"))`` (1.x) and
             # ``data = property(_get_data, _set_data)``
@@ -170,6 +254,7 @@ def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: 
         "assigns": sorted(assigns),
         "properties": sorted(set(properties)),
         "methods": sorted(set(methods)),
+        "signatures": dict(sorted(signatures.items())),
     }
 
 

@@ -258,6 +258,7 @@ def _everything(**changes: object) -> Capabilities:
         swizzled_scale_flag=True,
         mxfp8_hardware=True,
         mxfp8_quantization=True,
+        mxfp8_quantize_api="MXFP8Quantizer.update_quantized into a MXFP8Tensor of given buffers",
         cuda_core=True,
     )
     return dataclasses.replace(full, **changes)  # type: ignore[arg-type]
