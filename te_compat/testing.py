@@ -104,10 +104,13 @@ def installed_release(release: str | None, *, source: str = "te_compat.testing")
     read as TE's package metadata would give it: ``"2.20.2"``, a dev build such as
     ``"2.21.0.dev0+5fdd7bb"``, or a string te_compat cannot parse (it then reports a TE of
     unreadable version, as it would for such metadata). ``source`` is reported as where the
-    version came from. te_compat's caches are cleared on entry and exit; blocks nest. TE itself
-    is neither imported nor changed: ``capabilities()`` still tries to import it, and reports a
-    TE present but not usable (so its TE features missing) when that fails;
-    ``capabilities(import_te=False)`` reads the pretended release alone.
+    version came from. te_compat's caches are cleared on entry and exit. Blocks nest and may end
+    in any order (generators, fixtures): the newest block still open wins, and no block ends
+    another. The pretence is context-local (:mod:`contextvars`): it holds in this thread and in
+    the asyncio tasks started within the block; other threads see their own blocks, or the real
+    installation. TE itself is neither imported nor changed: ``capabilities()`` still tries to
+    import it, and reports a TE present but not usable (so its TE features missing) when that
+    fails; ``capabilities(import_te=False)`` reads the pretended release alone.
     """
     if release is not None and not isinstance(release, str):
         raise TypeError(f"installed_release: expected a TE version string such as '2.20.2' or None; found {release!r}")

@@ -4,10 +4,12 @@ mok, the fakes against the release records, installed_release, the errors, and t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -356,6 +358,132 @@ def test_installed_release_takes_any_version_string() -> None:
         assert status.version is None and "cannot read" in status.reason
     with pytest.raises(TypeError, match=r"expected a TE version string such as '2.20.2' or None; found 2.2"):
         installed_release(2.2).__enter__()  # type: ignore[arg-type]
+
+
+def _in_thread(work: Callable[[], object]) -> object:
+    """``work()`` run in a new thread (a new, empty context); what it returned, or it raises."""
+    result: list[object] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def test_a_block_in_another_thread_neither_shows_nor_ends_this_ones() -> None:
+    outside = te_compat.te_status()
+    a_in, b_in, a_out, b_checked = (threading.Event() for _ in range(4))
+    seen: dict[str, object] = {}
+
+    def a() -> None:
+        with installed_release("2.14.1"):
+            a_in.set()
+            b_in.wait(10)
+            seen["a inside"] = str(te_compat.te_version())
+        a_out.set()
+
+    def b() -> None:
+        a_in.wait(10)
+        with installed_release("2.20.2"):
+            b_in.set()
+            a_out.wait(10)  # A has left its block
+            seen["b inside"] = str(te_compat.te_version())
+            seen["b's fake"] = _path(fake_hybrid((64, 128)))  # the release b sees: 2.19+ has hybrids
+        b_checked.set()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for thread in threads:
+        thread.start()
+    b_in.wait(10)
+    seen["main"] = te_compat.te_status()  # this thread entered no block
+    for thread in threads:
+        thread.join(60)
+    assert b_checked.is_set() and seen["main"] == outside
+    assert seen["a inside"] == "2.14.1" and seen["b inside"] == "2.20.2"
+    assert seen["b's fake"].endswith(".HybridQuantizedTensor")
+    assert te_compat.te_status() == outside
+
+
+def test_blocks_left_out_of_order_end_only_themselves() -> None:
+    outside = te_compat.te_status()
+    first, second, third = installed_release("2.14.1"), installed_release("2.20.2"), installed_release("2.16.0")
+    first.__enter__()
+    second.__enter__()
+    third.__enter__()
+    first.__exit__(None, None, None)  # the outermost block ends first (a fixture's teardown, say)
+    assert str(te_compat.te_version()) == "2.16.0"
+    third.__exit__(None, None, None)
+    assert str(te_compat.te_version()) == "2.20.2"  # second's entry survived first's exit
+    second.__exit__(None, None, None)
+    assert te_compat.te_status() == outside
+
+
+def test_a_block_left_from_another_thread_ends_in_the_thread_that_entered_it() -> None:
+    outside = te_compat.te_status()
+    block = installed_release("2.14.1")
+    block.__enter__()
+    assert str(te_compat.te_version()) == "2.14.1"
+    _in_thread(lambda: block.__exit__(None, None, None))
+    assert te_compat.te_status() == outside
+
+
+def test_asyncio_tasks_see_their_own_blocks() -> None:
+    async def task(release: str, mine: tuple[asyncio.Event, asyncio.Event], other: tuple[asyncio.Event, ...]) -> str:
+        with installed_release(release):
+            mine[0].set()
+            await other[0].wait()  # both blocks are open now
+            found = str(te_compat.te_version())
+            mine[1].set()
+            await other[1].wait()  # neither ends before both have read
+        return found
+
+    async def both() -> list[str]:
+        a, b = (asyncio.Event(), asyncio.Event()), (asyncio.Event(), asyncio.Event())
+        return list(await asyncio.gather(task("2.14.1", a, b), task("2.20.2", b, a)))
+
+    assert asyncio.run(both()) == ["2.14.1", "2.20.2"]
+
+
+def test_contexts_that_see_different_releases_share_no_cached_resolution() -> None:
+    p = fake_mxfp8((64, 128), param=True, release="2.12.0")
+    older_in, newer_read, older_done = threading.Event(), threading.Event(), threading.Event()
+
+    def older() -> tuple[object, object]:
+        with installed_release("2.11.0"):  # 2.11's row has no flag
+            first = te_compat.storage_field(p, "scales_swizzled")
+            older_in.set()
+            newer_read.wait(10)  # the newer context resolved p's class since it entered
+            second = te_compat.storage_field(p, "scales_swizzled")
+        older_done.set()
+        return first, second
+
+    def newer() -> object:
+        older_in.wait(10)
+        with installed_release("2.12.0"):
+            found = te_compat.storage_field(p, "scales_swizzled")
+            newer_read.set()
+            older_done.wait(10)  # no block starts or ends (clearing caches) until older has read
+        return found
+
+    results: dict[str, object] = {}
+    threads = [
+        threading.Thread(target=lambda: results.update(older=older())),
+        threading.Thread(target=lambda: results.update(newer=newer())),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {"older": (None, None), "newer": False}
 
 
 # ---- errors --------------------------------------------------------------------------------------
