@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 from te_compat import table
 from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities, capabilities, describe_missing
 from te_compat.errors import TECompatError
-from te_compat.verify import Verification, verify_installed
+from te_compat.verify import CLI_HINTS, Verification, verify_installed
 
 # Entry points of this group add a section to the report: a zero-argument callable returning
 # a dict of rows (name -> value), e.g. mok's kernel backend choice.
@@ -175,7 +175,7 @@ def _verification_text(result: Verification, as_json: bool) -> str:
 
 def verify(args: argparse.Namespace) -> Outcome:
     try:
-        result = verify_installed(source_dir=args.source, release=args.release)
+        result = verify_installed(source_dir=args.source, release=args.release, hints=CLI_HINTS)
     except TECompatError as exc:  # no TE, an unreadable version, source file or tree
         return _failed(args, 2, f"te-compat verify: {exc}")
     return Outcome(0 if result.ok else 1, _verification_text(result, args.json))

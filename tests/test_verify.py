@@ -258,6 +258,31 @@ def test_no_te_and_bad_input(installed_te: Installer, tmp_path: Path) -> None:
         verify_installed(tmp_path, "2.x")
 
 
+PYTHON_WORDS = re.compile(r"source_dir|release=|verify_installed")
+
+
+def test_errors_name_what_the_caller_can_pass(
+    installed_te: Installer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # no wheel needed: both errors come before any source file is read
+    installed_te(None)
+    with pytest.raises(
+        TENotFoundError, match=r"to verify a source tree, name it: verify_installed\(source_dir=\.\.\.\)$"
+    ):
+        verify_installed()
+    assert main(["verify"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("to verify a source tree, name it: te-compat verify --source DIR\n") and err.count("\n") == 1
+    assert not PYTHON_WORDS.search(err), err
+    (tmp_path / "transformer_engine" / "pytorch").mkdir(parents=True)  # a tree that states no release
+    with pytest.raises(TEVersionError, match=r"Name the release: verify_installed\(release=\.\.\.\)$"):
+        verify_installed(tmp_path)
+    assert main(["verify", "--source", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("Name the release: te-compat verify --release VERSION\n") and err.count("\n") == 1
+    assert not PYTHON_WORDS.search(err), err
+
+
 def test_a_source_tree_given_states_its_own_release(installed_te: Installer, te_source: Unpacker) -> None:
     installed_te("not a version")
     # a source tree given says its own release (here its dist-info): the installed TE's is not asked
@@ -379,7 +404,7 @@ def test_a_tree_that_states_no_release_asks_for_one(
     installed_te("2.20.2")
     bare = shutil.copytree(te_source("2.20.2") / "transformer_engine", tmp_path / "transformer_engine")
     with pytest.raises(
-        TEVersionError, match=r"cannot tell which TE release the source at .* te-compat verify --release"
+        TEVersionError, match=r"cannot tell which TE release the source at .* verify_installed\(release=\.\.\.\)"
     ):
         verify_installed(bare)
     assert main(["verify", "--source", str(tmp_path)]) == 2
