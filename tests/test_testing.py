@@ -13,7 +13,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -34,6 +34,7 @@ from te_compat.testing import (
     fake_float8,
     fake_grouped,
     fake_hybrid,
+    fake_identity,
     fake_mxfp8,
     fake_nvfp4,
     fake_tensor,
@@ -578,6 +579,100 @@ def test_contexts_that_see_different_releases_share_no_cached_resolution() -> No
 def test_errors_say_what_was_expected_and_found(make: Callable[[], object], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         make()
+
+
+FACTORIES = {
+    "fake_float8": fake_float8,
+    "fake_mxfp8": fake_mxfp8,
+    "fake_nvfp4": fake_nvfp4,
+    "fake_blockwise": fake_blockwise,
+    "fake_identity": fake_identity,
+    "fake_hybrid": fake_hybrid,
+    "fake_grouped": fake_grouped,
+}
+HUGE = (2**40, 32)  # 2**45 values: tens of TB of buffers
+BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    (
+        {"seed": 2**70},
+        ValueError,
+        r"seed: expected an int from -2\*\*63 to 2\*\*64 - 1 .*; found 1180591620717411303424",
+    ),
+    ({"seed": -(2**63) - 1}, ValueError, r"seed: expected an int from -2\*\*63"),
+    (
+        {"device": "garbage"},
+        ValueError,
+        r"device: expected a torch.device or a string such as 'cpu'.*; found 'garbage'",
+    ),
+    ({"device": 3}, TypeError, r"device: expected a torch.device or a string .*; found int 3"),
+    ({"device": "cuda:99"}, ValueError, r"device: expected a device this process has; found 'cuda:99', which torch"),
+    ({"dtype": torch.int8}, TypeError, r"dtype: expected a floating-point torch.dtype .*; found torch.int8"),
+    ({"dtype": "bf16"}, TypeError, r"dtype: expected a floating-point torch.dtype .*; found 'bf16'"),
+]
+if not torch.cuda.is_available():
+    BAD_OPTIONS.append(({"device": "cuda"}, ValueError, r"device: expected a device this process has; found 'cuda'"))
+
+
+@pytest.fixture
+def nothing_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way the fakes make a buffer raises: a refusal must come before any of them."""
+
+    def allocated(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("a buffer was allocated before the arguments were checked")
+
+    for name in ("randint", "randn", "rand", "full", "empty", "cat"):
+        monkeypatch.setattr(torch, name, allocated)
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+@pytest.mark.parametrize(("options", "error", "match"), BAD_OPTIONS, ids=[str(o) for o, _, _ in BAD_OPTIONS])
+def test_bad_options_are_refused_before_allocating_naming_factory_and_argument(
+    factory: str, options: dict[str, Any], error: type[Exception], match: str, nothing_allocated: None
+) -> None:
+    shape = (EXPERTS, 64, 128) if factory == "fake_grouped" else (64, 128)
+    with pytest.raises(error, match=rf"^{factory}: {match}"):
+        FACTORIES[factory](shape, release="2.20.2", **options)
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_shape_too_large_for_memory_is_refused_before_allocating(
+    factory: str, device: str, nothing_allocated: None
+) -> None:
+    shape = (2**10, 2**30, 32) if factory == "fake_grouped" else HUGE
+    shown = re.escape(str(shape))
+    match = rf"^{factory}: shape {shown} needs at least \d+ bytes of buffers; expected at most the \d+ bytes cpu has"
+    with pytest.raises(ValueError, match=match):
+        FACTORIES[factory](shape, release="2.20.2", device=device)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: mxfp8_buffers(HUGE, _gen()), r"^mxfp8_buffers: shape \(1099511627776, 32\) needs at least"),
+        (lambda: nvfp4_buffers(HUGE, _gen()), r"^nvfp4_buffers: shape .* needs at least 35184372088832 bytes"),
+        (lambda: blockwise_buffers(HUGE, _gen(), columnwise=False), r"^blockwise_buffers: .* 35184372088832 bytes"),
+        (lambda: float8_buffers(HUGE, _gen()), r"^float8_buffers: shape .* needs at least 70368744177664 bytes"),
+        (lambda: grouped_buffers((2**10, 2**30, 32), _gen()), r"^grouped_buffers: shape .* needs at least"),
+        (lambda: grouped_buffers((2, 64, 128), _gen(), device="garbage"), r"^grouped_buffers: device: expected"),
+    ],
+)
+def test_the_buffer_functions_refuse_too_before_allocating(
+    make: Callable[[], object], match: str, nothing_allocated: None
+) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+@pytest.mark.parametrize("seed", [-(2**63), -1, 0, 2**64 - 1])
+def test_every_seed_torch_takes_makes_a_fake(seed: int) -> None:
+    expected = mxfp8_buffers((64, 128), torch.Generator().manual_seed(seed))
+    # a hybrid's columnwise direction is seeded seed + 1, wrapped into torch's seeds as torch wraps them
+    after = torch.Generator().manual_seed((seed + 1) % 2**64)
+    expected_columnwise = nvfp4_buffers((64, 128), after, rowwise=False)["columnwise_data"]
+    with installed_release("2.20.2"):
+        assert _equal(te_compat.mxfp8_storage(fake_mxfp8((64, 128), seed=seed)).rowwise_data, expected["rowwise_data"])
+        columnwise = te_compat.hybrid_storage(fake_hybrid((64, 128), seed=seed)).columnwise
+        assert _equal(te_compat.nvfp4_storage(columnwise).columnwise_data, expected_columnwise)
 
 
 def test_no_release_and_no_te_is_a_named_error() -> None:
