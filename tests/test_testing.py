@@ -250,6 +250,28 @@ def test_buffer_shapes_are_facts_md_s() -> None:
     assert two_d["rowwise_scale_inv"].dtype == torch.float32 and fp4["rowwise_scale_inv"].dtype == torch.uint8
 
 
+def test_grouped_offsets_are_te_s_e_plus_1_element_offsets() -> None:
+    """TE's GroupedTensor keeps each scale buffer's offsets as E+1 element offsets, expert-major,
+    the last one the flat buffer's size; the per-expert sizes are facts.md's, by hand."""
+    mx = grouped_buffers((3, 96, 160), _gen())
+    assert mx.flat["rowwise_scale_inv_offsets"] == [0, 1024, 2048, 3072]  # 128 x 8 per expert
+    assert mx.flat["columnwise_scale_inv_offsets"] == [0, 1024, 2048, 3072]  # 4 x 256 per expert
+    fp4 = grouped_buffers((2, 96, 160), _gen(), format="nvfp4", columnwise=True)
+    assert fp4.flat["rowwise_scale_inv_offsets"] == [0, 1536, 3072]  # 128 x 12 per expert
+    assert fp4.flat["columnwise_scale_inv_offsets"] == [0, 2048, 4096]  # 256 x 8 per expert
+    one = grouped_buffers((1, 64, 128), _gen(), columnwise=False)
+    assert one.flat["rowwise_scale_inv_offsets"] == [0, 512] and "columnwise_scale_inv_offsets" not in one.flat
+    for buffers in (mx, fp4, one):
+        for name in ("rowwise_scale_inv", "columnwise_scale_inv"):
+            if name in buffers.flat:
+                offsets = buffers.flat[f"{name}_offsets"]
+                assert offsets[-1] == buffers.flat[name].numel()
+                for e, piece in enumerate(buffers.experts):  # each expert's view starts at its offset
+                    start = piece[name].data_ptr() - buffers.flat[name].data_ptr()
+                    assert (start, piece[name].numel()) == (offsets[e], offsets[e + 1] - offsets[e])
+    assert grouped_buffers((2, 64, 128), _gen(), format="bf16").flat.keys() == {"rowwise_data"}  # no scales
+
+
 def test_padding_is_0xff_and_the_logical_corner_is_seeded() -> None:
     scales = mxfp8_buffers((96, 160), _gen())["rowwise_scale_inv"]
     assert bool((scales[96:] == 0xFF).all()) and bool((scales[:, 5:] == 0xFF).all())
