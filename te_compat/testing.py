@@ -639,7 +639,7 @@ class _Target:
     generator: torch.Generator
 
 
-SEEDS = range(-(2**63), 2**64)  # what torch.Generator.manual_seed takes (a negative seed wraps)
+_SEEDS = range(-(2**63), 2**64)  # what torch.Generator.manual_seed takes (a negative seed wraps)
 
 
 def _device(factory: str, device: object) -> torch.device:
@@ -718,7 +718,7 @@ def _target(
     seed = options.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"{factory}: seed: expected an int; found {seed!r}")
-    if seed not in SEEDS:
+    if seed not in _SEEDS:
         raise ValueError(f"{factory}: seed: expected an int from -2**63 to 2**64 - 1 (torch's seeds); found {seed}")
     storage, param = options.get("storage", False), options.get("param", False)
     for name, value in (("storage", storage), ("param", param)):
