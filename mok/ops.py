@@ -11,6 +11,21 @@ the one place that checks their arguments: shapes, dtypes and devices in every i
 the fake one included, and memory overlap where there is memory (real tensors). The public
 functions (mok.swizzle) check only what they need before allocating.
 
+What is checked where, for a caller of ``torch.ops.mok.*`` itself:
+
+- argument types are torch's: its schema parser refuses a value that is not a Tensor, a list of
+  Tensors or an optional str with its own ``RuntimeError`` ("Expected a value of type 'Tensor'
+  for argument 'out'...", printing the value, a whole list of tensors included);
+- everything else is the op's, with mok's named errors: shapes, dtypes, devices, contiguity and
+  overlap (``LayoutError``), the backend's name (``ValueError``, when the op runs);
+- under ``torch.compile`` the fake implementation's ``LayoutError`` reaches the caller wrapped in
+  ``torch._dynamo.exc.TorchRuntimeError``, mok's message in its text.
+
+The public functions check types too, with mok's errors. Traced by ``torch.compile``, a check of
+theirs that fails is an exception Dynamo cannot compile: with ``fullgraph=True`` the caller gets
+``torch._dynamo.exc.Unsupported`` ("Observed exception", mok's message in its text), without it
+Dynamo runs the function eagerly and mok's own error is raised.
+
 The ops are defined with ``torch.library.Library`` rather than ``torch.library.custom_op``: its
 dispatch costs about a microsecond per call, custom_op's about ten, and an eager refresh pays it.
 """

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from mok.backend import backend_argument
-from mok.checks import check_int, check_sequence
+from mok.checks import check_int, check_sequence, describe
 from mok.errors import LayoutError
 from mok.layout import MXFP8_BLOCK, as_batch, check_layout_of, check_logical_out, empty_layout
 from mok.ops import swizzle_many_op, swizzle_op, unswizzle_op
@@ -32,6 +32,8 @@ def swizzle_mxfp8_scales(
     if out is None:
         experts, rows, cols = batch.shape
         out = empty_layout(rows, cols, experts, batch.device, "swizzle_mxfp8_scales")
+    elif not isinstance(out, torch.Tensor):  # the op's schema would refuse it in torch's words
+        raise LayoutError(f"out: expected a torch.Tensor or None; found {describe(out)}")
     swizzle_op(batch, out, backend_argument(backend))
     return out
 

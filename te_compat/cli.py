@@ -8,6 +8,7 @@ releases prints that table.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ from importlib.metadata import entry_points
 from te_compat import table
 from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities, capabilities, describe_missing
 from te_compat.errors import TECompatError
-from te_compat.verify import Verification, verify_installed
+from te_compat.verify import CLI_HINTS, Verification, verify_installed
 
 # Entry points of this group add a section to the report: a zero-argument callable returning
 # a dict of rows (name -> value), e.g. mok's kernel backend choice.
@@ -32,7 +33,8 @@ te-compat releases: the release table.
 """
 # Every command: an error is one line on stderr, never a traceback.
 COMMON_EXIT_CODES = """\
-  3  the output could not be written (a closed pipe, as with | head; a full disk)
+  3  the output could not be written (stdout closed: >&-; a pipe whose reader
+     left first, as in | true; a full disk)
   4  an unexpected error inside te-compat (a bug: please report the line printed)
 """
 REPORT_EXIT_CODES = f"""\
@@ -173,7 +175,7 @@ def _verification_text(result: Verification, as_json: bool) -> str:
 
 def verify(args: argparse.Namespace) -> Outcome:
     try:
-        result = verify_installed(source_dir=args.source, release=args.release)
+        result = verify_installed(source_dir=args.source, release=args.release, hints=CLI_HINTS)
     except TECompatError as exc:  # no TE, an unreadable version, source file or tree
         return _failed(args, 2, f"te-compat verify: {exc}")
     return Outcome(0 if result.ok else 1, _verification_text(result, args.json))
@@ -257,17 +259,30 @@ def _drop_stdout() -> None:
     os.close(devnull)
 
 
+def _say(line: str) -> None:
+    """``line`` on stderr, where there is one: with stderr closed too, the exit code must do."""
+    if sys.stderr is None:
+        return
+    try:
+        print(line, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+
+
 def _emit(outcome: Outcome) -> int:
     """Write the outcome; an output that cannot be written is one line on stderr and exit 3."""
     try:
-        sys.stdout.write(outcome.out)
-        sys.stdout.flush()
-    except OSError as exc:  # BrokenPipeError (te-compat releases | head -1), ENOSPC (> /dev/full)
+        if outcome.out and sys.stdout is None:  # started with stdout closed (te-compat releases >&-)
+            raise OSError(errno.EBADF, "standard output is closed")
+        if outcome.out:
+            sys.stdout.write(outcome.out)
+            sys.stdout.flush()
+    except OSError as exc:  # BrokenPipeError (te-compat releases | true), ENOSPC (> /dev/full)
         _drop_stdout()
-        print(f"te-compat: the output could not be written: {exc.strerror or exc}", file=sys.stderr)
+        _say(f"te-compat: the output could not be written: {exc.strerror or exc}")
         return OUTPUT_FAILED
     if outcome.err:
-        print(outcome.err, file=sys.stderr)
+        _say(outcome.err)
     return outcome.code
 
 

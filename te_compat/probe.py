@@ -27,7 +27,7 @@ from te_compat.errors import (
 )
 from te_compat.source_facts import PACKAGE
 from te_compat.table import StorageRow, TensorKind
-from te_compat.version import release_of, te_status
+from te_compat.version import release_of, status_key, te_status
 
 if TYPE_CHECKING:
     import torch
@@ -60,10 +60,13 @@ class StorageReader(NamedTuple):
     read_one: Callable[[object], Any] | None = None
 
 
+# Resolutions and readers depend on the TE te_compat sees, which a pretend_installed block makes
+# context-local: they are cached per status_key too, so contexts that see different TEs never share.
+StatusKey = tuple[str | None, str | None] | None
 _kind_cache: dict[type, TensorKind | None] = {}
-_resolution_cache: dict[tuple[type, str], Resolution] = {}
+_resolution_cache: dict[tuple[type, str, StatusKey], Resolution] = {}
 _warned: set[str] = set()
-_reader_cache: dict[tuple[type, tuple[str, ...] | None], StorageReader] = {}
+_reader_cache: dict[tuple[type, tuple[str, ...] | None, StatusKey], StorageReader] = {}
 
 
 @on_refresh
@@ -175,7 +178,7 @@ def tensor_kind_or_none(obj: object) -> TensorKind | None:
 def resolve(cls: type, logical: str) -> Resolution:
     """Which attribute of ``cls`` holds ``logical`` under the installed TE (cached)."""
     logical = str(logical)  # a StorageName or a plain string
-    key = (cls, logical)
+    key = (cls, logical, status_key())
     found = _resolution_cache.get(key)
     if found is not None:
         return found
@@ -285,7 +288,8 @@ def storage_reader(obj: object, names: tuple[str, ...] | None = None) -> Storage
     """
     cls = type(obj)
     names = None if names is None else tuple(map(str, names))
-    found = _reader_cache.get((cls, names))
+    key = (cls, names, status_key())
+    found = _reader_cache.get(key)
     if found is not None:
         return found
     kept: list[str] = []
@@ -297,7 +301,7 @@ def storage_reader(obj: object, names: tuple[str, ...] | None = None) -> Storage
             kept.append(str(name))
             attrs.append(present[0])
     one = operator.attrgetter(attrs[0]) if len(attrs) == 1 else None
-    reader = _reader_cache[(cls, names)] = StorageReader(tuple(kept), _tuple_getter(attrs), one)
+    reader = _reader_cache[key] = StorageReader(tuple(kept), _tuple_getter(attrs), one)
     return reader
 
 

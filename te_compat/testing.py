@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import enum
 import math
+import os
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -104,10 +105,13 @@ def installed_release(release: str | None, *, source: str = "te_compat.testing")
     read as TE's package metadata would give it: ``"2.20.2"``, a dev build such as
     ``"2.21.0.dev0+5fdd7bb"``, or a string te_compat cannot parse (it then reports a TE of
     unreadable version, as it would for such metadata). ``source`` is reported as where the
-    version came from. te_compat's caches are cleared on entry and exit; blocks nest. TE itself
-    is neither imported nor changed: ``capabilities()`` still tries to import it, and reports a
-    TE present but not usable (so its TE features missing) when that fails;
-    ``capabilities(import_te=False)`` reads the pretended release alone.
+    version came from. te_compat's caches are cleared on entry and exit. Blocks nest and may end
+    in any order (generators, fixtures): the newest block still open wins, and no block ends
+    another. The pretence is context-local (:mod:`contextvars`): it holds in this thread and in
+    the asyncio tasks started within the block; other threads see their own blocks, or the real
+    installation. TE itself is neither imported nor changed: ``capabilities()`` still tries to
+    import it, and reports a TE present but not usable (so its TE features missing) when that
+    fails; ``capabilities(import_te=False)`` reads the pretended release alone.
     """
     if release is not None and not isinstance(release, str):
         raise TypeError(f"installed_release: expected a TE version string such as '2.20.2' or None; found {release!r}")
@@ -394,6 +398,7 @@ def float8_buffers(shape: Sequence[int], generator: torch.Generator, *, transpos
     """A Float8 tensor's buffers by te_compat logical name: ``data`` uint8 ``shape``, ``scale_inv``
     fp32 ``[1]``, ``transpose`` uint8 ``[K, *shape[:-1]]`` (left out without ``transpose``)."""
     dims, _, k = _dims(shape, "float8 shape")
+    _check_fits("float8_buffers", dims, _CPU, 1 + transpose)
     out = {"data": _bytes(dims, generator), "scale_inv": torch.rand(1, generator=generator)}
     if transpose:
         out["transpose"] = _bytes((k, *dims[:-1]), generator)
@@ -411,6 +416,7 @@ def mxfp8_buffers(
     ``[roundup(M/32,4), roundup(K,128)]``.
     """
     dims, m, k = _dims(shape, "mxfp8 shape")
+    _check_fits("mxfp8_buffers", dims, _CPU, rowwise + columnwise)
     if m % MXFP8_BLOCK or k % MXFP8_BLOCK:
         raise ValueError(
             f"MXFP8 needs both dimensions divisible by {MXFP8_BLOCK} (TE's MXFP8 quantizer); found shape {dims} "
@@ -446,6 +452,7 @@ def nvfp4_buffers(
     ``[roundup(K,128), roundup(ceil(M/16),4)]``, both stored TRANSPOSED, amax fp32 ``[1]``.
     """
     dims, m, k = _dims(shape, "nvfp4 shape")
+    _check_fits("nvfp4_buffers", dims, _CPU, (rowwise + columnwise) / 2)
     if k % 2 or (columnwise and m % 2):
         raise ValueError(f"NVFP4 packs two values a byte: K (and M, for columnwise data) must be even; found {dims}")
     out: dict[str, Any] = {}
@@ -497,6 +504,7 @@ def blockwise_buffers(
     only: columnwise data untransposed ``shape``, scales unpadded ``[M, c(K)]`` and ``[c(M), K]``.
     """
     dims, m, k = _dims(shape, "blockwise shape")
+    _check_fits("blockwise_buffers", dims, _CPU, rowwise + columnwise)
     flat = compact and not two_d
     out: dict[str, Any] = {}
     if rowwise:
@@ -539,6 +547,8 @@ def grouped_buffers(
     tensor's buffers are (what TE's per-expert members hold).
     """
     experts, rows, columns = _grouped_dims(shape)
+    where, dtype = _device("grouped_buffers", device), _dtype("grouped_buffers", dtype)
+    _check_fits("grouped_buffers", shape, where, _grouped_bytes(format, columnwise, dtype))
     if format == "bf16":
         singles = [{"rowwise_data": torch.randn(rows, columns, generator=generator).to(dtype)} for _ in range(experts)]
     elif format in _SINGLE_BUFFERS:
@@ -593,13 +603,19 @@ class FakeOptions(TypedDict, total=False):
     - ``release``: the TE release to fake, as TE reports it (default: the release te_compat sees
       as installed, so inside ``installed_release("2.20.2")`` a plain ``fake_mxfp8(shape)`` fakes
       2.20.2);
-    - ``seed``: the seed of the random contents (default 0; the same seed, the same bytes);
+    - ``seed``: the seed of the random contents (default 0; the same seed, the same bytes; any
+      seed ``torch.Generator.manual_seed`` takes, -2**63 to 2**64 - 1);
     - ``param``: return ``torch.nn.Parameter(fake)``, which is still of the fake's class, as a
       Parameter of a TE tensor is (default False);
     - ``storage``: return the storage-only object of the row's mixin class instead of the tensor
       (``MXFP8TensorStorage``, ...: what a hybrid tensor holds per direction; default False);
-    - ``device``: where the buffers live (default ``"cpu"``; ``"cuda"`` or ``"meta"`` too);
+    - ``device``: where the buffers live (default ``"cpu"``; ``"cuda"`` or ``"meta"`` too); the
+      buffers are made on the CPU and moved there;
     - ``dtype``: the nominal high-precision dtype TE reports for the tensor (default bfloat16).
+
+    Each is checked before anything is allocated, and so is the shape: a device torch cannot use
+    here, or buffers larger than the CPU's (or the device's) memory, are refused with an error
+    naming the factory and the argument.
     """
 
     release: str | None
@@ -623,7 +639,76 @@ class _Target:
     generator: torch.Generator
 
 
-def _target(factory: str, shape: Sequence[int], options: FakeOptions) -> _Target:
+_SEEDS = range(-(2**63), 2**64)  # what torch.Generator.manual_seed takes (a negative seed wraps)
+
+
+def _device(factory: str, device: object) -> torch.device:
+    """``device`` as a torch.device this process has; refused, naming the factory, otherwise."""
+    expected = "a torch.device or a string such as 'cpu', 'meta' or 'cuda:0'"
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{factory}: device: expected {expected}; found {type(device).__name__} {device!r}")
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{factory}: device: expected {expected}; found {device!r}") from None
+    if parsed.type not in ("cpu", "meta"):
+        try:
+            torch.empty(0, device=parsed)  # nothing allocated: whether torch can reach the device at all
+        except Exception as exc:  # AssertionError without CUDA, RuntimeError for a device index too high
+            raise ValueError(
+                f"{factory}: device: expected a device this process has; found {str(device)!r}, which torch "
+                f"cannot use here ({type(exc).__name__}: {_first_line(exc)})"
+            ) from None
+    return parsed
+
+
+_CPU = torch.device("cpu")
+
+
+def _dtype(factory: str, dtype: object) -> torch.dtype:
+    """``dtype`` if it is a floating-point torch.dtype (TE's nominal dtypes are), else refused."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"{factory}: dtype: expected a floating-point torch.dtype such as torch.bfloat16; found {dtype!r}"
+        )
+    return dtype
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().split("\n", 1)[0]
+
+
+def _capacity(device: torch.device) -> int | None:
+    """Bytes of memory ``device`` has in all (None where unknown or where nothing is stored: meta)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return None
+
+
+def _check_fits(factory: str, shape: Sequence[int], device: torch.device, per_value: float) -> None:
+    """Refuse, before anything is allocated, a fake whose buffers cannot fit: they are made on
+    the CPU, then moved to ``device``; ``per_value`` is their bytes per logical value, at least."""
+    try:
+        dims, _, _ = _dims(shape, "shape")
+    except ValueError:
+        return  # the buffers' own check names the shape
+    need = int(math.prod(dims) * per_value)
+    for where in dict.fromkeys((torch.device("cpu"), device)):
+        capacity = _capacity(where)
+        if capacity is not None and need > capacity:
+            raise ValueError(
+                f"{factory}: shape {tuple(dims)} needs at least {need} bytes of buffers; expected at most "
+                f"the {capacity} bytes {where} has in all"
+            )
+
+
+def _target(
+    factory: str, shape: Sequence[int], options: FakeOptions, per_value: Callable[[torch.dtype], float]
+) -> _Target:
+    """The checked options of ``factory``; ``per_value(dtype)``: the bytes its buffers take per
+    logical value, at least (a shape that cannot fit is refused before allocating)."""
     known = FakeOptions.__optional_keys__
     unknown = sorted(set(options) - known)
     if unknown:
@@ -632,20 +717,18 @@ def _target(factory: str, shape: Sequence[int], options: FakeOptions) -> _Target
         )
     seed = options.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed: expected an int; found {seed!r}")
+        raise TypeError(f"{factory}: seed: expected an int; found {seed!r}")
+    if seed not in _SEEDS:
+        raise ValueError(f"{factory}: seed: expected an int from -2**63 to 2**64 - 1 (torch's seeds); found {seed}")
     storage, param = options.get("storage", False), options.get("param", False)
     for name, value in (("storage", storage), ("param", param)):
         if not isinstance(value, bool):
             raise TypeError(f"{factory}: {name}: expected a bool; found {value!r} ({type(value).__name__})")
-    return _Target(
-        shape,
-        _version(options.get("release")),
-        storage,
-        param,
-        options.get("device", "cpu"),
-        options.get("dtype", torch.bfloat16),
-        torch.Generator().manual_seed(seed),
-    )
+    dtype = _dtype(factory, options.get("dtype", torch.bfloat16))
+    device = _device(factory, options.get("device", "cpu"))
+    version = _version(options.get("release"))
+    _check_fits(factory, shape, device, per_value(dtype))
+    return _Target(shape, version, storage, param, device, dtype, torch.Generator().manual_seed(seed))
 
 
 def _build(kind: TensorKind, target: _Target, logical: Mapping[str, Any]) -> Any:
@@ -677,7 +760,7 @@ def fake_float8(shape: Sequence[int], *, transpose: bool = True, **options: Unpa
 
     Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` (2.0+) and the rest).
     """
-    target = _target("fake_float8", shape, options)
+    target = _target("fake_float8", shape, options, lambda _: 1 + transpose)
     return _build(TensorKind.FLOAT8, target, float8_buffers(shape, target.generator, transpose=transpose))
 
 
@@ -697,7 +780,7 @@ def fake_mxfp8(
     quantizer is a fake of TE's ``MXFP8Quantizer`` (2.12+, ``optimize_for_gemm`` False) or a
     :class:`FakeQuantizer`.
     """
-    target = _target("fake_mxfp8", shape, options)
+    target = _target("fake_mxfp8", shape, options, lambda _: rowwise + columnwise)
     logical = mxfp8_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise)
     logical.update(_flag(_row(TensorKind.MXFP8, target.version), target.version, "scales_swizzled", swizzled, False))
     return _build(TensorKind.MXFP8, target, logical)
@@ -719,7 +802,7 @@ def fake_nvfp4(
     ``row_scaled`` (2.16+; then one fp32 rowwise amax per row), ``nvfp4_use_4over6`` False and
     ``nvfp4_e4m3_max`` 448 (2.17+). Asking for a flag the release lacks raises.
     """
-    target = _target("fake_nvfp4", shape, options)
+    target = _target("fake_nvfp4", shape, options, lambda _: (rowwise + columnwise) / 2)
     row, version = _row(TensorKind.NVFP4, target.version), target.version
     logical = nvfp4_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled)
     logical.update(_flag(row, version, "scales_swizzled", swizzled, False))
@@ -745,7 +828,7 @@ def fake_blockwise(
     ``two_d``: 128x128 blocks (``_is_2D_scaled``), else 1x128. ``compact``: TE 2.5-2.11's COMPACT
     data format (``_data_format``, a :class:`Float8BlockScaleTensorFormat`; GEMM_READY otherwise).
     """
-    target = _target("fake_blockwise", shape, options)
+    target = _target("fake_blockwise", shape, options, lambda _: rowwise + columnwise)
     logical = blockwise_buffers(
         shape, target.generator, two_d=two_d, rowwise=rowwise, columnwise=columnwise, compact=compact
     )
@@ -760,13 +843,22 @@ def fake_identity(shape: Sequence[int], **options: Unpack[FakeOptions]) -> Any:
     """A fake IdentityTensor (TE 2.19+): high-precision ``dtype`` data of ``shape`` (random
     normal) behind TE's quantized interface, as a hybrid tensor holds for an unquantized direction.
     Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest)."""
-    target = _target("fake_identity", shape, options)
+    target = _target("fake_identity", shape, options, _identity_bytes)
     dims, _, _ = _dims(shape, "identity shape")
     data = torch.randn(dims, generator=target.generator).to(target.dtype)
     return _build(TensorKind.IDENTITY, target, {"data": data})
 
 
 HYBRID_FORMATS = ("mxfp8", "nvfp4", "blockwise", "identity")
+
+
+def _identity_bytes(dtype: torch.dtype) -> float:
+    return 4 + dtype.itemsize  # random fp32 values, then cast
+
+
+def _hybrid_bytes(fmt: str | None, dtype: torch.dtype) -> float:
+    """Bytes per value of one hybrid direction (0 for none, or a format refused later)."""
+    return _identity_bytes(dtype) if fmt == "identity" else {"mxfp8": 1, "nvfp4": 0.5, "blockwise": 1}.get(str(fmt), 0)
 
 
 def _hybrid_direction(fmt: str, shape: Sequence[int], rowwise: bool, options: FakeOptions) -> Any:
@@ -793,13 +885,16 @@ def fake_hybrid(
     ``sub_storage``: the sub-storages are storage-only objects (what an internal sub-quantizer
     makes), else tensors.
     """
-    target = _target("fake_hybrid", shape, options)
+    target = _target(
+        "fake_hybrid", shape, options, lambda dtype: sum(_hybrid_bytes(f, dtype) for f in (rowwise, columnwise))
+    )
     seed = options.get("seed", 0)
     logical: dict[str, Any] = {}
     for offset, (name, fmt) in enumerate((("rowwise", rowwise), ("columnwise", columnwise))):
         if fmt is not None and fmt not in HYBRID_FORMATS:
             raise ValueError(f"{name}: expected one of {', '.join(map(repr, HYBRID_FORMATS))} or None; found {fmt!r}")
-        sub: FakeOptions = {**options, "release": str(target.version), "seed": seed + offset, "storage": sub_storage}
+        sub_seed = (seed + offset) % 2**64  # a seed torch takes (it wraps negative ones alike)
+        sub: FakeOptions = {**options, "release": str(target.version), "seed": sub_seed, "storage": sub_storage}
         sub["param"] = False
         logical[f"{name}_storage"] = _hybrid_direction(fmt, shape, name == "rowwise", sub) if fmt else None
     return _build(TensorKind.HYBRID, target, logical)
@@ -814,6 +909,13 @@ def _grouped_members(
     shape = tuple(group.shape)[1:]
     member = _Target(shape, group.version, False, False, group.device, group.dtype, group.generator)
     return [_build(kind, member, {**piece, **flag, "quantizer": copy.copy(quantizer)}) for piece in buffers.experts]
+
+
+def _grouped_bytes(format: str, columnwise: bool, dtype: torch.dtype) -> float:
+    """Bytes per value of a group's buffers: each expert's, then their flat concatenation."""
+    if format == "bf16":
+        return 4 + 2 * dtype.itemsize
+    return 2 * (1 + columnwise) * {"mxfp8": 1, "nvfp4": 0.5}.get(format, 0)
 
 
 def fake_grouped(
@@ -834,7 +936,7 @@ def fake_grouped(
     fake quantizer and, with ``members``, its per-expert tensors in ``quantized_tensors``, whose
     buffers are views of the group's. ``swizzled`` sets the group's flag (2.14+) and its members'.
     """
-    target = _target("fake_grouped", shape, options)
+    target = _target("fake_grouped", shape, options, lambda dtype: _grouped_bytes(format, columnwise, dtype))
     experts, rows, columns = _grouped_dims(shape)
     buffers = grouped_buffers(
         shape, target.generator, format=format, columnwise=columnwise, dtype=target.dtype, device=target.device

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import distributions
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from packaging.version import Version
 
@@ -202,7 +202,18 @@ def _normalised(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _version_to_verify(release: str | Version | None, pkg: Path | None) -> Version:
+class Hints(NamedTuple):
+    """How the caller names a source tree and a release, in the errors that ask for one."""
+
+    source: str
+    release: str
+
+
+PYTHON_HINTS = Hints("verify_installed(source_dir=...)", "verify_installed(release=...)")
+CLI_HINTS = Hints("te-compat verify --source DIR", "te-compat verify --release VERSION")
+
+
+def _version_to_verify(release: str | Version | None, pkg: Path | None, hints: Hints) -> Version:
     """``release``; else, for a source tree given, the release it states; else the installed TE's."""
     if isinstance(release, Version):
         return release
@@ -214,7 +225,7 @@ def _version_to_verify(release: str | Version | None, pkg: Path | None) -> Versi
             raise TEVersionError(
                 f"cannot tell which TE release the source at {pkg} is: expected {pkg.parent / 'build_tools'}"
                 f"/VERSION.txt (a TE checkout) or a transformer_engine dist-info in {pkg.parent}; found neither. "
-                "Name the release: verify_installed(release=...), te-compat verify --release VERSION"
+                f"Name the release: {hints.release}"
             )
         return parse_te_version(stated)
     status = te_status()
@@ -223,7 +234,7 @@ def _version_to_verify(release: str | Version | None, pkg: Path | None) -> Versi
     if not status.present and status.source is None:
         raise TENotFoundError(
             "Transformer Engine is not installed, so there is no source to verify; to verify a source "
-            "tree, name it (source_dir=; te-compat verify --source DIR)"
+            f"tree, name it: {hints.source}"
         )
     raise TEVersionError(f"cannot verify the installed Transformer Engine: {status.reason or 'its version is unknown'}")
 
@@ -255,6 +266,7 @@ def verify_installed(
     release: str | Version | None = None,
     *,
     rows: Sequence[StorageRow] = table.ROWS,
+    hints: Hints = PYTHON_HINTS,
 ) -> Verification:
     """Check the release table against a TE's own source (default: the installed TE's).
 
@@ -264,12 +276,14 @@ def verify_installed(
     TENotFoundError when there is no TE to read, TEVersionError when its version is unreadable
     or unstated, TECompatError for a source file that is not UTF-8 Python, and TypeError naming
     the parameter for an argument of the wrong type.
-    ``rows`` (default: the table) lets a maintainer try candidate rows on a TE checkout.
+    ``rows`` (default: the table) lets a maintainer try candidate rows on a TE checkout;
+    ``hints`` is how those errors tell the caller to name a tree or a release (the command line
+    passes its options, :data:`CLI_HINTS`).
     """
     _check_arguments(source_dir, release)
     start = time.perf_counter()
     given = package_dir(source_dir) if source_dir is not None else None
-    version = _version_to_verify(release, given)
+    version = _version_to_verify(release, given, hints)
     pkg = given or _installed_source()
     classes, files = read_source_dir(pkg)
     beyond = release_of(version) > table.checked_through()

@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 
@@ -84,9 +85,19 @@ def _read_installed() -> tuple[str | None, str | None]:
     return (None, "transformer_engine (no version metadata)") if found else (None, None)
 
 
-# (raw version, source) pairs that te_status reports instead of the installed TE, innermost
-# last; only pretend_installed changes it.
-_pretended: list[tuple[str | None, str | None]] = []
+@dataclass(eq=False)
+class _Pretence:
+    """One :func:`pretend_installed` block: what te_status reports inside it, and whether it ended."""
+
+    key: tuple[str | None, str | None]  # (raw version, source)
+    ended: bool = False
+
+
+# The pretend_installed blocks in force, innermost last, per context: a thread or asyncio task
+# sees the blocks it entered and those of the context it was started from (asyncio copies it; a
+# new thread starts from an empty one). A block that ends, in whatever order or context, is
+# marked ended and no longer counts anywhere, so no block can end another's.
+_pretended: ContextVar[tuple[_Pretence, ...]] = ContextVar("te_compat_pretended", default=())
 
 
 @contextmanager
@@ -95,23 +106,54 @@ def pretend_installed(raw: str | None, source: str = "te_compat.testing") -> Ite
 
     ``raw`` is read as package metadata would give it (``"2.20.2"``, a dev build, or a string
     te_compat cannot parse), and ``source`` is reported as where it came from. te_compat's caches
-    are cleared (:func:`te_compat.refresh`) on entry and on exit, so nothing learnt under the
-    pretended TE outlives the block; blocks nest. TE itself is neither imported nor changed.
-    This is the hook behind ``te_compat.testing.installed_release``: use that one in tests.
+    are cleared (:func:`te_compat.refresh`) on entry and on exit; blocks nest and may end in any
+    order (the newest block still open wins). The state is context-local (:mod:`contextvars`):
+    other threads keep seeing what they saw. TE itself is neither imported nor changed. This is
+    the hook behind ``te_compat.testing.installed_release``: use that one in tests.
     """
-    _pretended.append((raw, source if raw is not None else None))
+    entry = _Pretence((raw, source if raw is not None else None))
+    _pretended.set((*_pretended.get(), entry))
     refresh()
     try:
         yield
     finally:
-        _pretended.pop()
+        entry.ended = True
+        _pretended.set(tuple(e for e in _pretended.get() if not e.ended))
         refresh()
 
 
-@cache
+def _pretence() -> _Pretence | None:
+    """The newest block still open in this context, if any."""
+    for entry in reversed(_pretended.get()):
+        if not entry.ended:
+            return entry
+    return None
+
+
+def status_key() -> tuple[str | None, str | None] | None:
+    """What identifies the TE te_compat sees in this context, cheaply, for caches that depend on
+    it: None for the installed TE, else the pretended (raw version, source)."""
+    entries = _pretended.get()
+    if not entries:  # the common case, kept fast: resolve() asks on every storage read
+        return None
+    entry = entries[-1] if not entries[-1].ended else _pretence()
+    return None if entry is None else entry.key
+
+
 def te_status() -> TEStatus:
-    """The installed TE, cached; TE is not imported (see :func:`te_import_status`)."""
-    raw, source = _pretended[-1] if _pretended else _read_installed()
+    """The installed TE (or, within :func:`pretend_installed`, the pretended one), cached; TE is
+    not imported (see :func:`te_import_status`)."""
+    entry = _pretence()
+    return _installed_status() if entry is None else _status(*entry.key)
+
+
+@cache
+def _installed_status() -> TEStatus:
+    return _status(*_read_installed())
+
+
+@cache
+def _status(raw: str | None, source: str | None) -> TEStatus:
     if raw is None:
         if source is None:
             return TEStatus(None, None, None, usable=False, reason="transformer_engine is not installed")
@@ -123,7 +165,6 @@ def te_status() -> TEStatus:
     return TEStatus(version, raw, source)
 
 
-@cache
 def te_import_status() -> TEStatus:
     """Like :func:`te_status`, after trying ``import transformer_engine.pytorch`` once.
 
@@ -133,19 +174,22 @@ def te_import_status() -> TEStatus:
     status = te_status()
     if not status.present and status.source is None:
         return status
+    failure = _import_te()
+    if failure is not None:
+        return TEStatus(status.version, status.raw_version, status.source, usable=False, reason=failure)
+    fresh = te_status()  # the module's own __version__ is now the best source
+    return TEStatus(fresh.version, fresh.raw_version, fresh.source, usable=True, reason="imported")
+
+
+@cache
+def _import_te() -> str | None:
+    """None once ``import transformer_engine.pytorch`` succeeded, else why it failed (tried once)."""
     try:
         import transformer_engine.pytorch  # noqa: F401
     except Exception as exc:  # any failure of TE's import makes it unusable, not us
-        return TEStatus(
-            status.version,
-            status.raw_version,
-            status.source,
-            usable=False,
-            reason=f"import transformer_engine.pytorch failed: {type(exc).__name__}: {exc}",
-        )
-    te_status.cache_clear()  # the module's own __version__ is now the best source
-    fresh = te_status()
-    return TEStatus(fresh.version, fresh.raw_version, fresh.source, usable=True, reason="imported")
+        return f"import transformer_engine.pytorch failed: {type(exc).__name__}: {exc}"
+    _installed_status.cache_clear()
+    return None
 
 
 def te_version() -> Version | None:
@@ -184,5 +228,5 @@ def require_te(min_version: str | None = None, feature: str | None = None) -> Ve
     return status.version
 
 
-on_refresh(te_status.cache_clear)
-on_refresh(te_import_status.cache_clear)
+on_refresh(_installed_status.cache_clear)
+on_refresh(_import_te.cache_clear)

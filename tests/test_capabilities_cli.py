@@ -297,7 +297,7 @@ def test_cli_require_fails_with_a_te_that_does_not_import(tmp_path: Path) -> Non
 
 
 def test_a_closed_pipe_is_one_line_and_exit_3(tmp_path: Path) -> None:
-    # te-compat releases | head -1: the reader is gone before the table is written
+    # te-compat releases | true: the reader is gone before the table is written
     proc = subprocess.Popen(
         [sys.executable, "-m", "te_compat", "releases", "--json"],
         stdout=subprocess.PIPE,
@@ -319,6 +319,33 @@ def test_a_full_disk_is_one_line_and_exit_3(command: list[str]) -> None:
         done = _cli(*command, stdout=full)
     assert done.returncode == 3, done.stderr
     assert done.stderr == "te-compat: the output could not be written: No space left on device\n"
+
+
+@pytest.mark.parametrize("command", ["report", "report --json", "releases", "releases --json", "verify --json"])
+def test_a_closed_stdout_is_one_line_and_exit_3(command: str) -> None:
+    # te-compat releases >&-: Python starts with sys.stdout None
+    shell = f"exec {sys.executable} -m te_compat {command} >&-"
+    done = subprocess.run(["sh", "-c", shell], stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == "te-compat: the output could not be written: standard output is closed\n"
+
+
+def test_a_closed_stdout_with_nothing_to_write_keeps_the_command_s_code() -> None:
+    shell = f"exec {sys.executable} -m te_compat report --require nope >&-"
+    done = subprocess.run(["sh", "-c", shell], stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("te-compat report: unknown feature 'nope'; known")
+    assert done.stderr.count("\n") == 1
+
+
+def test_stdout_and_stderr_closed_in_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["releases"]) == 3
+    assert capsys.readouterr().err == "te-compat: the output could not be written: standard output is closed\n"
+    monkeypatch.setattr(sys, "stderr", None)
+    assert main(["releases"]) == 3  # nowhere to say it: the code alone
+    assert main(["report", "--require", "nope"]) == 2
 
 
 class _FailingStdout:

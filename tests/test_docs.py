@@ -113,3 +113,11 @@ def test_benchmark_documents_describe_the_present() -> None:
     for document in (BENCH / "RESULTS.md", BENCH / "KERNEL_NOTES.md", INDEX):
         sessions = re.findall(r"\bsessions? \d+", document.read_text(), flags=re.IGNORECASE)
         assert not sessions, f"{document.relative_to(ROOT)} names work sessions {sessions}: history/ keeps those"
+
+
+def test_the_readme_says_how_many_wheels_the_tests_download() -> None:
+    from matrix.releases import matrix_release, release_versions
+
+    wheels = {matrix_release(r).source_from for r in release_versions()}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"({len(wheels)} wheels, about" in readme and "`matrix/.cache/`" in readme and "PIP_NO_INDEX=1" in readme

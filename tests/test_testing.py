@@ -4,14 +4,16 @@ mok, the fakes against the release records, installed_release, the errors, and t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -32,6 +34,7 @@ from te_compat.testing import (
     fake_float8,
     fake_grouped,
     fake_hybrid,
+    fake_identity,
     fake_mxfp8,
     fake_nvfp4,
     fake_tensor,
@@ -247,6 +250,28 @@ def test_buffer_shapes_are_facts_md_s() -> None:
     assert two_d["rowwise_scale_inv"].dtype == torch.float32 and fp4["rowwise_scale_inv"].dtype == torch.uint8
 
 
+def test_grouped_offsets_are_te_s_e_plus_1_element_offsets() -> None:
+    """TE's GroupedTensor keeps each scale buffer's offsets as E+1 element offsets, expert-major,
+    the last one the flat buffer's size; the per-expert sizes are facts.md's, by hand."""
+    mx = grouped_buffers((3, 96, 160), _gen())
+    assert mx.flat["rowwise_scale_inv_offsets"] == [0, 1024, 2048, 3072]  # 128 x 8 per expert
+    assert mx.flat["columnwise_scale_inv_offsets"] == [0, 1024, 2048, 3072]  # 4 x 256 per expert
+    fp4 = grouped_buffers((2, 96, 160), _gen(), format="nvfp4", columnwise=True)
+    assert fp4.flat["rowwise_scale_inv_offsets"] == [0, 1536, 3072]  # 128 x 12 per expert
+    assert fp4.flat["columnwise_scale_inv_offsets"] == [0, 2048, 4096]  # 256 x 8 per expert
+    one = grouped_buffers((1, 64, 128), _gen(), columnwise=False)
+    assert one.flat["rowwise_scale_inv_offsets"] == [0, 512] and "columnwise_scale_inv_offsets" not in one.flat
+    for buffers in (mx, fp4, one):
+        for name in ("rowwise_scale_inv", "columnwise_scale_inv"):
+            if name in buffers.flat:
+                offsets = buffers.flat[f"{name}_offsets"]
+                assert offsets[-1] == buffers.flat[name].numel()
+                for e, piece in enumerate(buffers.experts):  # each expert's view starts at its offset
+                    start = piece[name].data_ptr() - buffers.flat[name].data_ptr()
+                    assert (start, piece[name].numel()) == (offsets[e], offsets[e + 1] - offsets[e])
+    assert grouped_buffers((2, 64, 128), _gen(), format="bf16").flat.keys() == {"rowwise_data"}  # no scales
+
+
 def test_padding_is_0xff_and_the_logical_corner_is_seeded() -> None:
     scales = mxfp8_buffers((96, 160), _gen())["rowwise_scale_inv"]
     assert bool((scales[96:] == 0xFF).all()) and bool((scales[:, 5:] == 0xFF).all())
@@ -358,6 +383,132 @@ def test_installed_release_takes_any_version_string() -> None:
         installed_release(2.2).__enter__()  # type: ignore[arg-type]
 
 
+def _in_thread(work: Callable[[], object]) -> object:
+    """``work()`` run in a new thread (a new, empty context); what it returned, or it raises."""
+    result: list[object] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def test_a_block_in_another_thread_neither_shows_nor_ends_this_ones() -> None:
+    outside = te_compat.te_status()
+    a_in, b_in, a_out, b_checked = (threading.Event() for _ in range(4))
+    seen: dict[str, object] = {}
+
+    def a() -> None:
+        with installed_release("2.14.1"):
+            a_in.set()
+            b_in.wait(10)
+            seen["a inside"] = str(te_compat.te_version())
+        a_out.set()
+
+    def b() -> None:
+        a_in.wait(10)
+        with installed_release("2.20.2"):
+            b_in.set()
+            a_out.wait(10)  # A has left its block
+            seen["b inside"] = str(te_compat.te_version())
+            seen["b's fake"] = _path(fake_hybrid((64, 128)))  # the release b sees: 2.19+ has hybrids
+        b_checked.set()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for thread in threads:
+        thread.start()
+    b_in.wait(10)
+    seen["main"] = te_compat.te_status()  # this thread entered no block
+    for thread in threads:
+        thread.join(60)
+    assert b_checked.is_set() and seen["main"] == outside
+    assert seen["a inside"] == "2.14.1" and seen["b inside"] == "2.20.2"
+    assert seen["b's fake"].endswith(".HybridQuantizedTensor")
+    assert te_compat.te_status() == outside
+
+
+def test_blocks_left_out_of_order_end_only_themselves() -> None:
+    outside = te_compat.te_status()
+    first, second, third = installed_release("2.14.1"), installed_release("2.20.2"), installed_release("2.16.0")
+    first.__enter__()
+    second.__enter__()
+    third.__enter__()
+    first.__exit__(None, None, None)  # the outermost block ends first (a fixture's teardown, say)
+    assert str(te_compat.te_version()) == "2.16.0"
+    third.__exit__(None, None, None)
+    assert str(te_compat.te_version()) == "2.20.2"  # second's entry survived first's exit
+    second.__exit__(None, None, None)
+    assert te_compat.te_status() == outside
+
+
+def test_a_block_left_from_another_thread_ends_in_the_thread_that_entered_it() -> None:
+    outside = te_compat.te_status()
+    block = installed_release("2.14.1")
+    block.__enter__()
+    assert str(te_compat.te_version()) == "2.14.1"
+    _in_thread(lambda: block.__exit__(None, None, None))
+    assert te_compat.te_status() == outside
+
+
+def test_asyncio_tasks_see_their_own_blocks() -> None:
+    async def task(release: str, mine: tuple[asyncio.Event, asyncio.Event], other: tuple[asyncio.Event, ...]) -> str:
+        with installed_release(release):
+            mine[0].set()
+            await other[0].wait()  # both blocks are open now
+            found = str(te_compat.te_version())
+            mine[1].set()
+            await other[1].wait()  # neither ends before both have read
+        return found
+
+    async def both() -> list[str]:
+        a, b = (asyncio.Event(), asyncio.Event()), (asyncio.Event(), asyncio.Event())
+        return list(await asyncio.gather(task("2.14.1", a, b), task("2.20.2", b, a)))
+
+    assert asyncio.run(both()) == ["2.14.1", "2.20.2"]
+
+
+def test_contexts_that_see_different_releases_share_no_cached_resolution() -> None:
+    p = fake_mxfp8((64, 128), param=True, release="2.12.0")
+    older_in, newer_read, older_done = threading.Event(), threading.Event(), threading.Event()
+
+    def older() -> tuple[object, object]:
+        with installed_release("2.11.0"):  # 2.11's row has no flag
+            first = te_compat.storage_field(p, "scales_swizzled")
+            older_in.set()
+            newer_read.wait(10)  # the newer context resolved p's class since it entered
+            second = te_compat.storage_field(p, "scales_swizzled")
+        older_done.set()
+        return first, second
+
+    def newer() -> object:
+        older_in.wait(10)
+        with installed_release("2.12.0"):
+            found = te_compat.storage_field(p, "scales_swizzled")
+            newer_read.set()
+            older_done.wait(10)  # no block starts or ends (clearing caches) until older has read
+        return found
+
+    results: dict[str, object] = {}
+    threads = [
+        threading.Thread(target=lambda: results.update(older=older())),
+        threading.Thread(target=lambda: results.update(newer=newer())),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {"older": (None, None), "newer": False}
+
+
 # ---- errors --------------------------------------------------------------------------------------
 
 
@@ -450,6 +601,100 @@ def test_installed_release_takes_any_version_string() -> None:
 def test_errors_say_what_was_expected_and_found(make: Callable[[], object], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         make()
+
+
+FACTORIES = {
+    "fake_float8": fake_float8,
+    "fake_mxfp8": fake_mxfp8,
+    "fake_nvfp4": fake_nvfp4,
+    "fake_blockwise": fake_blockwise,
+    "fake_identity": fake_identity,
+    "fake_hybrid": fake_hybrid,
+    "fake_grouped": fake_grouped,
+}
+HUGE = (2**40, 32)  # 2**45 values: tens of TB of buffers
+BAD_OPTIONS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    (
+        {"seed": 2**70},
+        ValueError,
+        r"seed: expected an int from -2\*\*63 to 2\*\*64 - 1 .*; found 1180591620717411303424",
+    ),
+    ({"seed": -(2**63) - 1}, ValueError, r"seed: expected an int from -2\*\*63"),
+    (
+        {"device": "garbage"},
+        ValueError,
+        r"device: expected a torch.device or a string such as 'cpu'.*; found 'garbage'",
+    ),
+    ({"device": 3}, TypeError, r"device: expected a torch.device or a string .*; found int 3"),
+    ({"device": "cuda:99"}, ValueError, r"device: expected a device this process has; found 'cuda:99', which torch"),
+    ({"dtype": torch.int8}, TypeError, r"dtype: expected a floating-point torch.dtype .*; found torch.int8"),
+    ({"dtype": "bf16"}, TypeError, r"dtype: expected a floating-point torch.dtype .*; found 'bf16'"),
+]
+if not torch.cuda.is_available():
+    BAD_OPTIONS.append(({"device": "cuda"}, ValueError, r"device: expected a device this process has; found 'cuda'"))
+
+
+@pytest.fixture
+def nothing_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way the fakes make a buffer raises: a refusal must come before any of them."""
+
+    def allocated(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("a buffer was allocated before the arguments were checked")
+
+    for name in ("randint", "randn", "rand", "full", "empty", "cat"):
+        monkeypatch.setattr(torch, name, allocated)
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+@pytest.mark.parametrize(("options", "error", "match"), BAD_OPTIONS, ids=[str(o) for o, _, _ in BAD_OPTIONS])
+def test_bad_options_are_refused_before_allocating_naming_factory_and_argument(
+    factory: str, options: dict[str, Any], error: type[Exception], match: str, nothing_allocated: None
+) -> None:
+    shape = (EXPERTS, 64, 128) if factory == "fake_grouped" else (64, 128)
+    with pytest.raises(error, match=rf"^{factory}: {match}"):
+        FACTORIES[factory](shape, release="2.20.2", **options)
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_shape_too_large_for_memory_is_refused_before_allocating(
+    factory: str, device: str, nothing_allocated: None
+) -> None:
+    shape = (2**10, 2**30, 32) if factory == "fake_grouped" else HUGE
+    shown = re.escape(str(shape))
+    match = rf"^{factory}: shape {shown} needs at least \d+ bytes of buffers; expected at most the \d+ bytes cpu has"
+    with pytest.raises(ValueError, match=match):
+        FACTORIES[factory](shape, release="2.20.2", device=device)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: mxfp8_buffers(HUGE, _gen()), r"^mxfp8_buffers: shape \(1099511627776, 32\) needs at least"),
+        (lambda: nvfp4_buffers(HUGE, _gen()), r"^nvfp4_buffers: shape .* needs at least 35184372088832 bytes"),
+        (lambda: blockwise_buffers(HUGE, _gen(), columnwise=False), r"^blockwise_buffers: .* 35184372088832 bytes"),
+        (lambda: float8_buffers(HUGE, _gen()), r"^float8_buffers: shape .* needs at least 70368744177664 bytes"),
+        (lambda: grouped_buffers((2**10, 2**30, 32), _gen()), r"^grouped_buffers: shape .* needs at least"),
+        (lambda: grouped_buffers((2, 64, 128), _gen(), device="garbage"), r"^grouped_buffers: device: expected"),
+    ],
+)
+def test_the_buffer_functions_refuse_too_before_allocating(
+    make: Callable[[], object], match: str, nothing_allocated: None
+) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+@pytest.mark.parametrize("seed", [-(2**63), -1, 0, 2**64 - 1])
+def test_every_seed_torch_takes_makes_a_fake(seed: int) -> None:
+    expected = mxfp8_buffers((64, 128), torch.Generator().manual_seed(seed))
+    # a hybrid's columnwise direction is seeded seed + 1, wrapped into torch's seeds as torch wraps them
+    after = torch.Generator().manual_seed((seed + 1) % 2**64)
+    expected_columnwise = nvfp4_buffers((64, 128), after, rowwise=False)["columnwise_data"]
+    with installed_release("2.20.2"):
+        assert _equal(te_compat.mxfp8_storage(fake_mxfp8((64, 128), seed=seed)).rowwise_data, expected["rowwise_data"])
+        columnwise = te_compat.hybrid_storage(fake_hybrid((64, 128), seed=seed)).columnwise
+        assert _equal(te_compat.nvfp4_storage(columnwise).columnwise_data, expected_columnwise)
 
 
 def test_no_release_and_no_te_is_a_named_error() -> None:

@@ -2,20 +2,24 @@
 
 Each release's wheel (matrix/.cache, downloaded once when missing) is unpacked into a temporary
 folder and read as if it were the installed TE. Expectations come from the matrix: the committed
-records (extracted from the same wheels) and ``matrix.check``. Without a cached wheel and with
-no package index to download it from (offline), a test that reads a wheel skips, naming the
-index; CI downloads every wheel first (``nox -s release``). The table against the records needs
-no wheel: tests/test_matrix.py.
+records (extracted from the same wheels) and ``matrix.check``. Without a cached wheel, a test
+that reads a wheel skips, saying why, when pip is told to use no package index (PIP_NO_INDEX,
+or no-index in a pip configuration file) or the index cannot be reached; CI downloads every
+wheel first (``nox -s release``). The table against the records needs no wheel:
+tests/test_matrix.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
+import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import time
 import zipfile
@@ -27,7 +31,7 @@ import pytest
 import te_compat
 import te_compat.verify as verify_module
 from matrix.check import check_record, check_release
-from matrix.extract import IndexUnreachable, index_unreachable, load_record, package_index, wheel_path
+from matrix.extract import WHEEL_CACHE, IndexUnreachable, index_unreachable, load_record, package_index, wheel_path
 from matrix.releases import matrix_release, release_versions
 from te_compat import table
 from te_compat.cli import main
@@ -43,11 +47,46 @@ MXFP8_STORAGE_MODULE = "transformer_engine.pytorch.tensor.storage.mxfp8_tensor_s
 DEV_BUILD = "2.21.0.dev0+5fdd7bb"
 
 
-def wheel_or_skip(release: str, cache: Path | None = None) -> Path:
-    """The release's wheel from matrix/.cache (downloaded when missing); the test skips, naming the
-    index, when it is missing and the package index cannot be reached."""
+PIP_TRUE, PIP_FALSE = {"y", "yes", "t", "true", "on", "1"}, {"n", "no", "f", "false", "off", "0"}  # pip's strtobool
+
+
+def pip_offline() -> str | None:
+    """Where pip is told to use no package index (``--no-index`` as PIP_NO_INDEX or in a pip
+    configuration file, the environment first, then ``download``, then ``global``), else None."""
+    keys = ("HOME", "XDG_CONFIG_HOME", "VIRTUAL_ENV", "APPDATA")
+    return _pip_offline(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PIP_") or k in keys)))
+
+
+@functools.cache
+def _pip_offline(environment: tuple[tuple[str, str], ...]) -> str | None:
+    """pip_offline for one environment (pip's configuration asked once per environment)."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False, timeout=120
+    ).stdout
+    values = {
+        key: value.strip("'\"").lower() for key, _, value in (line.partition("=") for line in listed.splitlines())
+    }
+    for key, where in ((":env:.no-index", "PIP_NO_INDEX"), ("download.no-index", None), ("global.no-index", None)):
+        value = values.get(key)
+        if value in PIP_TRUE:
+            return where or f"pip config {key}"
+        if value in PIP_FALSE:
+            return None
+    return None
+
+
+def wheel_or_skip(release: str, cache: Path = WHEEL_CACHE) -> Path:
+    """The release's wheel from matrix/.cache (downloaded when missing); the test skips, saying
+    why, when it is missing and pip is told to stay offline or its package index cannot be reached."""
+    name = f"transformer_engine-{release}-py3-none-any.whl"
+    offline = None if (cache / name).is_file() else pip_offline()
+    if offline is not None:
+        pytest.skip(
+            f"no TE {release} wheel: pip is told to use no package index ({offline}); to run this test "
+            f"offline, put {name} in {cache}"
+        )
     try:
-        return wheel_path(release) if cache is None else wheel_path(release, cache)
+        return wheel_path(release, cache)
     except IndexUnreachable as exc:
         pytest.skip(f"no TE {release} wheel: {exc}")
 
@@ -83,6 +122,7 @@ def test_an_unreachable_index_skips_the_test_and_names_the_index(
 ) -> None:
     index = f"http://127.0.0.1:{_closed_port()}/simple"
     monkeypatch.setenv("PIP_INDEX_URL", index)
+    monkeypatch.setenv("PIP_NO_INDEX", "0")  # pip may use an index (whatever the caller's setting)
     start = time.perf_counter()
     with pytest.raises(pytest.skip.Exception) as skipped:
         wheel_or_skip("2.20.2", tmp_path)  # an empty cache: the wheel must be downloaded
@@ -91,6 +131,42 @@ def test_an_unreachable_index_skips_the_test_and_names_the_index(
     assert re.match(rf"no TE 2\.20\.2 wheel: {re.escape(index)} \(PIP_INDEX_URL\) unreachable: \w+Error: ", reason)
     assert f"transformer-engine==2.20.2 into {tmp_path}" in reason
     assert list(tmp_path.iterdir()) == [] and time.perf_counter() - start < 5  # pip never ran
+
+
+@pytest.mark.parametrize("value", ["1", "yes", "true", "on"])
+def test_pip_told_to_stay_offline_skips_at_once_naming_why(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", value)
+    start = time.perf_counter()
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        wheel_or_skip("2.20.2", tmp_path)
+    assert str(skipped.value) == (
+        "no TE 2.20.2 wheel: pip is told to use no package index (PIP_NO_INDEX); to run this test offline, "
+        f"put transformer_engine-2.20.2-py3-none-any.whl in {tmp_path}"
+    )
+    assert list(tmp_path.iterdir()) == [] and time.perf_counter() - start < 30  # no download, no probe
+
+
+@pytest.mark.parametrize("section", ["global", "download"])
+def test_no_index_in_a_pip_config_file_skips_too(section: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "pip.conf"
+    config.write_text(f"[{section}]\nno_index = true\n")
+    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with pytest.raises(pytest.skip.Exception, match=rf"\(pip config {section}\.no-index\); to run this test offline"):
+        wheel_or_skip("2.20.2", cache)
+    monkeypatch.setenv("PIP_NO_INDEX", "0")  # the environment overrides pip's files, as in pip
+    assert pip_offline() is None
+
+
+def test_offline_a_cached_wheel_is_still_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    wheel = tmp_path / "transformer_engine-2.20.2-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    assert wheel_or_skip("2.20.2", tmp_path) == wheel
 
 
 def test_a_cached_wheel_needs_no_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,6 +334,31 @@ def test_no_te_and_bad_input(installed_te: Installer, tmp_path: Path) -> None:
         verify_installed(tmp_path, "2.x")
 
 
+PYTHON_WORDS = re.compile(r"source_dir|release=|verify_installed")
+
+
+def test_errors_name_what_the_caller_can_pass(
+    installed_te: Installer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # no wheel needed: both errors come before any source file is read
+    installed_te(None)
+    with pytest.raises(
+        TENotFoundError, match=r"to verify a source tree, name it: verify_installed\(source_dir=\.\.\.\)$"
+    ):
+        verify_installed()
+    assert main(["verify"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("to verify a source tree, name it: te-compat verify --source DIR\n") and err.count("\n") == 1
+    assert not PYTHON_WORDS.search(err), err
+    (tmp_path / "transformer_engine" / "pytorch").mkdir(parents=True)  # a tree that states no release
+    with pytest.raises(TEVersionError, match=r"Name the release: verify_installed\(release=\.\.\.\)$"):
+        verify_installed(tmp_path)
+    assert main(["verify", "--source", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("Name the release: te-compat verify --release VERSION\n") and err.count("\n") == 1
+    assert not PYTHON_WORDS.search(err), err
+
+
 def test_a_source_tree_given_states_its_own_release(installed_te: Installer, te_source: Unpacker) -> None:
     installed_te("not a version")
     # a source tree given says its own release (here its dist-info): the installed TE's is not asked
@@ -379,7 +480,7 @@ def test_a_tree_that_states_no_release_asks_for_one(
     installed_te("2.20.2")
     bare = shutil.copytree(te_source("2.20.2") / "transformer_engine", tmp_path / "transformer_engine")
     with pytest.raises(
-        TEVersionError, match=r"cannot tell which TE release the source at .* te-compat verify --release"
+        TEVersionError, match=r"cannot tell which TE release the source at .* verify_installed\(release=\.\.\.\)"
     ):
         verify_installed(bare)
     assert main(["verify", "--source", str(tmp_path)]) == 2
