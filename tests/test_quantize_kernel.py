@@ -54,7 +54,7 @@ def test_the_abi_macros_are_the_flags_and_the_shape() -> None:
     macros = dict(Q.QuantizeConfig().macros())
     assert macros == {
         "QTHREADS": "256",
-        "QMIN_BLOCKS": "4",
+        "QMIN_BLOCKS": "6",
         "QTILE_ROWS": "32",
         "QTILE_COLS": "256",
         "QF_ROWWISE": "1",

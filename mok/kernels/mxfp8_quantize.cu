@@ -11,11 +11,12 @@
 // A block converts tiles of 32 rows x TILE_COLS columns of one expert: the tile is read once with
 // 16-byte loads (a warp reads 512 contiguous bytes of a row) into shared memory; each thread then
 // converts one 1x32 rowwise block (its row's 64 bytes, read in an order that keeps the 8 threads
-// of a row on distinct banks) and stores 32 payload bytes, and one column (32 values) whose 32
-// payload bytes go through shared memory so the columnwise payload is stored as 16-byte pieces of
-// rows. Scale bytes are stored one by one (1/32 of the payload); the tile whose rows or columns
-// end a matrix also zeroes the layout's padding next to its own scales, so every byte of every
-// output is written exactly once.
+// of a row on distinct banks) and half of two columns (16 rows of two-value words; the halves'
+// maxima meet in shared memory). Both payloads are staged in shared memory as rows and stored as
+// 16-byte pieces, a warp writing 512 contiguous bytes. Maxima are taken two BF16 values at a time
+// (max.bf16x2 on |x|). Scale bytes are stored one by one (1/32 of the payload);
+// the tile whose rows or columns end a matrix also zeroes the layout's padding next to its own
+// scales, so every byte of every output is written exactly once.
 //
 // Constants of the launch ABI come from mok/kernels/quantize.py as macros (NVRTC options, or g++
 // -D in the CPU emulator, tests/emulator/emulate_quantize.py): none is defined here.
@@ -42,8 +43,6 @@ __device__ __forceinline__ void store_global(unsigned char* p, const T v) {
   *reinterpret_cast<T*>(p) = v;
 }
 #endif
-
-__device__ __forceinline__ float bf16_value(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 
 // TE's float_to_e8m0(amax * max_norm_rcp) (util/ptx.cuh; Blackwell's cvt.rp.satfinite.ue8m0x2.f32
 // gives the same codes for the non-negative values it is used on).
@@ -84,27 +83,40 @@ __device__ __forceinline__ unsigned e4m3x2(float lo, float hi) {
 #endif
 }
 
-// Eight BF16 values (a 16-byte chunk) scaled by rcp, as eight payload bytes.
-__device__ __forceinline__ unsigned long long convert8(const uint4 v, float rcp) {
-  const unsigned w[4] = {v.x, v.y, v.z, v.w};
-  unsigned long long out = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float lo = __fmul_rn(bf16_value(w[i] & 0xFFFFu), rcp), hi = __fmul_rn(bf16_value(w[i] >> 16), rcp);
-    out |= (unsigned long long)e4m3x2(lo, hi) << (16 * i);
-  }
-  return out;
+// Both halves of a word of two BF16 values scaled by their reciprocals, as two payload bytes.
+__device__ __forceinline__ unsigned convert2(unsigned w, float rcp_lo, float rcp_hi) {
+  return e4m3x2(__fmul_rn(__uint_as_float(w << 16), rcp_lo), __fmul_rn(__uint_as_float(w & 0xFFFF0000u), rcp_hi));
 }
 
-// The largest |x| of eight BF16 values and amax; fmaxf keeps amax where x is NaN, as TE's maxima do.
-__device__ __forceinline__ float amax8(const uint4 v, float amax) {
-  const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    amax = fmaxf(amax, fabsf(bf16_value(w[i] & 0xFFFFu)));
-    amax = fmaxf(amax, fabsf(bf16_value(w[i] >> 16)));
+// Eight BF16 values (a 16-byte chunk) scaled by rcp, as eight payload bytes.
+__device__ __forceinline__ unsigned long long convert8(const uint4 v, float rcp) {
+  const unsigned lo = convert2(v.x, rcp, rcp) | convert2(v.y, rcp, rcp) << 16;
+  const unsigned hi = convert2(v.z, rcp, rcp) | convert2(v.w, rcp, rcp) << 16;
+  return (unsigned long long)hi << 32 | lo;
+}
+
+// Per half of a word of two BF16 values: the larger of acc's half and |w|'s half, where acc holds
+// non-negative non-NaN values; a NaN of w is skipped, as TE's maxima (max.xorsign.abs.bf16x2,
+// __hmax, fmaxf) skip it.
+__device__ __forceinline__ unsigned amax2(unsigned acc, unsigned w) {
+  const unsigned m = w & 0x7FFF7FFFu;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(MOK_EMULATE)
+  unsigned out;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(acc), "r"(m));
+  return out;
+#else
+  unsigned out = 0;
+  for (int half = 0; half < 32; half += 16) {
+    const unsigned a = acc >> half & 0xFFFFu, b = m >> half & 0xFFFFu;  // non-negative: ordered as integers
+    out |= (b > 0x7F80u || a >= b ? a : b) << half;
   }
-  return amax;
+  return out;
+#endif
+}
+
+// The larger of the two halves of a word of amax2 maxima, as fp32.
+__device__ __forceinline__ float amax_of(unsigned acc) {
+  return fmaxf(__uint_as_float(acc << 16), __uint_as_float(acc & 0xFFFF0000u));
 }
 
 __device__ __forceinline__ long long layout_offset(long long r, long long c, long long cp) {
@@ -114,8 +126,8 @@ __device__ __forceinline__ long long layout_offset(long long r, long long c, lon
 // Zeroes entries [r0, r1) x [c0, c1) of a layout whose padded column count is cp.
 __device__ __forceinline__ void zero_entries(unsigned char* layout, long long cp, long long r0, long long r1,
                                              long long c0, long long c1) {
-  const long long width = c1 - c0, n = (r1 - r0) * width;
-  for (long long i = threadIdx.x; i < n; i += QTHREADS)
+  const int width = (int)(c1 - c0), n = (int)(r1 - r0) * width;  // at most 96 x 256 entries
+  for (int i = threadIdx.x; i < n; i += QTHREADS)
     store_global(layout + layout_offset(r0 + i / width, c0 + i % width, cp), (unsigned char)0);
 }
 
@@ -125,68 +137,85 @@ struct QTile {
   bool last_rows, last_cols;
 };
 
-__device__ __forceinline__ void rowwise_tile(const QTile& T, const unsigned char* tile, unsigned char* data,
+__device__ __forceinline__ void store_scale(unsigned char* scales, long long logical, long long layout, int flags,
+                                            unsigned code) {
+  store_global(scales + (flags & QF_LOGICAL ? logical : layout), (unsigned char)code);
+}
+
+// Thread (r, g) converts the 1x32 block g of the tile's row r; its payload is staged as rows.
+__device__ __forceinline__ void rowwise_tile(const QTile& T, const unsigned char* tile, unsigned char* staged,
                                              unsigned char* scales, int rows, int cols, int flags) {
   const int r = threadIdx.x / QGROUPS, g = threadIdx.x % QGROUPS;
-  const long long blocks = cols / 32;  // scale columns
-  if (g * 32 < T.width) {
-    const unsigned char* in = tile + r * (QTILE_COLS * 2) + g * 64;
-    const int turn = g >> 1;  // the 8 threads of a row read distinct banks at each step
-    uint4 v[4];
+  if (g * 32 >= T.width) return;
+  const unsigned char* in = tile + r * (QTILE_COLS * 2) + g * 64;
+  const int turn = g >> 1;  // the 8 threads of a row read distinct banks at each step
+  unsigned acc = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = *reinterpret_cast<const uint4*>(in + ((k + turn) & 3) * 16);
-    float amax = 0.0f;
+  for (int k = 0; k < 4; ++k) {
+    const uint4 v = *reinterpret_cast<const uint4*>(in + ((k + turn) & 3) * 16);
+    acc = amax2(amax2(amax2(amax2(acc, v.x), v.y), v.z), v.w);
+  }
+  const unsigned code = e8m0_code(amax_of(acc));
+  const float rcp = e8m0_reciprocal(code, flags & QF_RCP_SHIFT);
+  const long long row = (long long)T.e * rows + T.r0 + r, blocks = cols / 32, col = T.c0 / 32 + g;
+  unsigned char* out = staged + r * QTILE_COLS + g * 32;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) amax = amax8(v[k], amax);
-    const unsigned code = e8m0_code(amax);
-    const float rcp = e8m0_reciprocal(code, flags & QF_RCP_SHIFT);
-    const long long row = (long long)T.e * rows + T.r0 + r;
-    unsigned char* out = data + row * cols + T.c0 + g * 32;
+  for (int k = 0; k < 4; ++k) {  // read again: fewer registers held than keeping the 64 bytes
+    const int chunk = (k + turn) & 3;
+    *reinterpret_cast<unsigned long long*>(out + chunk * 8) =
+        convert8(*reinterpret_cast<const uint4*>(in + chunk * 16), rcp);
+  }
+  const long long rp = (rows + 127LL) / 128 * 128, cp = (blocks + 3) / 4 * 4;
+  store_scale(scales, row * blocks + col, T.e * rp * cp + layout_offset(T.r0 + r, col, cp), flags, code);
+}
+
+// Thread t converts columns 2p and 2p+1 (p = t % 128) in rows 16h..16h+15 (h = t / 128): the two
+// halves of a column meet through `partial` for its maximum; the payload is staged as rows.
+__device__ __forceinline__ void columnwise_tile(const QTile& T, const unsigned char* tile, unsigned* partial,
+                                                unsigned char* staged, unsigned char* scales, int rows, int cols,
+                                                int flags) {
+  const int p = threadIdx.x % (QTHREADS / 2), h = threadIdx.x / (QTHREADS / 2);
+  const bool active = 2 * p < T.width;
+  const unsigned* in = reinterpret_cast<const unsigned*>(tile) + 16 * h * (QTILE_COLS / 2) + p;
+  unsigned acc = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) store_global(out + ((k + turn) & 3) * 8, convert8(v[k], rcp));
-    const long long col = T.c0 / 32 + g;
-    if (flags & QF_LOGICAL) {
-      store_global(scales + row * blocks + col, (unsigned char)code);
-    } else {
-      const long long rp = (rows + 127LL) / 128 * 128, cp = (blocks + 3) / 4 * 4;
-      store_global(scales + T.e * rp * cp + layout_offset(T.r0 + r, col, cp), (unsigned char)code);
-    }
+  for (int i = 0; i < 16; ++i) acc = amax2(acc, active ? in[i * (QTILE_COLS / 2)] : 0u);
+  partial[threadIdx.x] = acc;
+  __syncthreads();  // (the words are read again below rather than kept in registers across it)
+  acc = amax2(acc, partial[threadIdx.x ^ (QTHREADS / 2)]);
+  const unsigned code_lo = e8m0_code(__uint_as_float(acc << 16)), code_hi = e8m0_code(__uint_as_float(acc & 0xFFFF0000u));
+  if (active) {
+    const float rcp_lo = e8m0_reciprocal(code_lo, flags & QF_RCP_SHIFT);
+    const float rcp_hi = e8m0_reciprocal(code_hi, flags & QF_RCP_SHIFT);
+    unsigned short* out = reinterpret_cast<unsigned short*>(staged) + 16 * h * (QTILE_COLS / 2) + p;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      out[i * (QTILE_COLS / 2)] = (unsigned short)convert2(in[i * (QTILE_COLS / 2)], rcp_lo, rcp_hi);
+    const long long col = T.c0 + 2 * p + h;  // each half stores one of the two scales
+    const long long rp = (cols + 127LL) / 128 * 128, cp = (rows / 32 + 3) / 4 * 4;
+    store_scale(scales, ((long long)T.e * (rows / 32) + T.rb) * cols + col, T.e * rp * cp + layout_offset(col, T.rb, cp),
+                flags, h ? code_hi : code_lo);
   }
 }
 
-__device__ __forceinline__ void columnwise_tile(const QTile& T, const unsigned char* tile, unsigned char* staged,
-                                                unsigned char* data, unsigned char* scales, int rows, int cols,
-                                                int flags) {
-  const int c = threadIdx.x;
-  if (c < T.width) {
-    const unsigned short* in = reinterpret_cast<const unsigned short*>(tile) + c;
-    float amax = 0.0f;
-#pragma unroll 8
-    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(bf16_value(in[i * QTILE_COLS])));
-    const unsigned code = e8m0_code(amax);
-    const float rcp = e8m0_reciprocal(code, flags & QF_RCP_SHIFT);
-#pragma unroll 8
-    for (int i = 0; i < 32; i += 2) {
-      const unsigned pair = e4m3x2(__fmul_rn(bf16_value(in[i * QTILE_COLS]), rcp),
-                                   __fmul_rn(bf16_value(in[(i + 1) * QTILE_COLS]), rcp));
-      staged[i * QTILE_COLS + c] = (unsigned char)pair;
-      staged[(i + 1) * QTILE_COLS + c] = (unsigned char)(pair >> 8);
+// The staged payload rows of both directions, stored as 16-byte pieces (a warp writes 512
+// contiguous bytes of a row).
+__device__ __forceinline__ void store_payloads(const QTile& T, const unsigned char* staged, unsigned char* row_data,
+                                               unsigned char* col_data, int rows, int cols, int flags) {
+  constexpr int per_row = QTILE_COLS / 16;
+  const int pieces = T.width / 16;
+  const long long first = ((long long)T.e * rows + T.r0) * cols + T.c0;  // the tile's first payload byte
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    if (!(flags & (which ? QF_COLWISE : QF_ROWWISE))) continue;
+    unsigned char* out = (which ? col_data : row_data) + first;
+    const unsigned char* in = staged + which * (QTILE_ROWS * QTILE_COLS);
+#pragma unroll
+    for (int i = threadIdx.x; i < QTILE_ROWS * per_row; i += QTHREADS) {
+      const int r = i / per_row, k = i % per_row;
+      if (k < pieces)
+        store_global(out + (long long)r * cols + k * 16, *reinterpret_cast<const uint4*>(in + r * QTILE_COLS + k * 16));
     }
-    const long long col = T.c0 + c;
-    if (flags & QF_LOGICAL) {
-      store_global(scales + ((long long)T.e * (rows / 32) + T.rb) * cols + col, (unsigned char)code);
-    } else {
-      const long long rp = (cols + 127LL) / 128 * 128, cp = (rows / 32 + 3) / 4 * 4;
-      store_global(scales + T.e * rp * cp + layout_offset(col, T.rb, cp), (unsigned char)code);
-    }
-  }
-  __syncthreads();
-  const int pieces = T.width / 16;  // 16-byte pieces of a row of the tile's payload
-  for (int i = threadIdx.x; i < 32 * (QTILE_COLS / 16); i += QTHREADS) {
-    const int r = i / (QTILE_COLS / 16), k = i % (QTILE_COLS / 16);
-    if (k < pieces)
-      store_global(data + ((long long)T.e * rows + T.r0 + r) * cols + T.c0 + k * 16,
-                   *reinterpret_cast<const uint4*>(staged + r * QTILE_COLS + k * 16));
   }
 }
 
@@ -211,20 +240,21 @@ __device__ __forceinline__ void zero_padding(const QTile& T, unsigned char* row_
 
 // src: expert 0's x[0][0] (grouped: expert e at src + 2*e*expert_stride) or, with QF_POINTERS, a
 // device array of `experts` addresses; rows are row_stride elements apart. Every address and
-// row_stride*2 must be multiples of 16 (quantize.py checks them). tiles = E * R/32 * ceil(C/TILE).
+// row_stride*2 must be multiples of 16 (quantize.py checks them). tiles = E * R/32 * ceil(C/TILE),
+// below 2^31, as is R/32 * ceil(C/TILE) * E (quantize.py checks it).
 extern "C" __global__ void __launch_bounds__(QTHREADS, QMIN_BLOCKS)
     mxfp8_quantize(const unsigned long long src, const long long expert_stride, const long long row_stride,
                    unsigned char* row_data, unsigned char* row_scales, unsigned char* col_data,
-                   unsigned char* col_scales, const int rows, const int cols, const int flags,
-                   const long long tiles) {
+                   unsigned char* col_scales, const int rows, const int cols, const int flags, const int tiles) {
   __shared__ __align__(16) unsigned char tile[QTILE_ROWS * QTILE_COLS * 2];  // BF16
-  __shared__ __align__(16) unsigned char staged[QTILE_ROWS * QTILE_COLS];    // columnwise payload
+  __shared__ __align__(16) unsigned char staged[2 * QTILE_ROWS * QTILE_COLS];  // rowwise, columnwise payload
+  __shared__ unsigned partial[QTHREADS];                                      // columnwise half maxima
   const int col_tiles = (cols + QTILE_COLS - 1) / QTILE_COLS, row_blocks = rows / 32;
-  for (long long u = blockIdx.x; u < tiles; u += gridDim.x) {
+  for (int u = blockIdx.x; u < tiles; u += gridDim.x) {
     QTile T;
-    T.e = (int)(u / ((long long)row_blocks * col_tiles));
-    T.rb = (int)(u / col_tiles % row_blocks);
-    const int ct = (int)(u % col_tiles);
+    T.e = u / (row_blocks * col_tiles);
+    T.rb = u / col_tiles % row_blocks;
+    const int ct = u % col_tiles;
     T.r0 = T.rb * 32;
     T.c0 = ct * QTILE_COLS;
     T.width = min(QTILE_COLS, cols - T.c0);
@@ -243,8 +273,11 @@ extern "C" __global__ void __launch_bounds__(QTHREADS, QMIN_BLOCKS)
             __ldg(reinterpret_cast<const uint4*>(x + 2 * r * row_stride + k * 16));
     }
     __syncthreads();
-    if (flags & QF_ROWWISE) rowwise_tile(T, tile, row_data, row_scales, rows, cols, flags);
-    if (flags & QF_COLWISE) columnwise_tile(T, tile, staged, col_data, col_scales, rows, cols, flags);
+    if (flags & QF_ROWWISE) rowwise_tile(T, tile, staged, row_scales, rows, cols, flags);
+    if (flags & QF_COLWISE)
+      columnwise_tile(T, tile, partial, staged + QTILE_ROWS * QTILE_COLS, col_scales, rows, cols, flags);
+    __syncthreads();
+    store_payloads(T, staged, row_data, col_data, rows, cols, flags);
     if (!(flags & QF_LOGICAL)) zero_padding(T, row_scales, col_scales, rows, cols, flags);
     __syncthreads();  // the next tile overwrites the shared buffers
   }

@@ -52,10 +52,10 @@ class QuantizeConfig:
     threads: int = 256
     tile_rows: int = 32
     tile_cols: int = 256
-    min_blocks: int = 4  # resident blocks an SM the registers are allotted for (64 a thread, no spills)
+    min_blocks: int = 6  # resident blocks an SM: 40 registers a thread (no spills), 203 KB of shared memory
 
     def __post_init__(self) -> None:
-        if (self.threads, self.tile_rows, self.tile_cols, self.min_blocks) != (256, 32, 256, 4):
+        if (self.threads, self.tile_rows, self.tile_cols, self.min_blocks) != (256, 32, 256, 6):
             raise ValueError(
                 f"unsupported quantize kernel shape: expected 256 threads and 32 x 256 tiles; found "
                 f"{self.threads} threads and {self.tile_rows} x {self.tile_cols} tiles ({self.min_blocks} blocks an SM)"
@@ -217,6 +217,8 @@ def kernel_arguments(
     src = table.data_ptr() if table is not None else source.experts[0].data_ptr()
     pointers = (out.row_data.data_ptr(), out.row_scales.data_ptr(), out.col_data.data_ptr(), out.col_scales.data_ptr())
     tiles = config.tiles(experts, rows, cols)
+    if tiles > MAX_GRID:
+        raise LayoutError(f"src: {experts} experts [{rows}, {cols}] make {tiles} tiles; expected at most {MAX_GRID}")
     return (src, source.expert_stride, source.row_stride, *pointers, rows, cols, int(flags), tiles)
 
 
@@ -257,8 +259,7 @@ class QuantizeLaunch:
         self.kernel = _kernel(self._index, config)
         args = kernel_arguments(self.source, self.out, self.flags, self.table, config)
         kinds = (np.uint64, np.int64, np.int64, np.uint64, np.uint64, np.uint64, np.uint64)
-        self._args = (*(k(a) for k, a in zip(kinds, args, strict=False)), *map(np.int32, args[7:10]))
-        self._args += (np.int64(args[10]),)
+        self._args = (*(k(a) for k, a in zip(kinds, args, strict=False)), *map(np.int32, args[7:]))
         self.grid = max(1, min(args[10], MAX_GRID))
         self._launch = launch
         self._launch_config = LaunchConfig(grid=self.grid, block=config.threads)

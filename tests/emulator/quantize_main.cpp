@@ -59,7 +59,8 @@ extern "C" int mok_emulate_quantize(const long long* args, int grid, const long 
         if (t == 0) std::memset(__start_emu_shared, 0x5A, __stop_emu_shared - __start_emu_shared);
         sync.arrive_and_wait();  // shared memory is garbage (as on the device) when the block starts
         mxfp8_quantize(static_cast<unsigned long long>(args[0]), args[1], args[2], out(3), out(4), out(5), out(6),
-                       static_cast<int>(args[7]), static_cast<int>(args[8]), static_cast<int>(args[9]), args[10]);
+                       static_cast<int>(args[7]), static_cast<int>(args[8]), static_cast<int>(args[9]),
+                       static_cast<int>(args[10]));
         sync.arrive_and_wait();
       }
     });
