@@ -109,8 +109,12 @@ def compare(got: QuantizeOutputs, want: QuantizeOutputs, what: str) -> None:
     for name, g, w in zip(QuantizeOutputs._fields, got, want, strict=True):
         gb, wb = g.view(torch.uint8), w.view(torch.uint8)
         if not torch.equal(gb, wb):
-            bad = (gb != wb).nonzero()[:5].tolist()
-            raise AssertionError(f"{what}: {name} differs at {bad} ({(gb != wb).sum().item()} bytes)")
+            bad = (gb != wb).nonzero()[:5]
+            pairs = [f"{gb[tuple(i)].item():#04x} for {wb[tuple(i)].item():#04x}" for i in bad]
+            raise AssertionError(
+                f"{what}: {name} differs at {bad.tolist()} (found {', '.join(pairs)}; "
+                f"{(gb != wb).sum().item()} bytes differ)"
+            )
 
 
 def check(
