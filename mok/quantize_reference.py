@@ -27,6 +27,8 @@ The rule, per block of 32 BF16 values (rowwise: 32 consecutive columns of a row;
 3. Payload: ``x * rcp(code)`` in fp32, then E4M3 rounded to nearest even, saturated to +-448
    (infinities too), NaN -> 0x7F (the canonical E4M3 NaN: assumed for both signs of NaN, to be
    confirmed on a GPU by tests/gpu/test_quantize_gpu.py, which compares hardware ``cvt`` with this).
+   The product is exact (a power of two) unless it underflows fp32; the sign of a zero product
+   depends on the kernel TE runs (see :class:`ProductRule`).
 
 Where releases differ: ``exp2f_rcp`` (see :class:`ReciprocalRule`). TE 2.9's (``ptx.cuh``) gives
 1 for code 0 and ``(254 - code) << 23`` as float bits otherwise: 0 for code 254, -inf for 255.
@@ -36,6 +38,14 @@ for 254. With NaN-free ``amax`` only two kinds of block see the difference: a bl
 ``amax <= 448 * 2^-127`` (code 0: all payloads 0 under the old rule, ``x * 2^127`` under the new)
 and a block holding an infinity (code 254: finite values -> +-0 and infinities -> NaN under the
 old rule; ``x * 2^-127`` and infinities -> +-448 under the new).
+
+Where kernels differ within a release: later releases send cast-only BF16 input whose shape fits
+to specialized kernels (``cast/mxfp8/specialized/``), which multiply with ``fma.rn.f32x2`` and a
++0 addend (``ptx::mul_cvt_4x``): a -0.0 input gives payload 0x00 there and 0x80 in the generic
+kernel (see :class:`ProductRule`). Their scale arithmetic was read to give the
+same codes (the register-resident ``cast_bidim.cu`` computes them from the BF16 amax bits; the
+result equals ``float_to_e8m0(amax * 1/448)`` for every BF16 amax, and its reciprocals are the
+exact rule's).
 """
 
 from __future__ import annotations
@@ -59,6 +69,17 @@ class ReciprocalRule(str, Enum):
 
     SHIFT = "shift"  # TE 2.9 ptx.cuh: code 0 -> 1; else (254 - code) << 23: 254 -> 0, 255 -> -inf
     EXACT = "exact"  # after TE PR 2647: 2^(127 - code) for codes 0..254 (0 -> 2^127), 255 -> NaN
+
+
+class ProductRule(str, Enum):
+    """How TE multiplies a value by its reciprocal, which decides the sign of an exactly zero
+    product (x = -0, or a reciprocal of 0 under ReciprocalRule.SHIFT): the generic kernel's
+    ``mul_cvt_2x`` (``mul.f32x2``) keeps -0 (payload 0x80); the specialized cast-only kernels'
+    ``mul_cvt_4x`` (``fma.rn.f32x2`` with a +0 addend) gives +0 (0x00). A negative product that
+    underflows fp32 is -0 either way (fma rounds the exact, negative, sum)."""
+
+    MUL = "mul"
+    FMA_ZERO = "fma+0"
 
 
 class MXFP8Reference(NamedTuple):
@@ -113,12 +134,19 @@ def e4m3_satfinite(values: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(values), E4M3_NAN, payload).view(torch.float8_e4m3fn)
 
 
-def _quantize_blocks(blocks: torch.Tensor, dim: int, rule: ReciprocalRule) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_blocks(
+    blocks: torch.Tensor, dim: int, rule: ReciprocalRule, product: ProductRule
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Payload and codes of fp32 ``blocks`` whose dimension ``dim`` holds the 32 values of a block."""
     magnitude = blocks.abs()
     amax = torch.where(torch.isnan(magnitude), 0.0, magnitude).amax(dim=dim, keepdim=True)
     codes = e8m0_of(amax)
-    return e4m3_satfinite(blocks * e8m0_reciprocal(codes, rule)), codes.squeeze(dim)
+    rcp = e8m0_reciprocal(codes, rule)
+    scaled = blocks * rcp  # exact but for fp32 underflow, as on the GPU
+    if ProductRule(product) is ProductRule.FMA_ZERO:  # fma rounds x * rcp + 0 once: only an exact
+        exact_zero = (blocks == 0) | (rcp == 0)  # zero turns +0 (an underflow keeps its sign)
+        scaled = torch.where(exact_zero, scaled + 0.0, scaled)
+    return e4m3_satfinite(scaled), codes.squeeze(dim)
 
 
 def check_input(x: object, name: str = "x") -> torch.Tensor:
@@ -136,13 +164,15 @@ def check_input(x: object, name: str = "x") -> torch.Tensor:
     return batch
 
 
-def quantize_mxfp8_reference(x: torch.Tensor, rule: ReciprocalRule = ReciprocalRule.EXACT) -> MXFP8Reference:
+def quantize_mxfp8_reference(
+    x: torch.Tensor, rule: ReciprocalRule = ReciprocalRule.EXACT, product: ProductRule = ProductRule.MUL
+) -> MXFP8Reference:
     """Quantise BF16 ``x`` (``[E, R, C]`` or ``[R, C]``) both ways as TE does; outputs keep ``x``'s
     leading dimensions. A reference: clear, exact, and as slow as torch on the CPU is."""
     batch = check_input(x).to(torch.float32)
     e, r, c = batch.shape
-    row_data, row_scales = _quantize_blocks(batch.view(e, r, c // BLOCK, BLOCK), 3, rule)
-    col_data, col_scales = _quantize_blocks(batch.view(e, r // BLOCK, BLOCK, c), 2, rule)
+    row_data, row_scales = _quantize_blocks(batch.view(e, r, c // BLOCK, BLOCK), 3, rule, product)
+    col_data, col_scales = _quantize_blocks(batch.view(e, r // BLOCK, BLOCK, c), 2, rule, product)
     shape = x.shape[:-2]
     return MXFP8Reference(
         row_data.view(*shape, r, c),

@@ -15,7 +15,7 @@ import torch
 from mok.errors import LayoutError
 from mok.kernels import quantize as Q
 from mok.layout import layout_shape
-from mok.quantize_reference import ReciprocalRule
+from mok.quantize_reference import ProductRule, ReciprocalRule
 from tests.emulator import emulate_quantize as EQ
 
 SOURCE = Path(Q.__file__).with_name(Q.SOURCE_NAME)
@@ -62,6 +62,7 @@ def test_the_abi_macros_are_the_flags_and_the_shape() -> None:
         "QF_POINTERS": "4",
         "QF_RCP_SHIFT": "8",
         "QF_LOGICAL": "16",
+        "QF_FMA_ZERO": "32",
     }
     source = SOURCE.read_text()
     assert not re.findall(r"#define\s+(QTHREADS|QMIN_BLOCKS|QTILE_\w+|QF_\w+)\b", source)
@@ -69,11 +70,14 @@ def test_the_abi_macros_are_the_flags_and_the_shape() -> None:
         Q.QuantizeConfig(threads=128)
 
 
+RULES = [(rule, product) for rule in ReciprocalRule for product in ProductRule]
+
+
 @needs_gxx
-@pytest.mark.parametrize("rule", list(ReciprocalRule), ids=str)
+@pytest.mark.parametrize(("rule", "product"), RULES, ids=str)
 @pytest.mark.parametrize("name", list(CASES))
-def test_emulated_kernel_matches_the_reference(name: str, rule: ReciprocalRule) -> None:
-    EQ.check(CASES[name](torch.Generator().manual_seed(len(name))), rule=rule, what=name)
+def test_emulated_kernel_matches_the_reference(name: str, rule: ReciprocalRule, product: ProductRule) -> None:
+    EQ.check(CASES[name](torch.Generator().manual_seed(len(name))), rule=rule, product=product, what=name)
 
 
 @needs_gxx

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from mok.errors import LayoutError
 from mok.quantize_reference import (
     MAX_NORM_RCP,
+    ProductRule,
     ReciprocalRule,
     dequantize_mxfp8_reference,
     e8m0_reciprocal,
@@ -64,9 +65,11 @@ def _block(values: list[float]) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
-def _row(values: list[float], rule: ReciprocalRule = EXACT) -> tuple[int, list[int]]:
+def _row(
+    values: list[float], rule: ReciprocalRule = EXACT, product: ProductRule = ProductRule.MUL
+) -> tuple[int, list[int]]:
     """Scale code and payload bits of the rowwise block of ``values``."""
-    q = quantize_mxfp8_reference(_block(values), rule)
+    q = quantize_mxfp8_reference(_block(values), rule, product)
     return int(q.row_scales[0, 0]), q.row_data.view(torch.uint8)[0, : len(values)].tolist()
 
 
@@ -112,6 +115,16 @@ def test_inf_block_under_the_exact_rule() -> None:
 def test_inf_block_under_te_2_9_s_rule() -> None:
     # code 254; rcp 0: inf * 0 is NaN, finite values become zeros of their sign
     assert _row([INF, -INF, LARGEST_BF16, 1.0, -2.0], SHIFT) == (254, [0x7F, 0x7F, 0x00, 0x00, 0x80])
+
+
+def test_an_exactly_zero_product_is_plus_zero_under_fma() -> None:
+    """The specialized kernels' fma(x, rcp, +0): -0 becomes +0; so does -2 * 0 (TE 2.9's rcp of an
+    inf block); a negative product that underflows fp32 keeps its sign (fma rounds the exact sum)."""
+    fma = ProductRule.FMA_ZERO
+    assert _row([-0.0, 1.0], EXACT, fma) == (119, [0x00, 0x78])
+    assert _row([-0.0, 1.0], EXACT, ProductRule.MUL) == (119, [0x80, 0x78])
+    assert _row([INF, -2.0, 1.0], SHIFT, fma) == (254, [0x7F, 0x00, 0x00])
+    assert _row([INF, -(2.0**-100)], EXACT, fma) == (254, [0x7E, 0x80])  # -2^-227 underflows to -0
 
 
 def test_tiny_block_is_code_0_and_the_rules_differ() -> None:

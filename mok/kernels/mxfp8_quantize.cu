@@ -23,7 +23,7 @@
 
 #if !defined(QTHREADS) || !defined(QMIN_BLOCKS) || !defined(QTILE_ROWS) || !defined(QTILE_COLS) || \
     !defined(QF_ROWWISE) || !defined(QF_COLWISE) || !defined(QF_POINTERS) || !defined(QF_RCP_SHIFT) ||  \
-    !defined(QF_LOGICAL)
+    !defined(QF_LOGICAL) || !defined(QF_FMA_ZERO)
 #error "compile with the macros of mok/kernels/quantize.py (QuantizeConfig.macros)"
 #endif
 
@@ -83,15 +83,21 @@ __device__ __forceinline__ unsigned e4m3x2(float lo, float hi) {
 #endif
 }
 
+// The addend of x * rcp + zero: -0 reproduces TE's generic kernel (mul.f32: a -0 product stays
+// -0), +0 its specialized cast-only kernels (fma.rn.f32 with a +0 addend: an exactly zero product
+// is +0). Either way one rounding of the exact result, as both kernels do.
+__device__ __forceinline__ float product_addend(int flags) { return flags & QF_FMA_ZERO ? 0.0f : -0.0f; }
+
 // Both halves of a word of two BF16 values scaled by their reciprocals, as two payload bytes.
-__device__ __forceinline__ unsigned convert2(unsigned w, float rcp_lo, float rcp_hi) {
-  return e4m3x2(__fmul_rn(__uint_as_float(w << 16), rcp_lo), __fmul_rn(__uint_as_float(w & 0xFFFF0000u), rcp_hi));
+__device__ __forceinline__ unsigned convert2(unsigned w, float rcp_lo, float rcp_hi, float zero) {
+  return e4m3x2(__fmaf_rn(__uint_as_float(w << 16), rcp_lo, zero),
+                __fmaf_rn(__uint_as_float(w & 0xFFFF0000u), rcp_hi, zero));
 }
 
 // Eight BF16 values (a 16-byte chunk) scaled by rcp, as eight payload bytes.
-__device__ __forceinline__ unsigned long long convert8(const uint4 v, float rcp) {
-  const unsigned lo = convert2(v.x, rcp, rcp) | convert2(v.y, rcp, rcp) << 16;
-  const unsigned hi = convert2(v.z, rcp, rcp) | convert2(v.w, rcp, rcp) << 16;
+__device__ __forceinline__ unsigned long long convert8(const uint4 v, float rcp, float zero) {
+  const unsigned lo = convert2(v.x, rcp, rcp, zero) | convert2(v.y, rcp, rcp, zero) << 16;
+  const unsigned hi = convert2(v.z, rcp, rcp, zero) | convert2(v.w, rcp, rcp, zero) << 16;
   return (unsigned long long)hi << 32 | lo;
 }
 
@@ -163,7 +169,7 @@ __device__ __forceinline__ void rowwise_tile(const QTile& T, const unsigned char
   for (int k = 0; k < 4; ++k) {  // read again: fewer registers held than keeping the 64 bytes
     const int chunk = (k + turn) & 3;
     *reinterpret_cast<unsigned long long*>(out + chunk * 8) =
-        convert8(*reinterpret_cast<const uint4*>(in + chunk * 16), rcp);
+        convert8(*reinterpret_cast<const uint4*>(in + chunk * 16), rcp, product_addend(flags));
   }
   const long long rp = (rows + 127LL) / 128 * 128, cp = (blocks + 3) / 4 * 4;
   store_scale(scales, row * blocks + col, T.e * rp * cp + layout_offset(T.r0 + r, col, cp), flags, code);
@@ -190,7 +196,8 @@ __device__ __forceinline__ void columnwise_tile(const QTile& T, const unsigned c
     unsigned short* out = reinterpret_cast<unsigned short*>(staged) + 16 * h * (QTILE_COLS / 2) + p;
 #pragma unroll
     for (int i = 0; i < 16; ++i)
-      out[i * (QTILE_COLS / 2)] = (unsigned short)convert2(in[i * (QTILE_COLS / 2)], rcp_lo, rcp_hi);
+      out[i * (QTILE_COLS / 2)] =
+          (unsigned short)convert2(in[i * (QTILE_COLS / 2)], rcp_lo, rcp_hi, product_addend(flags));
     const long long col = T.c0 + 2 * p + h;  // each half stores one of the two scales
     const long long rp = (cols + 127LL) / 128 * 128, cp = (rows / 32 + 3) / 4 * 4;
     store_scale(scales, ((long long)T.e * (rows / 32) + T.rb) * cols + col, T.e * rp * cp + layout_offset(col, T.rb, cp),

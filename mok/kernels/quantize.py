@@ -26,7 +26,7 @@ from mok.errors import LayoutError
 from mok.kernels.launch import _current_stream_handle, _stream
 from mok.layout import layout_shape, swizzle_reference
 from mok.overlap import check_no_overlap
-from mok.quantize_reference import BLOCK, ReciprocalRule, check_input, quantize_mxfp8_reference
+from mok.quantize_reference import BLOCK, ProductRule, ReciprocalRule, check_input, quantize_mxfp8_reference
 
 KERNEL_NAME = "mxfp8_quantize"
 SOURCE_NAME = "mxfp8_quantize.cu"
@@ -42,6 +42,7 @@ class QuantizeFlag(IntFlag):
     POINTERS = 4  # the source is a device table of per-expert addresses
     RCP_SHIFT = 8  # TE 2.9's exp2f_rcp (ReciprocalRule.SHIFT); else ReciprocalRule.EXACT
     LOGICAL = 16  # scales logical and compact, [E, R, C/32] and [E, R/32, C]; else the 128x4 layout
+    FMA_ZERO = 32  # payloads from fma(x, rcp, +0) (ProductRule.FMA_ZERO); else x * rcp
 
 
 @dataclass(frozen=True)
@@ -196,11 +197,15 @@ def _kernel(index: int, config: QuantizeConfig) -> Any:
     return hit
 
 
-def flags_for(*, rule: ReciprocalRule, swizzled: bool, pointers: bool) -> QuantizeFlag:
+def flags_for(
+    *, rule: ReciprocalRule, swizzled: bool, pointers: bool, product: ProductRule = ProductRule.MUL
+) -> QuantizeFlag:
     """The flags of a launch writing both directions."""
     flags = QuantizeFlag.ROWWISE | QuantizeFlag.COLWISE
     if ReciprocalRule(rule) is ReciprocalRule.SHIFT:
         flags |= QuantizeFlag.RCP_SHIFT
+    if ProductRule(product) is ProductRule.FMA_ZERO:
+        flags |= QuantizeFlag.FMA_ZERO
     if not swizzled:
         flags |= QuantizeFlag.LOGICAL
     if pointers:
@@ -241,6 +246,7 @@ class QuantizeLaunch:
         out: QuantizeOutputs,
         *,
         rule: ReciprocalRule = ReciprocalRule.EXACT,
+        product: ProductRule = ProductRule.MUL,
         swizzled: bool = True,
         config: QuantizeConfig = QuantizeConfig(),
     ) -> None:
@@ -255,7 +261,7 @@ class QuantizeLaunch:
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         pointers = self.source.grouped is None
         self.table = address_table(self.source, device) if pointers else None
-        self.flags = flags_for(rule=rule, swizzled=swizzled, pointers=pointers)
+        self.flags = flags_for(rule=rule, swizzled=swizzled, pointers=pointers, product=product)
         self.kernel = _kernel(self._index, config)
         args = kernel_arguments(self.source, self.out, self.flags, self.table, config)
         kinds = (np.uint64, np.int64, np.int64, np.uint64, np.uint64, np.uint64, np.uint64)
@@ -286,6 +292,7 @@ def run_reference(
     out: QuantizeOutputs,
     *,
     rule: ReciprocalRule = ReciprocalRule.EXACT,
+    product: ProductRule = ProductRule.MUL,
     swizzled: bool = True,
 ) -> None:
     """What a QuantizeLaunch writes, computed by the torch reference (any device; one expert at a
@@ -294,7 +301,7 @@ def run_reference(
     out = check_outputs(out, source, swizzled=swizzled)
     rows, cols = source.experts[0].shape
     for e, x in enumerate(source.experts):
-        q = quantize_mxfp8_reference(x, rule)
+        q = quantize_mxfp8_reference(x, rule, product)
         out.row_data[e].copy_(q.row_data)
         out.col_data[e].copy_(q.col_data)
         if swizzled:
@@ -310,12 +317,13 @@ def prepare(
     out: QuantizeOutputs,
     *,
     rule: ReciprocalRule = ReciprocalRule.EXACT,
+    product: ProductRule = ProductRule.MUL,
     swizzled: bool = True,
 ) -> Callable[[], None]:
     """The quantisation of ``src`` into ``out`` ready to run again and again: a QuantizeLaunch on
     CUDA tensors, the torch reference elsewhere (checked once here in both cases)."""
     source = check_source(src)
     if source.experts[0].device.type == "cuda":
-        return QuantizeLaunch(src, out, rule=rule, swizzled=swizzled)
+        return QuantizeLaunch(src, out, rule=rule, product=product, swizzled=swizzled)
     check_outputs(out, source, swizzled=swizzled)
-    return lambda: run_reference(src, out, rule=rule, swizzled=swizzled)
+    return lambda: run_reference(src, out, rule=rule, product=product, swizzled=swizzled)

@@ -5,7 +5,7 @@
 Builds mok/kernels/mxfp8_quantize.cu with emulator.h (g++ -std=c++20, the ABI macros of
 mok.kernels.quantize.QuantizeConfig; see quantize_main.cpp) and runs it on CPU tensors with the
 same arguments a QuantizeLaunch passes: grouped and per-expert (pointer table) sources, scales in
-the 128x4 layout or logical, both reciprocal rules. Every output buffer is filled with 0xFF (a
+the 128x4 layout or logical, both reciprocal rules and both product rules. Every output buffer is filled with 0xFF (a
 byte no output ever holds: NaN payloads are 0x7F, scales never 255 for NaN-free maxima) before the
 run and compared whole with mok.kernels.quantize.run_reference, so a byte left unwritten shows.
 It checks the kernel's logic and its software E4M3 conversion; the hardware ``cvt`` it uses on
@@ -36,7 +36,7 @@ from mok.kernels.quantize import (
     kernel_arguments,
     run_reference,
 )
-from mok.quantize_reference import ReciprocalRule
+from mok.quantize_reference import ProductRule, ReciprocalRule
 
 HERE = Path(__file__).parent
 CONFIG = QuantizeConfig()
@@ -72,6 +72,7 @@ def run(
     out: QuantizeOutputs,
     *,
     rule: ReciprocalRule = ReciprocalRule.EXACT,
+    product: ProductRule = ProductRule.MUL,
     swizzled: bool = True,
     grid: int = 0,
     kernel_dir: Path = KERNEL_DIR,
@@ -82,7 +83,8 @@ def run(
     out = check_outputs(out, source, swizzled=swizzled)
     pointers = source.grouped is None
     table = address_table(source, torch.device("cpu")) if pointers else None
-    args = kernel_arguments(source, out, flags_for(rule=rule, swizzled=swizzled, pointers=pointers), table, config)
+    flags = flags_for(rule=rule, swizzled=swizzled, pointers=pointers, product=product)
+    args = kernel_arguments(source, out, flags, table, config)
     tiles = args[-1]
     readable = torch.tensor([a for x in source.experts for a in _span(x)], dtype=torch.int64)
     writable = torch.tensor([a for t in out for a in _span(t)], dtype=torch.int64)
@@ -121,6 +123,7 @@ def check(
     src: Source,
     *,
     rule: ReciprocalRule = ReciprocalRule.EXACT,
+    product: ProductRule = ProductRule.MUL,
     swizzled: bool = True,
     grid: int = 0,
     what: str = "",
@@ -131,9 +134,10 @@ def check(
     (rows, cols), experts = source.experts[0].shape, len(source.experts)
     got = poisoned(experts, rows, cols, swizzled=swizzled)
     want = poisoned(experts, rows, cols, swizzled=swizzled)
-    run(src, got, rule=rule, swizzled=swizzled, grid=grid, kernel_dir=kernel_dir)
-    run_reference(src, want, rule=rule, swizzled=swizzled)
-    compare(got, want, f"{what} (rule {rule.value}, {'layout' if swizzled else 'logical'} scales, grid {grid})")
+    run(src, got, rule=rule, product=product, swizzled=swizzled, grid=grid, kernel_dir=kernel_dir)
+    run_reference(src, want, rule=rule, product=product, swizzled=swizzled)
+    scales = "layout" if swizzled else "logical"
+    compare(got, want, f"{what} (rule {rule.value}, product {product.value}, {scales} scales, grid {grid})")
 
 
 def special_values(g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -198,9 +202,10 @@ def main() -> None:
     args = parser.parse_args()
     for name, make in cases():
         for grid in args.grids:
-            for rule in ReciprocalRule:
+            for rule, product in zip(ReciprocalRule, ProductRule, strict=True):
                 for swizzled in (True, False):
-                    check(make(torch.Generator().manual_seed(len(name))), rule=rule, swizzled=swizzled, grid=grid)
+                    seeded = make(torch.Generator().manual_seed(len(name)))
+                    check(seeded, rule=rule, product=product, swizzled=swizzled, grid=grid)
             print(f"ok  grid={grid or 'per-tile'}  {name}", flush=True)
     print("emulation of mxfp8_quantize: every output equals the torch reference")
 

@@ -21,6 +21,7 @@ inline float __uint_as_float(unsigned u) {
   return f;
 }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 
 #include "mxfp8_quantize.cu"
 

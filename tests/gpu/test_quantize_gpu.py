@@ -19,7 +19,7 @@ import torch
 
 from mok.kernels import quantize as Q
 from mok.layout import columnwise_scales, rowwise_scales
-from mok.quantize_reference import ReciprocalRule
+from mok.quantize_reference import ProductRule, ReciprocalRule
 from tests.emulator import emulate_quantize as EQ
 
 pytestmark = pytest.mark.gpu
@@ -37,21 +37,25 @@ def _cpu(src: Source) -> Source:
     return src.cpu() if isinstance(src, torch.Tensor) else [x.cpu() for x in src]
 
 
-def _reference(src: Source, swizzled: bool, rule: ReciprocalRule) -> Q.QuantizeOutputs:
+def _reference(
+    src: Source, swizzled: bool, rule: ReciprocalRule, product: ProductRule = ProductRule.MUL
+) -> Q.QuantizeOutputs:
     cpu = _cpu(src)
     source = Q.check_source(cpu)
     (rows, cols), experts = source.experts[0].shape, len(source.experts)
     want = EQ.poisoned(experts, rows, cols, swizzled=swizzled)
-    Q.run_reference(cpu, want, rule=rule, swizzled=swizzled)
+    Q.run_reference(cpu, want, rule=rule, product=product, swizzled=swizzled)
     return want
 
 
-def _check(src: Source, *, rule: ReciprocalRule, swizzled: bool, what: str) -> None:
+def _check(
+    src: Source, *, rule: ReciprocalRule, swizzled: bool, what: str, product: ProductRule = ProductRule.MUL
+) -> None:
     source = Q.check_source(src)
     (rows, cols), experts = source.experts[0].shape, len(source.experts)
-    want = _reference(src, swizzled, rule)
+    want = _reference(src, swizzled, rule, product)
     out = EQ.poisoned(experts, rows, cols, swizzled=swizzled, device=CUDA)
-    launch = Q.QuantizeLaunch(src, out, rule=rule, swizzled=swizzled)
+    launch = Q.QuantizeLaunch(src, out, rule=rule, product=product, swizzled=swizzled)
     for poison in (0xFF, 0x00):
         for t in out:
             t.view(torch.uint8).fill_(poison)
@@ -61,10 +65,12 @@ def _check(src: Source, *, rule: ReciprocalRule, swizzled: bool, what: str) -> N
 
 
 @pytest.mark.parametrize("swizzled", [True, False], ids=["layout", "logical"])
+@pytest.mark.parametrize("product", list(ProductRule), ids=str)
 @pytest.mark.parametrize("rule", list(ReciprocalRule), ids=str)
 @pytest.mark.parametrize("name", list(CASES))
-def test_kernel_matches_the_reference(name: str, rule: ReciprocalRule, swizzled: bool) -> None:
-    _check(CASES[name](torch.Generator().manual_seed(len(name))), rule=rule, swizzled=swizzled, what=name)
+def test_kernel_matches_the_reference(name: str, rule: ReciprocalRule, product: ProductRule, swizzled: bool) -> None:
+    x = CASES[name](torch.Generator().manual_seed(len(name)))
+    _check(x, rule=rule, product=product, swizzled=swizzled, what=name)
 
 
 @pytest.mark.parametrize(("experts", "rows", "cols"), [(4, 2048, 7168), (3, 7168, 2080), (2, 224, 4128)])
@@ -77,10 +83,12 @@ def test_kernel_matches_the_reference_at_megatron_like_shapes(experts: int, rows
 def test_hardware_conversion_of_every_bf16_value() -> None:
     """All 65536 BF16 bit patterns, 2048 blocks of 32, under codes the data itself sets."""
     x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).view(1, 2048, 32)
+    other = x.view(32, 2048).t().contiguous().view(1, 2048, 32)  # other neighbours, other codes
     for rule in ReciprocalRule:
-        _check(x.to(CUDA), rule=rule, swizzled=False, what=f"every BF16 value, rule {rule.value}")
-        scaled = x.view(32, 2048).t().contiguous().view(1, 2048, 32)  # other neighbours, other codes
-        _check(scaled.to(CUDA), rule=rule, swizzled=True, what=f"every BF16 value transposed, rule {rule.value}")
+        for product in ProductRule:
+            what = f"every BF16 value, rule {rule.value}, product {product.value}"
+            _check(x.to(CUDA), rule=rule, product=product, swizzled=False, what=what)
+            _check(other.to(CUDA), rule=rule, product=product, swizzled=True, what=f"{what}, transposed")
 
 
 def test_a_launch_allocates_nothing_and_replays_in_a_cuda_graph() -> None:
@@ -131,14 +139,15 @@ def _te_quantizer() -> object:
     return MXFP8Quantizer(fp8_dtype=tex.DType.kFloat8E4M3, rowwise=True, columnwise=True)
 
 
-def test_te_quantizer_agrees_with_the_reference_under_one_rule() -> None:
+@pytest.mark.parametrize(("rows", "cols"), [(256, 544), (256, 512), (128, 1024)])
+def test_te_quantizer_agrees_with_the_reference_under_one_rule(rows: int, cols: int) -> None:
     """TE's own MXFP8Quantizer, into buffers filled with random bytes first, equals the reference
-    under one of the two reciprocal rules (the test prints which), payloads and scales, the scales
-    read as TE marks them (logical, or already in the layout)."""
+    under one reciprocal and product rule (the test prints which: run with -s), payloads and scales,
+    the scales read as TE marks them (logical, or already in the layout). Shapes whose columns are
+    a multiple of 256 may go to TE's specialized cast-only kernels, the others to the generic one."""
     import te_compat
 
     quantizer = _te_quantizer()
-    rows, cols = 256, 544
     x = EQ.special_values(torch.Generator().manual_seed(21), (rows, cols)).to(CUDA)
     tensor = quantizer.make_empty((rows, cols), dtype=torch.bfloat16, device=CUDA)  # type: ignore[attr-defined]
     names = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
@@ -159,9 +168,9 @@ def test_te_quantizer_agrees_with_the_reference_under_one_rule() -> None:
         )
     payloads = (buffers[0].view(torch.uint8).cpu(), buffers[2].view(torch.uint8).cpu())
     matches = []
-    for rule in ReciprocalRule:
+    for rule, product in [(r, p) for r in ReciprocalRule for p in ProductRule]:
         want = Q.empty_outputs(1, rows, cols, "cpu", swizzled=swizzled)
-        Q.run_reference(x.cpu(), want, rule=rule, swizzled=swizzled)
+        Q.run_reference(x.cpu(), want, rule=rule, product=product, swizzled=swizzled)
         want_scales = (
             (want.row_scales.view(-1), want.col_scales.view(-1))
             if swizzled
@@ -173,6 +182,7 @@ def test_te_quantizer_agrees_with_the_reference_under_one_rule() -> None:
         same = torch.equal(payloads[0], want.row_data[0].view(torch.uint8))
         same = same and torch.equal(payloads[1], want.col_data[0].view(torch.uint8))
         if same and all(torch.equal(a, b) for a, b in zip(got_scales, want_scales, strict=True)):
-            matches.append(rule.value)
-    assert matches, f"TE {te_compat.te_version()} agrees with the reference under neither reciprocal rule"
-    print(f"TE {te_compat.te_version()} quantises MXFP8 under the reciprocal rule(s) {matches}, swizzled={swizzled}")
+            matches.append(f"{rule.value}/{product.value}")
+    te = te_compat.te_version()
+    assert matches, f"TE {te} ({rows}x{cols}) agrees with the reference under no reciprocal/product rule"
+    print(f"TE {te} quantises {rows}x{cols} under the rule(s) {matches} (reciprocal/product), swizzled={swizzled}")
