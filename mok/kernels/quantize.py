@@ -58,8 +58,8 @@ class QuantizeConfig:
     def __post_init__(self) -> None:
         if (self.threads, self.tile_rows, self.tile_cols, self.min_blocks) != (256, 32, 256, 6):
             raise ValueError(
-                f"unsupported quantize kernel shape: expected 256 threads and 32 x 256 tiles; found "
-                f"{self.threads} threads and {self.tile_rows} x {self.tile_cols} tiles ({self.min_blocks} blocks an SM)"
+                "unsupported quantize kernel shape: expected 256 threads, 32 x 256 tiles and 6 blocks an SM; found "
+                f"{self.threads} threads, {self.tile_rows} x {self.tile_cols} tiles and {self.min_blocks} blocks an SM"
             )
 
     def macros(self) -> list[tuple[str, str]]:
