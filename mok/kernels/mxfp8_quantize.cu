@@ -1,0 +1,291 @@
+// BF16 expert weights to MXFP8 as Transformer Engine quantises them (mok/quantize_reference.py has
+// the rule and the TE sources it follows), both directions, every expert in one launch:
+//   rowwise:    payload [E, R, C] E4M3, one E8M0 scale per 1x32 block of a row, scales S[R, C/32];
+//   columnwise: payload [E, R, C] E4M3 (not transposed), one scale per 32x1 block of a column,
+//               scales Scol[R/32, C], written as their transpose S'[C, R/32];
+// the scales either in the tcgen05 128x4 layout (mok/layout.py: S[r, c] at
+// ((r/128)*(Cp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4, Rp = roundup(rows,128),
+// Cp = roundup(cols,4), padding bytes 0, expert e at e*Rp*Cp) or logical and compact
+// (QF_LOGICAL: [E, R, C/32] and [E, R/32, C], no padding).
+//
+// A block converts tiles of 32 rows x TILE_COLS columns of one expert: the tile is read once with
+// 16-byte loads (a warp reads 512 contiguous bytes of a row) into shared memory; each thread then
+// converts one 1x32 rowwise block (its row's 64 bytes, read in an order that keeps the 8 threads
+// of a row on distinct banks) and half of two columns (16 rows of two-value words; the halves'
+// maxima meet in shared memory). Both payloads are staged in shared memory as rows and stored as
+// 16-byte pieces, a warp writing 512 contiguous bytes. Maxima are taken two BF16 values at a time
+// (max.bf16x2 on |x|). Scale bytes are stored one by one (1/32 of the payload);
+// the tile whose rows or columns end a matrix also zeroes the layout's padding next to its own
+// scales, so every byte of every output is written exactly once.
+//
+// Constants of the launch ABI come from mok/kernels/quantize.py as macros (NVRTC options, or g++
+// -D in the CPU emulator, tests/emulator/emulate_quantize.py): none is defined here.
+
+#if !defined(QTHREADS) || !defined(QMIN_BLOCKS) || !defined(QTILE_ROWS) || !defined(QTILE_COLS) || \
+    !defined(QF_ROWWISE) || !defined(QF_COLWISE) || !defined(QF_POINTERS) || !defined(QF_RCP_SHIFT) ||  \
+    !defined(QF_LOGICAL) || !defined(QF_FMA_ZERO)
+#error "compile with the macros of mok/kernels/quantize.py (QuantizeConfig.macros)"
+#endif
+
+#define QCHUNKS (QTILE_COLS / 8)   // 16-byte chunks of a tile row of BF16
+#define QGROUPS (QTILE_COLS / 32)  // 1x32 blocks of a tile row
+static_assert(QTILE_ROWS == 32, "a tile is one 32-row block of the columnwise direction");
+static_assert(QTHREADS == QTILE_COLS && QTILE_ROWS * QGROUPS == QTHREADS,
+              "one thread per column of a tile and one per 1x32 block of it");
+static_assert(QGROUPS == 8, "the read order of a row's blocks is chosen for 8 blocks a row");
+
+// fp32(1/448) = 0x3B124925: TE's Quantized_Limits<fp8e4m3>::max_norm_rcp
+#define QMAX_NORM_RCP 0x1.24924ap-9f
+
+#ifndef MOK_EMULATE
+template <class T>
+__device__ __forceinline__ void store_global(unsigned char* p, const T v) {
+  *reinterpret_cast<T*>(p) = v;
+}
+#endif
+
+// TE's float_to_e8m0(amax * max_norm_rcp) (util/ptx.cuh; Blackwell's cvt.rp.satfinite.ue8m0x2.f32
+// gives the same codes for the non-negative values it is used on).
+__device__ __forceinline__ unsigned e8m0_code(float amax) {
+  const float v = __fmul_rn(amax, QMAX_NORM_RCP);
+  const unsigned u = __float_as_uint(v);
+  const unsigned exponent = (u >> 23) & 0xFFu, mantissa = u & 0x7FFFFFu;
+  if (exponent == 0xFFu) return mantissa ? 0xFFu : 0xFEu;  // NaN, +inf
+  const bool up = mantissa > 0 && exponent != 0xFEu && !(exponent == 0 && mantissa <= 0x400000u);
+  return exponent + (up ? 1u : 0u);
+}
+
+// TE's exp2f_rcp(code): QF_RCP_SHIFT is TE 2.9's (code 0 -> 1, else (254 - code) << 23: 254 -> 0,
+// 255 -> -inf); otherwise the rule after TE PR 2647 (2^(127 - code); 254 -> 2^-127, 255 -> NaN).
+__device__ __forceinline__ float e8m0_reciprocal(unsigned code, bool shift) {
+  const unsigned bits = (254u - code) << 23;
+  if (shift) return __uint_as_float(code == 0 ? 0x3F800000u : bits);
+  return __uint_as_float(code == 255 ? 0x7FFFFFFFu : code == 254 ? 0x00400000u : bits);
+}
+
+// cvt.rn.satfinite.e4m3 of one fp32 in software: nearest even, +-448 beyond, NaN -> 0x7F.
+__device__ __forceinline__ unsigned e4m3_satfinite(float f) {
+  const unsigned u = __float_as_uint(f), sign = (u >> 24) & 0x80u, a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0x7Fu;
+  if (a >= 0x43E00000u) return sign | 0x7Eu;  // 448 or more, infinity included
+  if (a >= 0x3C800000u) return sign | (((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - 960u);  // normal: 2^-6 up
+  return sign | (unsigned)rintf(__fmul_rn(__uint_as_float(a), 512.0f));  // subnormal: multiples of 2^-9
+}
+
+// Two payload bytes, lo in the low byte: TE's cvt.rn.satfinite.e4m3x2.f32 where the GPU has it.
+__device__ __forceinline__ unsigned e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(MOK_EMULATE)
+  unsigned short out;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+  return out;
+#else
+  return e4m3_satfinite(lo) | e4m3_satfinite(hi) << 8;
+#endif
+}
+
+// The addend of x * rcp + zero: -0 reproduces TE's generic kernel (mul.f32: a -0 product stays
+// -0), +0 its specialized cast-only kernels (fma.rn.f32 with a +0 addend: an exactly zero product
+// is +0). Either way one rounding of the exact result, as both kernels do.
+__device__ __forceinline__ float product_addend(int flags) { return flags & QF_FMA_ZERO ? 0.0f : -0.0f; }
+
+// Both halves of a word of two BF16 values scaled by their reciprocals, as two payload bytes.
+__device__ __forceinline__ unsigned convert2(unsigned w, float rcp_lo, float rcp_hi, float zero) {
+  return e4m3x2(__fmaf_rn(__uint_as_float(w << 16), rcp_lo, zero),
+                __fmaf_rn(__uint_as_float(w & 0xFFFF0000u), rcp_hi, zero));
+}
+
+// Eight BF16 values (a 16-byte chunk) scaled by rcp, as eight payload bytes.
+__device__ __forceinline__ unsigned long long convert8(const uint4 v, float rcp, float zero) {
+  const unsigned lo = convert2(v.x, rcp, rcp, zero) | convert2(v.y, rcp, rcp, zero) << 16;
+  const unsigned hi = convert2(v.z, rcp, rcp, zero) | convert2(v.w, rcp, rcp, zero) << 16;
+  return (unsigned long long)hi << 32 | lo;
+}
+
+// Per half of a word of two BF16 values: the larger of acc's half and |w|'s half, where acc holds
+// non-negative non-NaN values; a NaN of w is skipped, as TE's maxima (max.xorsign.abs.bf16x2,
+// __hmax, fmaxf) skip it.
+__device__ __forceinline__ unsigned amax2(unsigned acc, unsigned w) {
+  const unsigned m = w & 0x7FFF7FFFu;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(MOK_EMULATE)
+  unsigned out;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(acc), "r"(m));
+  return out;
+#else
+  unsigned out = 0;
+  for (int half = 0; half < 32; half += 16) {
+    const unsigned a = acc >> half & 0xFFFFu, b = m >> half & 0xFFFFu;  // non-negative: ordered as integers
+    out |= (b > 0x7F80u || a >= b ? a : b) << half;
+  }
+  return out;
+#endif
+}
+
+// The larger of the two halves of a word of amax2 maxima, as fp32.
+__device__ __forceinline__ float amax_of(unsigned acc) {
+  return fmaxf(__uint_as_float(acc << 16), __uint_as_float(acc & 0xFFFF0000u));
+}
+
+__device__ __forceinline__ long long layout_offset(long long r, long long c, long long cp) {
+  return ((r >> 7) * (cp >> 2) + (c >> 2)) * 512 + (r & 31) * 16 + ((r & 127) >> 5) * 4 + (c & 3);
+}
+
+// Zeroes entries [r0, r1) x [c0, c1) of a layout whose padded column count is cp.
+__device__ __forceinline__ void zero_entries(unsigned char* layout, long long cp, long long r0, long long r1,
+                                             long long c0, long long c1) {
+  const int width = (int)(c1 - c0), n = (int)(r1 - r0) * width;  // at most 96 x 256 entries
+  for (int i = threadIdx.x; i < n; i += QTHREADS)
+    store_global(layout + layout_offset(r0 + i / width, c0 + i % width, cp), (unsigned char)0);
+}
+
+// One tile: expert e, rows [r0, r0 + 32), columns [c0, c0 + width).
+struct QTile {
+  int e, rb, r0, c0, width;
+  bool last_rows, last_cols;
+};
+
+__device__ __forceinline__ void store_scale(unsigned char* scales, long long logical, long long layout, int flags,
+                                            unsigned code) {
+  store_global(scales + (flags & QF_LOGICAL ? logical : layout), (unsigned char)code);
+}
+
+// Thread (r, g) converts the 1x32 block g of the tile's row r; its payload is staged as rows.
+__device__ __forceinline__ void rowwise_tile(const QTile& T, const unsigned char* tile, unsigned char* staged,
+                                             unsigned char* scales, int rows, int cols, int flags) {
+  const int r = threadIdx.x / QGROUPS, g = threadIdx.x % QGROUPS;
+  if (g * 32 >= T.width) return;
+  const unsigned char* in = tile + r * (QTILE_COLS * 2) + g * 64;
+  const int turn = g >> 1;  // the 8 threads of a row read distinct banks at each step
+  unsigned acc = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint4 v = *reinterpret_cast<const uint4*>(in + ((k + turn) & 3) * 16);
+    acc = amax2(amax2(amax2(amax2(acc, v.x), v.y), v.z), v.w);
+  }
+  const unsigned code = e8m0_code(amax_of(acc));
+  const float rcp = e8m0_reciprocal(code, flags & QF_RCP_SHIFT);
+  const long long row = (long long)T.e * rows + T.r0 + r, blocks = cols / 32, col = T.c0 / 32 + g;
+  unsigned char* out = staged + r * QTILE_COLS + g * 32;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // read again: fewer registers held than keeping the 64 bytes
+    const int chunk = (k + turn) & 3;
+    *reinterpret_cast<unsigned long long*>(out + chunk * 8) =
+        convert8(*reinterpret_cast<const uint4*>(in + chunk * 16), rcp, product_addend(flags));
+  }
+  const long long rp = (rows + 127LL) / 128 * 128, cp = (blocks + 3) / 4 * 4;
+  store_scale(scales, row * blocks + col, T.e * rp * cp + layout_offset(T.r0 + r, col, cp), flags, code);
+}
+
+// Thread t converts columns 2p and 2p+1 (p = t % 128) in rows 16h..16h+15 (h = t / 128): the two
+// halves of a column meet through `partial` for its maximum; the payload is staged as rows.
+__device__ __forceinline__ void columnwise_tile(const QTile& T, const unsigned char* tile, unsigned* partial,
+                                                unsigned char* staged, unsigned char* scales, int rows, int cols,
+                                                int flags) {
+  const int p = threadIdx.x % (QTHREADS / 2), h = threadIdx.x / (QTHREADS / 2);
+  const bool active = 2 * p < T.width;
+  const unsigned* in = reinterpret_cast<const unsigned*>(tile) + 16 * h * (QTILE_COLS / 2) + p;
+  unsigned acc = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc = amax2(acc, active ? in[i * (QTILE_COLS / 2)] : 0u);
+  partial[threadIdx.x] = acc;
+  __syncthreads();  // (the words are read again below rather than kept in registers across it)
+  acc = amax2(acc, partial[threadIdx.x ^ (QTHREADS / 2)]);
+  const unsigned code_lo = e8m0_code(__uint_as_float(acc << 16)), code_hi = e8m0_code(__uint_as_float(acc & 0xFFFF0000u));
+  if (active) {
+    const float rcp_lo = e8m0_reciprocal(code_lo, flags & QF_RCP_SHIFT);
+    const float rcp_hi = e8m0_reciprocal(code_hi, flags & QF_RCP_SHIFT);
+    unsigned short* out = reinterpret_cast<unsigned short*>(staged) + 16 * h * (QTILE_COLS / 2) + p;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      out[i * (QTILE_COLS / 2)] =
+          (unsigned short)convert2(in[i * (QTILE_COLS / 2)], rcp_lo, rcp_hi, product_addend(flags));
+    const long long col = T.c0 + 2 * p + h;  // each half stores one of the two scales
+    const long long rp = (cols + 127LL) / 128 * 128, cp = (rows / 32 + 3) / 4 * 4;
+    store_scale(scales, ((long long)T.e * (rows / 32) + T.rb) * cols + col, T.e * rp * cp + layout_offset(col, T.rb, cp),
+                flags, h ? code_hi : code_lo);
+  }
+}
+
+// The staged payload rows of both directions, stored as 16-byte pieces (a warp writes 512
+// contiguous bytes of a row).
+__device__ __forceinline__ void store_payloads(const QTile& T, const unsigned char* staged, unsigned char* row_data,
+                                               unsigned char* col_data, int rows, int cols, int flags) {
+  constexpr int per_row = QTILE_COLS / 16;
+  const int pieces = T.width / 16;
+  const long long first = ((long long)T.e * rows + T.r0) * cols + T.c0;  // the tile's first payload byte
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    if (!(flags & (which ? QF_COLWISE : QF_ROWWISE))) continue;
+    unsigned char* out = (which ? col_data : row_data) + first;
+    const unsigned char* in = staged + which * (QTILE_ROWS * QTILE_COLS);
+#pragma unroll
+    for (int i = threadIdx.x; i < QTILE_ROWS * per_row; i += QTHREADS) {
+      const int r = i / per_row, k = i % per_row;
+      if (k < pieces)
+        store_global(out + (long long)r * cols + k * 16, *reinterpret_cast<const uint4*>(in + r * QTILE_COLS + k * 16));
+    }
+  }
+}
+
+// The layout padding next to this tile's scales (see the header): rowwise S[R, C/32] and the
+// transposed columnwise S'[C, R/32], each padded to roundup(rows,128) x roundup(cols,4).
+__device__ __forceinline__ void zero_padding(const QTile& T, unsigned char* row_scales, unsigned char* col_scales,
+                                             int rows, int cols, int flags) {
+  const long long blocks = cols / 32, row_blocks = rows / 32;
+  if (flags & QF_ROWWISE) {
+    const long long rp = (rows + 127LL) / 128 * 128, cp = (blocks + 3) / 4 * 4;
+    unsigned char* s = row_scales + T.e * rp * cp;
+    if (T.last_cols) zero_entries(s, cp, T.r0, T.r0 + 32, blocks, cp);
+    if (T.last_rows) zero_entries(s, cp, rows, rp, T.c0 / 32, T.last_cols ? cp : (T.c0 + T.width) / 32);
+  }
+  if (flags & QF_COLWISE) {
+    const long long rp = (cols + 127LL) / 128 * 128, cp = (row_blocks + 3) / 4 * 4;
+    unsigned char* s = col_scales + T.e * rp * cp;
+    if (T.last_rows) zero_entries(s, cp, T.c0, T.c0 + T.width, row_blocks, cp);
+    if (T.last_cols) zero_entries(s, cp, cols, rp, T.rb, T.last_rows ? cp : T.rb + 1);
+  }
+}
+
+// src: expert 0's x[0][0] (grouped: expert e at src + 2*e*expert_stride) or, with QF_POINTERS, a
+// device array of `experts` addresses; rows are row_stride elements apart. Every address and
+// row_stride*2 must be multiples of 16 (quantize.py checks them). tiles = E * R/32 * ceil(C/TILE),
+// below 2^31, as is R/32 * ceil(C/TILE) * E (quantize.py checks it).
+extern "C" __global__ void __launch_bounds__(QTHREADS, QMIN_BLOCKS)
+    mxfp8_quantize(const unsigned long long src, const long long expert_stride, const long long row_stride,
+                   unsigned char* row_data, unsigned char* row_scales, unsigned char* col_data,
+                   unsigned char* col_scales, const int rows, const int cols, const int flags, const int tiles) {
+  __shared__ __align__(16) unsigned char tile[QTILE_ROWS * QTILE_COLS * 2];  // BF16
+  __shared__ __align__(16) unsigned char staged[2 * QTILE_ROWS * QTILE_COLS];  // rowwise, columnwise payload
+  __shared__ unsigned partial[QTHREADS];                                      // columnwise half maxima
+  const int col_tiles = (cols + QTILE_COLS - 1) / QTILE_COLS, row_blocks = rows / 32;
+  for (int u = blockIdx.x; u < tiles; u += gridDim.x) {
+    QTile T;
+    T.e = u / (row_blocks * col_tiles);
+    T.rb = u / col_tiles % row_blocks;
+    const int ct = u % col_tiles;
+    T.r0 = T.rb * 32;
+    T.c0 = ct * QTILE_COLS;
+    T.width = min(QTILE_COLS, cols - T.c0);
+    T.last_rows = T.r0 + 32 == rows;
+    T.last_cols = T.c0 + T.width == cols;
+    const unsigned char* x =
+        (flags & QF_POINTERS)
+            ? reinterpret_cast<const unsigned char*>(reinterpret_cast<const long long*>(src)[T.e])
+            : reinterpret_cast<const unsigned char*>(src) + 2 * T.e * expert_stride;
+    x += 2 * ((long long)T.r0 * row_stride + T.c0);
+    const int chunks = T.width / 8;
+    for (int i = threadIdx.x; i < QTILE_ROWS * QCHUNKS; i += QTHREADS) {
+      const int r = i / QCHUNKS, k = i % QCHUNKS;
+      if (k < chunks)
+        *reinterpret_cast<uint4*>(tile + r * (QTILE_COLS * 2) + k * 16) =
+            __ldg(reinterpret_cast<const uint4*>(x + 2 * r * row_stride + k * 16));
+    }
+    __syncthreads();
+    if (flags & QF_ROWWISE) rowwise_tile(T, tile, staged, row_scales, rows, cols, flags);
+    if (flags & QF_COLWISE)
+      columnwise_tile(T, tile, partial, staged + QTILE_ROWS * QTILE_COLS, col_scales, rows, cols, flags);
+    __syncthreads();
+    store_payloads(T, staged, row_data, col_data, rows, cols, flags);
+    if (!(flags & QF_LOGICAL)) zero_padding(T, row_scales, col_scales, rows, cols, flags);
+    __syncthreads();  // the next tile overwrites the shared buffers
+  }
+}

@@ -1,0 +1,155 @@
+"""The MXFP8 quantisation kernel without a GPU: it compiles through NVRTC (cuda.core, the path users
+take) and through nvcc without spills, its CPU emulation equals the torch reference byte for byte
+(tests/emulator/emulate_quantize.py), and its Python side checks what it is given."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from mok.errors import LayoutError
+from mok.kernels import quantize as Q
+from mok.layout import layout_shape
+from mok.quantize_reference import ProductRule, ReciprocalRule
+from tests.emulator import emulate_quantize as EQ
+
+SOURCE = Path(Q.__file__).with_name(Q.SOURCE_NAME)
+CASES = dict(EQ.cases())
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100"])
+def test_kernel_compiles_with_nvrtc(arch: str) -> None:
+    pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
+    cubin = bytes(Q.compile_quantize(arch).code)
+    assert len(cubin) > 1000 and b"\0" + Q.KERNEL_NAME.encode() + b"\0" in cubin
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, arch: str) -> None:
+    config = Q.QuantizeConfig()
+    defines = [f"-D{k}={v}" for k, v in config.macros()]
+    cmd = ["nvcc", f"-arch={arch}", "-c", "-Xptxas", "-v", *defines, str(SOURCE), "-o", str(tmp_path / "q.o")]
+    report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    assert f"Compiling entry function '{Q.KERNEL_NAME}'" in report, report
+    assert re.findall(r"(\d+) bytes spill stores", report) and not re.findall(r"[1-9]\d* bytes spill", report), report
+    assert not re.findall(r"[1-9]\d* bytes stack frame", report), report
+    used = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
+    assert used and max(used) * config.threads * config.min_blocks <= 65536, report
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_kernel_refuses_to_compile_without_the_abi_macros(tmp_path: Path) -> None:
+    done = subprocess.run(["nvcc", "-c", str(SOURCE), "-o", str(tmp_path / "q.o")], capture_output=True, text=True)
+    assert done.returncode != 0 and "QuantizeConfig.macros" in done.stderr
+
+
+def test_the_abi_macros_are_the_flags_and_the_shape() -> None:
+    macros = dict(Q.QuantizeConfig().macros())
+    assert macros == {
+        "QTHREADS": "256",
+        "QMIN_BLOCKS": "6",
+        "QTILE_ROWS": "32",
+        "QTILE_COLS": "256",
+        "QF_ROWWISE": "1",
+        "QF_COLWISE": "2",
+        "QF_POINTERS": "4",
+        "QF_RCP_SHIFT": "8",
+        "QF_LOGICAL": "16",
+        "QF_FMA_ZERO": "32",
+    }
+    source = SOURCE.read_text()
+    assert not re.findall(r"#define\s+(QTHREADS|QMIN_BLOCKS|QTILE_\w+|QF_\w+)\b", source)
+    with pytest.raises(ValueError, match="expected 256 threads, 32 x 256 tiles and 6 blocks an SM; found 128 threads"):
+        Q.QuantizeConfig(threads=128)
+
+
+RULES = [(rule, product) for rule in ReciprocalRule for product in ProductRule]
+
+
+@needs_gxx
+@pytest.mark.parametrize(("rule", "product"), RULES, ids=str)
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulated_kernel_matches_the_reference(name: str, rule: ReciprocalRule, product: ProductRule) -> None:
+    EQ.check(CASES[name](torch.Generator().manual_seed(len(name))), rule=rule, product=product, what=name)
+
+
+@needs_gxx
+@pytest.mark.parametrize("grid", [1, 5])
+@pytest.mark.parametrize("swizzled", [True, False], ids=["layout", "logical"])
+def test_emulated_kernel_with_fewer_blocks_and_logical_scales(grid: int, swizzled: bool) -> None:
+    for name in ("grouped E=2 96x544 (rows and columns pad, partial tile)", "per-expert E=5 64x160, rows 192 apart"):
+        EQ.check(CASES[name](torch.Generator().manual_seed(3)), swizzled=swizzled, grid=grid, what=name)
+
+
+@needs_gxx
+def test_emulator_catches_an_unwritten_padding_byte(tmp_path: Path) -> None:
+    """The comparison can fail: a kernel that skips the layout's padding is caught."""
+    line = "if (T.last_cols) zero_entries(s, cp, cols, rp"
+    planted = SOURCE.read_text().replace(line, line.replace("T.last_cols", "false"))
+    assert planted != SOURCE.read_text()
+    (tmp_path / Q.SOURCE_NAME).write_text(planted)
+    x = CASES["grouped E=2 96x544 (rows and columns pad, partial tile)"](torch.Generator().manual_seed(1))
+    with pytest.raises(AssertionError, match="col_scales differs"):
+        EQ.check(x, kernel_dir=tmp_path)
+
+
+def test_reference_run_fills_every_byte_and_matches_megatron_s_shapes() -> None:
+    x = torch.randn(3, 96, 160).bfloat16()
+    out = EQ.poisoned(3, 96, 160, swizzled=True)
+    Q.prepare(x, out)()
+    # Megatron's shapes: (E*rows/128, columns/128, 32, 16) and (E*columns/128, rows/128, 32, 16), padded
+    assert [tuple(t.shape) for t in out] == [(3, 96, 160), (3, 2, 32, 16), (3, 96, 160), (6, 1, 32, 16)]
+    assert tuple(out.row_scales.shape) == layout_shape(96, 5, 3)
+    for t in out:
+        assert not (t.view(torch.uint8) == EQ.POISON).any()
+    per_expert = out.row_scales.view(3, -1)
+    assert (per_expert[:, 511] == 0).all() and (per_expert[:, 513] == 0).all()  # S[127, 3], S[0, 5]: padding
+    assert (per_expert[:, 0] != 0).all()  # S[0, 0]
+
+
+BAD_SOURCES = [
+    (torch.zeros(2, 64, 64), "non-empty BF16 tensor"),
+    (torch.zeros(2, 64, 48, dtype=torch.bfloat16), "divisible by 32"),
+    (torch.zeros(64, 64, 2, dtype=torch.bfloat16)[:, :, 0].unsqueeze(0), "rows of contiguous columns"),
+    (torch.zeros(64 * 64 + 1, dtype=torch.bfloat16)[1:].view(1, 64, 64), "16-byte aligned start"),
+    ([], "non-empty sequence"),
+    ([torch.zeros(64, 64, dtype=torch.bfloat16), torch.zeros(64, 96, dtype=torch.bfloat16)], "every expert of shape"),
+    ("weights", "expected a BF16 tensor"),
+]
+
+
+@pytest.mark.parametrize(("src", "message"), BAD_SOURCES)
+def test_bad_sources_are_refused(src: object, message: str) -> None:
+    with pytest.raises(LayoutError, match=message):
+        Q.prepare(src, Q.empty_outputs(1, 64, 64, "cpu"))  # type: ignore[arg-type]
+
+
+def test_bad_outputs_are_refused_before_anything_is_written() -> None:
+    x = torch.randn(2, 64, 64).bfloat16()
+    good = Q.empty_outputs(2, 64, 64, "cpu")
+    wrong_shape = good._replace(row_scales=torch.empty(2, 64, 2, dtype=torch.uint8))
+    wrong_dtype = good._replace(col_data=torch.empty(2, 64, 64, dtype=torch.uint8))
+    with pytest.raises(LayoutError, match=r"out.row_scales: expected a contiguous 16-byte aligned torch.uint8"):
+        Q.prepare(x, wrong_shape)
+    with pytest.raises(LayoutError, match=r"out.col_data: expected .* torch.float8_e4m3fn"):
+        Q.prepare(x, wrong_dtype)
+    with pytest.raises(LayoutError, match="expected a QuantizeOutputs"):
+        Q.prepare(x, tuple(good))  # type: ignore[arg-type]
+    shared = good._replace(col_data=good.row_data)
+    with pytest.raises(LayoutError, match="overlaps"):
+        Q.prepare(x, shared)
+    assert Q.prepare(x, Q.empty_outputs(2, 64, 64, "cpu", swizzled=False), swizzled=False) is not None
+
+
+def test_a_launch_needs_cuda_tensors() -> None:
+    pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra")
+    x = torch.randn(1, 64, 64).bfloat16()
+    with pytest.raises(LayoutError, match="expected CUDA tensors"):
+        Q.QuantizeLaunch(x, Q.empty_outputs(1, 64, 64, "cpu"))
