@@ -286,8 +286,8 @@ def _check_packing(gs: GroupedStorage, d: Direction, flat: torch.Tensor, per_exp
     if not gs.members:
         return
     if len(gs.members) != gs.num_tensors:
-        raise ExpertWeightError(
-            f"grouped weight: expected {gs.num_tensors} per-expert members; found {len(gs.members)}"
+        raise ExpertWeightError(  # upstream's words: "expected E grouped members, got n"
+            f"grouped weight: expected {gs.num_tensors} grouped members, got {len(gs.members)}"
         )
     base = flat.data_ptr()
     for e, scales in enumerate(_members_scales(gs.members, d)):
@@ -296,9 +296,9 @@ def _check_packing(gs: GroupedStorage, d: Direction, flat: torch.Tensor, per_exp
         where = scales.data_ptr() - base
         if where != e * per_expert:
             found = f"byte {where} of it" if 0 <= where < flat.numel() else "outside it"
-            raise ExpertWeightError(
-                f"grouped weight: expert {e}'s {d.name} scales are not packed expert-major in the "
-                f"grouped buffer: expected byte {e * per_expert}, found {found}"
+            raise ExpertWeightError(  # upstream's words: "member e scale is not packed expert-major"
+                f"grouped weight: member {e} scale is not packed expert-major ({d.name} scales in the grouped "
+                f"buffer): expected byte {e * per_expert}, found {found}"
             )
 
 

@@ -293,14 +293,6 @@ def test_members_not_packed_expert_major_are_refused(group: Callable[[], Any], m
 
 
 # TE's own GroupedTensor goes through mok.grouped's reading of the group, whose words differ
-TE_GROUP_WORDS = pytest.mark.xfail(
-    strict=True,
-    raises=(RuntimeError, AssertionError),
-    reason="issue 34: mok/grouped.py's member checks do not use upstream's words yet",
-)
-
-
-@TE_GROUP_WORDS
 def test_a_te_group_with_a_member_missing_is_refused_in_upstreams_words(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True)
@@ -309,7 +301,6 @@ def test_a_te_group_with_a_member_missing_is_refused_in_upstreams_words(installe
         W._single_grouped_mxfp8_scale_view(g, "_rowwise_scale_inv", (2, 128, 4), name="fc1 rowwise")
 
 
-@TE_GROUP_WORDS
 def test_a_te_group_member_outside_the_buffer_is_refused_in_upstreams_words(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True)
