@@ -31,7 +31,9 @@ def _run(tree: Path, script: str, args: list[str]) -> dict[str, Any]:
         cmd = [sys.executable, str(tree / "benchmarks" / script), *args, "--out", str(out)]
         done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
         if done.returncode != 0:
-            raise SystemExit(f"{tree.name}/{script} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+            raise SystemExit(
+                f"{tree.name}/{script} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
+            )
         result: dict[str, Any] = json.loads(out.read_text())
         return result
 

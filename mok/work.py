@@ -1,7 +1,8 @@
 """The one place that runs conversions: :class:`ScaleWork` items (convert logical scales into a
 layout buffer, copy scales TE already swizzled, or bring a layout back into logical scales), in
 ONE kernel launch on CUDA tensors with the ``cuda`` backend (``mok.kernels``), otherwise with the
-torch reference."""
+torch reference; and :class:`QuantizeWork` items (BF16 weights quantised to MXFP8, both
+directions, scales in the layout), one launch of the quantize kernel each."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import torch
 from mok.backend import Backend, backend_for
 from mok.errors import LayoutError
 from mok.kernels.jobs import MIXED_DIRECTIONS
+from mok.kernels.quantize import QuantizeLaunch, QuantizeOutputs, run_reference
 from mok.layout import Geometry, logical_view, swizzle_reference, unswizzle_reference
+from mok.quantize_reference import ReciprocalRule
 
 
 class ScaleWork(NamedTuple):
@@ -37,6 +40,23 @@ class ScaleWork(NamedTuple):
         return side if self.geometry is None else logical_view(side, self.geometry)
 
 
+class QuantizeWork(NamedTuple):
+    """Quantise BF16 ``src`` (one ``[E, R, C]`` tensor, or E ``[R, C]`` ones) into ``out``, both
+    directions, scales in the layout, by TE's MXFP8 rule (``rule``: mok.quantize_reference)."""
+
+    src: torch.Tensor | tuple[torch.Tensor, ...]
+    out: QuantizeOutputs
+    rule: ReciprocalRule = ReciprocalRule.EXACT
+
+    def prepared(self, backend: Backend) -> Callable[[], None]:
+        """The launch (the kernel on the cuda backend) that quantises again at every call."""
+        if backend is Backend.CUDA:
+            return QuantizeLaunch(self.src, self.out, rule=self.rule)
+        src, out, rule = self.src, self.out, self.rule
+        run_reference(src, out, rule=rule)  # checks the arguments, as a launch does when made
+        return lambda: run_reference(src, out, rule=rule)
+
+
 _is_cuda = attrgetter("is_cuda")
 
 
@@ -44,10 +64,16 @@ class PreparedWork:
     """A list of work items bound to a backend, ready to run again and again (a refresh of
     unchanged buffers runs its prepared work without planning anything)."""
 
-    def __init__(self, work: Sequence[ScaleWork], backend: Backend | str | None = None) -> None:
+    def __init__(self, work: Sequence[ScaleWork | QuantizeWork], backend: Backend | str | None = None) -> None:
         """``backend``: a resolved :class:`Backend` (a view's), or a request to resolve here."""
-        self.work = list(work)
+        self.work = [item for item in work if isinstance(item, ScaleWork)]
         self._launch: Callable[[], None] | None = None
+        self._quantize: list[Callable[[], None]] = []
+        quantize = [item for item in work if isinstance(item, QuantizeWork)]
+        if quantize:
+            device = quantize[0].out.row_data.device
+            resolved = backend if isinstance(backend, Backend) else backend_for(device, backend)
+            self._quantize = [item.prepared(resolved) for item in quantize]
         if not self.work:
             return
         directions = {item.inverse for item in self.work}
@@ -74,6 +100,8 @@ class PreparedWork:
             self._launch = Launch(jobs_of(self.work), device)
 
     def run(self) -> None:
+        for quantize in self._quantize:
+            quantize()
         if self._launch is not None:
             self._launch()
             return

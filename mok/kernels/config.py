@@ -14,7 +14,7 @@ import functools
 import os
 from dataclasses import dataclass
 
-from mok.kernels import abi
+from mok.kernels.abi import macros as abi_macros
 from te_compat import on_refresh
 
 SHAPE_ENV = "MOK_KERNEL_SHAPE"  # "TILES,THREADS": one shape for every launch (benchmarks, tests)
@@ -78,7 +78,7 @@ class KernelConfig:
         found = [("TILES_PER_UNIT", str(self.tiles_per_unit)), ("THREADS", str(self.threads))]
         if self.slab_bytes:
             found.append(("SLAB_BYTES", str(self.slab_bytes)))
-        return found + abi.macros()
+        return found + abi_macros()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import torch
 from mok.errors import LayoutError
 from mok.kernels.config import KernelConfig, launch_shapes
 from mok.kernels.jobs import DescriptorTable, Job, JobGroup, config_for, describe, inverse_jobs
+from mok.kernels.streams import CurrentStream
 
 KERNEL_NAME = "mxfp8_swizzle_jobs"  # conversions and copies
 INVERSE_KERNEL_NAME = "mxfp8_unswizzle_jobs"  # inverse jobs
@@ -33,8 +34,6 @@ _tables: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, int, int]] = OrderedDi
 # tables a CUDA graph was captured with: a graph holds their address, not the tensor, so they are
 # never evicted (evicting one would leave the graph's replays reading freed memory)
 _captured: dict[tuple[Any, ...], tuple[torch.Tensor, int, int]] = {}
-_streams: dict[int, Any] = {}
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch have it
 
 
 def kernel_source() -> str:
@@ -108,24 +107,6 @@ def _table(device: torch.device, jobs: Sequence[Job | JobGroup], config: KernelC
     return result
 
 
-def _current_stream_handle(index: int) -> int:
-    """The raw handle of torch's current stream on device ``index`` (cheap on CUDA builds)."""
-    if _raw_stream is not None:
-        return int(_raw_stream(index))
-    return int(torch.cuda.current_stream(index).cuda_stream)
-
-
-def _stream(handle: int) -> Any:
-    """cuda.core's Stream for a raw handle (made once per handle; graph capture uses the capturing
-    stream, which is why the handle is looked up at each call)."""
-    stream = _streams.get(handle)
-    if stream is None:
-        from cuda.core import Stream
-
-        stream = _streams[handle] = Stream.from_handle(handle)
-    return stream
-
-
 class Launch:
     """One prepared launch of ``jobs`` on ``device``: compiled kernel (the inverse one for inverse
     jobs; a mix is refused), uploaded descriptor table, grid, launch arguments. ``config`` fixes the
@@ -149,12 +130,7 @@ class Launch:
         self._launch = launch
         self._launch_config = LaunchConfig(grid=self.grid, block=self.config.threads)
         self._args = (np.uint64(self.table.data_ptr()), np.int32(self.njobs), np.int64(self.total))
-        self._last: tuple[int, Any] = (-1, None)  # (handle, cuda.core Stream): one object, read once
+        self._stream = CurrentStream(self._index)
 
     def __call__(self) -> None:
-        handle = _current_stream_handle(self._index)
-        last_handle, stream = self._last  # one read: another thread may replace the pair meanwhile
-        if handle != last_handle:
-            stream = _stream(handle)
-            self._last = (handle, stream)
-        self._launch(stream, self._launch_config, self.kernel, *self._args)
+        self._launch(self._stream(), self._launch_config, self.kernel, *self._args)

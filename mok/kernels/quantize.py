@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from mok.errors import LayoutError
-from mok.kernels.launch import _current_stream_handle, _stream
+from mok.kernels.streams import CurrentStream
 from mok.layout import layout_shape, swizzle_reference
 from mok.overlap import check_no_overlap
 from mok.quantize_reference import BLOCK, ProductRule, ReciprocalRule, check_input, quantize_mxfp8_reference
@@ -269,15 +269,10 @@ class QuantizeLaunch:
         self.grid = max(1, min(args[10], MAX_GRID))
         self._launch = launch
         self._launch_config = LaunchConfig(grid=self.grid, block=config.threads)
-        self._last: tuple[int, Any] = (-1, None)  # (stream handle, cuda.core Stream)
+        self._stream = CurrentStream(self._index)
 
     def __call__(self) -> None:
-        handle = _current_stream_handle(self._index)
-        last_handle, stream = self._last
-        if handle != last_handle:
-            stream = _stream(handle)
-            self._last = (handle, stream)
-        self._launch(stream, self._launch_config, self.kernel, *self._args)
+        self._launch(self._stream(), self._launch_config, self.kernel, *self._args)
 
 
 def _layout_of(buffer: torch.Tensor, e: int, rows: int, cols: int) -> torch.Tensor:
