@@ -7,9 +7,11 @@ from mok.backend import BackendChoice, kernel_backend
 from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
 from mok.formats import Format
 from mok.grouped import grouped_weight_view
+from mok.kernels.quantize import QuantizeOutputs
 from mok.layer import LayerRefresh, refresh_layer
 from mok.layout import columnwise_scales, layout_offset, layout_shape, padded_shape, rowwise_scales
 from mok.per_expert import split_weight_view
+from mok.quantize import quantize_mxfp8
 from mok.readback import logical_scales
 from mok.shared_expert import prepare_shared_expert_config
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many, unswizzle_mxfp8_scales
@@ -24,6 +26,7 @@ __all__ = [
     "LayerRefresh",
     "LayoutError",
     "MokError",
+    "QuantizeOutputs",
     "RefreshError",
     "RefreshPlan",
     "SplitExpertWeights",
@@ -36,6 +39,7 @@ __all__ = [
     "logical_scales",
     "padded_shape",
     "prepare_shared_expert_config",
+    "quantize_mxfp8",
     "refresh_layer",
     "rowwise_scales",
     "split_weight_view",

@@ -149,7 +149,8 @@ class BlockFormat:
     def check_dims(self, rows: int, columns: int, what: str) -> None:
         if rows % self.block or columns % self.block:
             raise ExpertWeightError(
-                f"{what}: {self.format.name} needs rows and columns that are positive multiples of {self.block}; "
+                f"{what}: expected rows and columns that are positive multiples of {self.block} ({self.format.name} "
+                f"has one scale per {self.block} values); "
                 f"found rows={rows}, columns={columns}"
             )
 

@@ -3,13 +3,15 @@ mok.readers.GroupedReader through the one pipeline (mok.pipeline), and plain BF1
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from mok.backend import backend_argument, preference
 from mok.errors import ExpertWeightError, RefreshError
 from mok.formats import Format, format_named
 from mok.pipeline import view_or_refresh
-from mok.readers import GroupedReader, check_group_shape
+from mok.readers import GroupedReader, QuantizingReader, check_group_shape, is_bf16_group
 from mok.views import GroupedExpertWeights, ViewDirection, check_sizes, storage_view
 from te_compat import StorageName, grouped_storage
 
@@ -39,8 +41,10 @@ def grouped_weight_view(
 ) -> GroupedExpertWeights:
     """Views over one grouped Parameter ``(E, rows, columns)`` (TE 2.13 ``data`` and 2.14+
     ``rowwise_data`` naming, via te_compat). ``format``: "bf16", "mxfp8" or "nvfp4" (default
-    from the seed's ``use_mxfp8``). With ``cached`` (a previous result), refresh its scale
-    buffers in place and return it. One kernel launch on the cuda backend; ``backend`` as for
+    from the seed's ``use_mxfp8``). A BF16 weight (a plain tensor, or TE's high-precision
+    GroupedTensor) asked for as MXFP8 is quantised by mok, into buffers the view owns
+    (``quantized_on_the_fly``), again at every refresh. With ``cached`` (a previous result),
+    refresh its buffers in place and return it. One kernel launch on the cuda backend; ``backend`` as for
     :func:`mok.split_weight_view`.
 
     Threads: as :func:`mok.split_weight_view`.
@@ -53,4 +57,9 @@ def grouped_weight_view(
     if fmt is Format.BF16:
         preference(backend)  # checked on every path, though a BF16 view converts nothing
         return _grouped_bf16(weight, (dims[0], dims[1], dims[2]), cached)
-    return view_or_refresh(GroupedReader(weight, fmt, (dims[0], dims[1], dims[2])), cached, backend)
+    shape = (dims[0], dims[1], dims[2])
+    on_the_fly = cached.quantized_on_the_fly if isinstance(cached, GroupedExpertWeights) else is_bf16_group(weight)
+    if fmt is Format.MXFP8 and on_the_fly:
+        view = view_or_refresh(QuantizingReader((weight,), True, shape), cached, backend)
+        return cast(GroupedExpertWeights, view)  # the reader's grouped view
+    return view_or_refresh(GroupedReader(weight, fmt, shape), cached, backend)

@@ -11,7 +11,7 @@ from mok.backend import backend_argument
 from mok.errors import RefreshError
 from mok.formats import Format
 from mok.pipeline import Reader, refresh, rerun
-from mok.readers import GroupedReader, SplitReader
+from mok.readers import GroupedReader, QuantizingReader, SplitReader
 from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights, param_list
 from te_compat import on_refresh
 
@@ -22,14 +22,19 @@ _LABEL = "refresh_layer"
 def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
     """The reader of one ``(weights, cached view)`` entry, for the view's format and shape."""
     if getattr(view, "format", Format.BF16) is not Format.BF16:
+        dims = (view.num_experts, view.rows, view.columns)
         if isinstance(view, GroupedExpertWeights):
-            return GroupedReader(weights, view.format, (view.num_experts, view.rows, view.columns))
+            if view.quantized_on_the_fly:
+                return QuantizingReader((weights,), True, dims)
+            return GroupedReader(weights, view.format, dims)
         if isinstance(view, SplitExpertWeights):
             if type(weights) is not list and type(weights) is not tuple:
                 try:
                     weights = param_list(weights, tensors=False)  # items checked when read
                 except (TypeError, ValueError) as exc:
                     raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
+            if view.quantized_on_the_fly:
+                return QuantizingReader(tuple(weights), False, dims)
             return SplitReader(tuple(weights), view.format, view.rows, view.columns)
     raise RefreshError(
         f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; "

@@ -37,15 +37,19 @@ from collections.abc import Callable, Sequence
 import torch
 
 from mok.errors import LayoutError
+from mok.kernels.quantize import DTYPES, QuantizeOutputs, check_outputs, check_source, output_shapes
 from mok.layout import as_batch, check_layout_of, check_logical_out, check_out
 from mok.overlap import check_no_overlap
-from mok.work import ScaleWork, run_work
+from mok.quantize_reference import check_input
+from mok.work import QuantizeWork, ScaleWork, run_work
 
 _LIB = torch.library.Library("mok", "DEF")  # type: ignore[no-untyped-call]
 _SCHEMAS = (
     "swizzle_mxfp8_scales(Tensor scales, Tensor(a!) out, str? backend=None) -> ()",
     "swizzle_mxfp8_scales_many(Tensor[] scales, Tensor(a!)[] outs, str? backend=None) -> ()",
     "unswizzle_mxfp8_scales(Tensor layout, Tensor(a!) out, str? backend=None) -> ()",
+    "quantize_mxfp8(Tensor src, Tensor(a!) row_data, Tensor(b!) row_scales, Tensor(c!) col_data, "
+    "Tensor(d!) col_scales, str? backend=None) -> ()",
 )
 for _schema in _SCHEMAS:
     _LIB.define(_schema)  # type: ignore[no-untyped-call]
@@ -95,6 +99,36 @@ def _unswizzle(layout: torch.Tensor, out: torch.Tensor, backend: str | None = No
     run_work([ScaleWork(layout, out, inverse=True)], backend)
 
 
+def _quantize_shapes(
+    src: torch.Tensor,
+    row_data: torch.Tensor,
+    row_scales: torch.Tensor,
+    col_data: torch.Tensor,
+    col_scales: torch.Tensor,
+    backend: str | None = None,
+) -> None:
+    """What fake tensors can be checked for: every output's shape and dtype, for the source's."""
+    experts, rows, cols = check_input(src, "src").shape
+    wants = output_shapes(experts, rows, cols)
+    for name, t, shape, dtype in zip(
+        QuantizeOutputs._fields, (row_data, row_scales, col_data, col_scales), wants, DTYPES, strict=True
+    ):
+        if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+            raise LayoutError(f"{name}: expected {dtype} {tuple(shape)}; found {t.dtype} {tuple(t.shape)}")
+
+
+def _quantize(
+    src: torch.Tensor,
+    row_data: torch.Tensor,
+    row_scales: torch.Tensor,
+    col_data: torch.Tensor,
+    col_scales: torch.Tensor,
+    backend: str | None = None,
+) -> None:
+    out = check_outputs(QuantizeOutputs(row_data, row_scales, col_data, col_scales), check_source(src), swizzled=True)
+    run_work([QuantizeWork(src, out)], backend)
+
+
 def _sizes_known(args: Sequence[object]) -> bool:
     """Whether every tensor argument has concrete sizes (not a dynamic-shape trace's symbols)."""
     tensors = [t for a in args for t in (a if isinstance(a, list | tuple) else [a]) if isinstance(t, torch.Tensor)]
@@ -117,6 +151,7 @@ for _name, _impl, _check in (
     ("swizzle_mxfp8_scales", _swizzle, _swizzle_args),
     ("swizzle_mxfp8_scales_many", _swizzle_many, _swizzle_many_args),
     ("unswizzle_mxfp8_scales", _unswizzle, _unswizzle_args),
+    ("quantize_mxfp8", _quantize, _quantize_shapes),
 ):
     for _key in ("CPU", "CUDA"):  # mok.work.run_work: the reference on the CPU, the kernel on CUDA
         _LIB.impl(_name, _impl, _key)  # type: ignore[no-untyped-call]
@@ -125,3 +160,4 @@ for _name, _impl, _check in (
 swizzle_op = torch.ops.mok.swizzle_mxfp8_scales.default
 swizzle_many_op = torch.ops.mok.swizzle_mxfp8_scales_many.default
 unswizzle_op = torch.ops.mok.unswizzle_mxfp8_scales.default
+quantize_op = torch.ops.mok.quantize_mxfp8.default

@@ -4,6 +4,7 @@ of mok.readers.SplitReader through the one pipeline (mok.pipeline), and plain BF
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -11,7 +12,7 @@ from mok.backend import backend_argument, preference
 from mok.errors import ExpertWeightError, RefreshError
 from mok.formats import Format, format_named
 from mok.pipeline import view_or_refresh
-from mok.readers import SplitReader
+from mok.readers import QuantizingReader, SplitReader
 from mok.views import SplitExpertWeights, ViewDirection, check_sizes, param_list, ptr_table, same_device, storage_view
 from te_compat import TensorKind, tensor_kind
 
@@ -49,9 +50,11 @@ def split_weight_view(
 
     ``format``: "bf16", "mxfp8", "nvfp4", or "hybrid" for TE 2.19+ hybrid weights, each direction
     in its own format (``rowwise.format``/``columnwise.format``); default from the seed's
-    ``use_mxfp8``. With ``cached`` (a previous result), refresh its scale buffers in place (same
-    addresses) after checking that no payload moved, and return it: when TE reassigned no
-    storage since, the prepared launch simply runs again. All experts convert in one kernel
+    ``use_mxfp8``. BF16 Parameters asked for as MXFP8 are quantised by mok, into buffers the view
+    owns (``quantized_on_the_fly``), again at every refresh. With ``cached`` (a previous
+    result), refresh its scale buffers in place (same addresses) after checking that no payload
+    moved, and return it: when TE reassigned no storage since, the prepared launch simply runs
+    again. All experts convert in one kernel
     launch (cuda backend). ``backend`` ("auto", "cuda", "torch"; default the environment's
     TE_COMPAT_KERNEL_BACKEND) is resolved when the view is built; its refreshes keep it unless
     they name another.
@@ -68,4 +71,13 @@ def split_weight_view(
     if fmt is Format.BF16:
         preference(backend)  # checked on every path, though a BF16 view converts nothing
         return _split_bf16(experts, rows, columns, cached)
+    on_the_fly = cached.quantized_on_the_fly if isinstance(cached, SplitExpertWeights) else _plain(experts[0])
+    if fmt is Format.MXFP8 and on_the_fly:
+        reader = QuantizingReader(tuple(experts), False, (len(experts), rows, columns))
+        return cast(SplitExpertWeights, view_or_refresh(reader, cached, backend))  # the reader's split view
     return view_or_refresh(SplitReader(tuple(experts), fmt, rows, columns), cached, backend)
+
+
+def _plain(param: object) -> bool:
+    """A plain (BF16) tensor, which an MXFP8 view quantises on the fly."""
+    return tensor_kind(param) is TensorKind.PLAIN

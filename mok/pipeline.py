@@ -29,12 +29,14 @@ import torch
 
 from mok.backend import Backend, backend_for
 from mok.errors import MokError, RefreshError
+from mok.formats import MXFP8, Direction, Format
+from mok.kernels.quantize import QuantizeOutputs, empty_outputs
 from mok.layout import check_out, empty_layout, layout_shape, padded_shape, te_swizzled_layout
 from mok.overlap import check_no_overlap
 from mok.refresh import StorageGuard
 from mok.snapshot import DirectionSource, Reading, ScaleSource, Snapshot
 from mok.views import ExpertWeights, RefreshPlan, SplitExpertWeights, ViewDirection, ptr_table
-from mok.work import PreparedWork, ScaleWork
+from mok.work import PreparedWork, QuantizeWork, ScaleWork
 from te_compat import TECompatError
 
 V = TypeVar("V", bound=ExpertWeights)
@@ -198,10 +200,12 @@ def check_cached(cached: object, reader: Reader[V]) -> V:
     if not isinstance(cached, cls):
         raise RefreshError(f"cached: expected a {cls.__name__} from an earlier call; found {type(cached).__name__}")
     if cached.format is not reader.format:
-        raise RefreshError(f"cached view is a {cached.format} view; asked for {reader.format}")
+        raise RefreshError(f"cached: expected a {reader.format} view, as asked for; found a {cached.format} view")
     got = (cached.num_experts, cached.rows, cached.columns)
     if got != reader.dims:
-        raise RefreshError(f"cached view was built for (experts, rows, columns) = {got}; asked for {reader.dims}")
+        raise RefreshError(
+            f"cached: expected a view of (experts, rows, columns) = {reader.dims}, as asked for; found one of {got}"
+        )
     return cached
 
 
@@ -213,7 +217,7 @@ def _prepare(
     views: tuple[ExpertWeights, ...],
     top: tuple[object, ...],
     readings: Sequence[Reading],
-    work: Sequence[ScaleWork],
+    work: Sequence[ScaleWork | QuantizeWork],
     backend: Backend,
 ) -> None:
     """Bind ``work`` to ``backend``, run it, and keep it under a guard of ``readings``."""
@@ -236,6 +240,8 @@ def view_or_refresh(reader: Reader[V], cached: V | None = None, backend: str | N
             refresh(plan, [(reader, view)], backend)
         return view
     snapshot = reader.read()
+    if snapshot.quantize is not None:
+        return _new_quantized_view(reader, snapshot, backend)
     slots, work = plan_directions(snapshot.directions, None, reader.what)
     tables = issubclass(reader.view_type, SplitExpertWeights)  # per-expert tensors: kernels find them by tables
     rowwise, *columnwise = (
@@ -262,12 +268,15 @@ def refresh(
     if _reran(prepared, tuple(map(id, views)), top, wanted):
         return
     readings: list[Reading] = []
-    work: list[ScaleWork] = []
+    work: list[ScaleWork | QuantizeWork] = []
     for i, (reader, view) in enumerate(entries):
         with _naming(label, i):
             check_cached(view, reader)
             snapshot = reader.read(view)
-            work += plan_directions(snapshot.directions, view, reader.what)[1]
+            if snapshot.quantize is None:
+                work += plan_directions(snapshot.directions, view, reader.what)[1]
+            else:
+                work.append(QuantizeWork(snapshot.quantize, _quantized_outputs(view)))
         readings += snapshot.readings
     _prepare(plan, views, top, readings, work, wanted)
 
@@ -292,6 +301,61 @@ def _reran(prepared: object, views: tuple[int, ...], top: tuple[object, ...], ba
         return False
     prepared.run()
     return True
+
+
+# ------------------------------------------------------------------------------ quantised by mok
+
+
+def _new_quantized_view(reader: Reader[V], snapshot: Snapshot, backend: str | None) -> V:
+    """A view of BF16 weights mok quantises: new buffers for both payloads and both layouts (each
+    one allocation over every expert), the work that fills them, prepared and run."""
+    assert snapshot.quantize is not None
+    src = snapshot.quantize
+    device = (src if isinstance(src, torch.Tensor) else src[0]).device
+    experts, rows, columns = reader.dims
+    out = empty_outputs(experts, rows, columns, device)
+    tables = issubclass(reader.view_type, SplitExpertWeights)
+
+    def direction(d: Direction, data: torch.Tensor, scales: torch.Tensor) -> ViewDirection:
+        payloads = tuple(data.unbind(0)) if tables else (data,)
+        layouts = tuple(torch.split(scales, scales.shape[0] // experts)) if tables else (scales,)
+        source = DirectionSource(d, Format.MXFP8, payloads, (), None)
+        return _view_direction(source, ScaleSlots(layouts, False), tables)
+
+    rowwise = direction(MXFP8.rowwise, out.row_data, out.row_scales)
+    columnwise = direction(MXFP8.columnwise, out.col_data, out.col_scales)
+    new = reader.view_type(*reader.dims, Format.MXFP8, rowwise, columnwise, True)
+    work = [QuantizeWork(src, out)]
+    _prepare(new.refresh_plan, (new,), reader.objects, snapshot.readings, work, backend_for(device, backend))
+    return new
+
+
+def _whole(parts: tuple[torch.Tensor, ...] | None, what: str) -> torch.Tensor:
+    """The one allocation a quantised view's per-expert buffers are consecutive pieces of."""
+    if not parts or not all(p.is_contiguous() for p in parts):
+        raise RefreshError(f"{what}: expected the view's own contiguous buffers; found none or a strided one")
+    first, step = parts[0], parts[0].numel() * parts[0].element_size()
+    if any(p.data_ptr() != first.data_ptr() + i * step or p.shape != first.shape for i, p in enumerate(parts)):
+        raise RefreshError(f"{what}: expected the view's buffers back to back in one allocation; found them apart")
+    shape = (len(parts) * first.shape[0], *first.shape[1:]) if first.dim() == 4 else (len(parts), *first.shape)
+    if len(parts) == 1 and first.dim() == 3:
+        return first
+    return first.as_strided(shape, torch.empty(shape, device="meta").stride())
+
+
+def _quantized_outputs(view: ExpertWeights) -> QuantizeOutputs:
+    """The output buffers a view mok quantises into, refreshed in place (same addresses)."""
+    if not view.quantized_on_the_fly or view.columnwise is None:
+        raise RefreshError(
+            "cached: expected a view of BF16 weights mok quantises (quantized_on_the_fly); found another"
+        )
+    row, col = view.rowwise, view.columnwise
+    return QuantizeOutputs(
+        _whole(row.data, "rowwise data"),
+        _whole(row.scales, "rowwise scales"),
+        _whole(col.data, "columnwise data"),
+        _whole(col.scales, "columnwise scales"),
+    )
 
 
 def _resolve(views: Sequence[ExpertWeights], backend: str | None) -> Backend:

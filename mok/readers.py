@@ -4,6 +4,8 @@
 - :class:`SplitReader`: one Parameter per expert (MXFP8, NVFP4), and TE 2.19+ hybrid weights,
   each direction read off its own sub-storage, in its own format.
 - :class:`GroupedReader`: one grouped Parameter ``(E, rows, columns)`` (TE 2.13 and 2.14+).
+- :class:`QuantizingReader`: BF16 weights (grouped or one per expert) that mok quantises to
+  MXFP8 itself, at every view and refresh.
 
 A reader checks what it reads (kinds, shapes, packing) and raises naming the expert; it never
 plans, allocates or launches (mok.pipeline does). Everything TE-specific comes from te_compat.
@@ -20,9 +22,9 @@ import torch
 
 from mok.checks import describe
 from mok.errors import ExpertWeightError
-from mok.formats import FORMAT_OF_KIND, BlockFormat, Direction, Format
+from mok.formats import FORMAT_OF_KIND, MXFP8, BlockFormat, Direction, Format
 from mok.layout import grouped_scales
-from mok.snapshot import DirectionSource, Reading, Recorder, ScaleSource, Snapshot, read_storage
+from mok.snapshot import DirectionSource, Reading, Recorder, ScaleSource, Snapshot, read_itself, read_storage
 from mok.views import (
     ExpertWeights,
     GroupedExpertWeights,
@@ -355,3 +357,87 @@ class GroupedReader(NamedTuple):
         if not found or found[0].direction.name != "rowwise":
             gs.need(StorageName.ROWWISE_DATA)  # raises, naming the attribute and release
         return Snapshot(tuple(recorder.readings), found)
+
+
+# ------------------------------------------------------------------------------ BF16, quantised by mok
+
+
+def is_bf16_group(weight: object) -> bool:
+    """Whether a grouped weight holds BF16 (or other high-precision) data, no MXFP8: a plain
+    tensor, or TE's GroupedTensor without a quantizer."""
+    kind = tensor_kind(weight)
+    return kind is TensorKind.PLAIN or (
+        kind is TensorKind.GROUPED and storage_field(weight, StorageName.QUANTIZER) is None
+    )
+
+
+def _bf16_group(weight: object, dims: tuple[int, int, int]) -> Snapshot:
+    """The BF16 ``[E, R, C]`` payload of one grouped weight: the tensor itself, or the
+    ``rowwise_data`` of TE's high-precision GroupedTensor."""
+    kind = tensor_kind(weight)
+    if kind is TensorKind.GROUPED:
+        recorder = Recorder()
+        gs = grouped_storage(weight, read=recorder)
+        check_group_shape(gs, dims)
+        if gs.quantized:
+            raise ExpertWeightError("grouped weight is quantized by TE (it has a quantizer): read TE's MXFP8 storage")
+        payload = storage_view(gs.need(StorageName.ROWWISE_DATA), dims, dtype=torch.bfloat16, name="grouped BF16 data")
+        return Snapshot(tuple(recorder.readings), (), payload)
+    if kind is not TensorKind.PLAIN or not isinstance(weight, torch.Tensor):
+        raise ExpertWeightError(
+            f"grouped weight: expected a BF16 tensor {dims} (or TE's BF16 GroupedTensor) to quantise; "
+            f"found {type(weight).__name__} (kind {kind})"
+        )
+    if tuple(weight.shape) != dims:
+        raise ExpertWeightError(f"grouped weight: expected shape {dims}; found {tuple(weight.shape)}")
+    reading = read_itself((weight,))
+    return Snapshot((reading,), (), storage_view(weight, dims, dtype=torch.bfloat16, name="grouped weight"))
+
+
+def _bf16_experts(params: tuple[object, ...], rows: int, columns: int) -> Snapshot:
+    """The BF16 ``[R, C]`` payload of every expert: each Parameter itself."""
+    tensors = param_list(params)
+    for e, p in enumerate(tensors):
+        kind = tensor_kind(p)
+        if kind is not TensorKind.PLAIN:
+            raise ExpertWeightError(
+                f"expert {e}: expected a BF16 parameter to quantise; found {type(p).__name__} (kind {kind})"
+            )
+    plain: list[torch.Tensor] = tensors  # type: ignore[assignment]
+    reading = read_itself(plain)
+    payloads = storage_views(plain, (rows, columns), dtype=torch.bfloat16, name=lambda e: f"expert {e} weight")
+    same_device(payloads)
+    return Snapshot((reading,), (), payloads)
+
+
+class QuantizingReader(NamedTuple):
+    """Reads BF16 weights that mok quantises to MXFP8 (both directions, scales in the layout) at
+    every view and refresh: one grouped ``[E, R, C]`` weight (``grouped``: ``weights`` holds it
+    alone), or one ``[R, C]`` Parameter per expert. The guard watches each BF16 tensor's memory."""
+
+    weights: tuple[object, ...]
+    grouped: bool
+    dims: tuple[int, int, int]
+
+    @property
+    def format(self) -> Format:
+        return Format.MXFP8
+
+    @property
+    def view_type(self) -> type[ExpertWeights]:
+        return GroupedExpertWeights if self.grouped else SplitExpertWeights
+
+    @property
+    def what(self) -> str:
+        return "grouped " if self.grouped else ""
+
+    @property
+    def objects(self) -> tuple[object, ...]:
+        return self.weights
+
+    def read(self, cached: ExpertWeights | None = None) -> Snapshot:
+        _, rows, columns = self.dims
+        MXFP8.check_dims(rows, columns, f"{self.what}BF16 weights to quantise")
+        if self.grouped:
+            return _bf16_group(self.weights[0], self.dims)
+        return _bf16_experts(self.weights, rows, columns)

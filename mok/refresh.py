@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mok.snapshot import Reading
+from mok.snapshot import ITSELF, Reading
 from te_compat import storage_reader, storage_values
 
 _data_ptr = torch.Tensor.data_ptr
@@ -82,7 +82,7 @@ def _bulk_check(reading: Reading) -> Callable[[], bool] | None:
     tensor_names = tuple(reading.names[i] for i in columns)
     value_columns = [i for i in range(len(reading.names)) if i not in columns]
     value_names = tuple(reading.names[i] for i in value_columns)
-    tensors_of = storage_reader(first, tensor_names).read
+    tensors_of = _itself if tensor_names == (ITSELF,) else storage_reader(first, tensor_names).read
     values_reader = storage_reader(first, value_names)
     addresses = list(reading.addresses)
     recorded = reading.flat(value_columns)
@@ -97,6 +97,10 @@ def _bulk_check(reading: Reading) -> Callable[[], bool] | None:
         return all(map(is_, now, recorded)) or (len(now) == len(recorded) and all(map(_same, recorded, now)))
 
     return check
+
+
+def _itself(tensor: object) -> tuple[object]:
+    return (tensor,)
 
 
 def _rows_unchanged(reading: Reading) -> bool:

@@ -23,6 +23,7 @@ from mok.layout import Geometry, logical_view
 from te_compat import storage_reader, storage_values
 
 _is_tensor = torch.Tensor.__instancecheck__
+ITSELF = "(the tensor itself)"  # the one name of a reading of plain tensors: their own memory
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +95,11 @@ def read_storage(objects: Sequence[object], names: tuple[str, ...] | None = None
     kept = tuple(dict.fromkeys(n for values in found for n in values))
     rows = tuple(tuple(values.get(n) for n in kept) for values in found)
     return _reading(objects, kept, rows, False, names)
+
+
+def read_itself(tensors: Sequence[torch.Tensor]) -> Reading:
+    """A reading of plain tensors (BF16 weights mok quantises): each one's own memory."""
+    return _reading(tuple(tensors), (ITSELF,), tuple((t,) for t in tensors), True, None)
 
 
 def _tensor_columns(rows: tuple[tuple[Any, ...], ...], width: int) -> tuple[int, ...] | None:
@@ -178,7 +184,10 @@ class DirectionSource:
 @dataclass(frozen=True)
 class Snapshot:
     """Everything one read of the weights found: the readings (what the refresh guard compares,
-    the caller's objects read first) and the directions planned from them, rowwise first."""
+    the caller's objects read first) and the directions planned from them, rowwise first; or,
+    for BF16 weights mok quantises, ``quantize``: the BF16 payload (one ``[E, R, C]`` view, or
+    one ``[R, C]`` view per expert) as read."""
 
     readings: tuple[Reading, ...]
     directions: tuple[DirectionSource, ...]
+    quantize: torch.Tensor | tuple[torch.Tensor, ...] | None = None

@@ -123,7 +123,9 @@ Tensors = tuple[torch.Tensor, ...]
 class ExpertWeights:
     """What both view types are: ``num_experts`` weights ``(rows, columns)`` of ``format`` and
     their directions (``columnwise`` None where TE keeps none). ``refresh_plan`` reruns the
-    conversion of the scales while TE reassigns nothing (``cached=``)."""
+    conversion of the scales while TE reassigns nothing (``cached=``). ``quantized_on_the_fly``:
+    the weights are BF16 and mok quantises them to MXFP8 into buffers the view owns (payloads
+    too), again at every refresh."""
 
     num_experts: int
     rows: int
@@ -131,6 +133,7 @@ class ExpertWeights:
     format: Format
     rowwise: ViewDirection
     columnwise: ViewDirection | None = None
+    quantized_on_the_fly: bool = False
     refresh_plan: RefreshPlan = field(default_factory=RefreshPlan, repr=False)
 
     __repr__ = _repr

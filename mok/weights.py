@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import torch
 
@@ -33,7 +33,7 @@ from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
 from mok.formats import MXFP8, Format
 from mok.layout import MXFP8_BLOCK, columnwise_scales, rowwise_scales
 from mok.pipeline import view_or_refresh
-from mok.readers import GroupedReader, SplitReader
+from mok.readers import GroupedReader, QuantizingReader, SplitReader, is_bf16_group
 from mok.shared_expert import bf16_config, warn_shared_experts_bf16
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
@@ -339,11 +339,19 @@ def _grouped_bf16(weight: Any, shape: tuple[int, int, int]) -> Any:
     return weight
 
 
+def _on_the_fly(weight: object) -> bool:
+    """BF16 weights mok quantises when MXFP8 is asked for: a plain tensor, or TE's GroupedTensor
+    without a quantizer (Megatron's BF16 master weights with ``fp8_param=False``)."""
+    return isinstance(weight, torch.Tensor) and is_bf16_group(weight)
+
+
 def _grouped_view(weight: object, dims: tuple[int, int, int], cached_view: GroupedWeightTuple | None) -> Any:
-    """mok's view through the pipeline: both directions in one launch; a refresh reruns it while
-    TE reassigned nothing."""
+    """mok's view through the pipeline: both directions in one launch (TE's MXFP8 storage read,
+    or BF16 weights quantised); a refresh reruns it while nothing was reassigned."""
     cached = None if cached_view is None else cached_view.expert_view
-    view = view_or_refresh(GroupedReader(weight, Format.MXFP8, dims), cached)
+    quantize = cached.quantized_on_the_fly if cached is not None else _on_the_fly(weight)
+    reader = QuantizingReader((weight,), True, dims) if quantize else GroupedReader(weight, Format.MXFP8, dims)
+    view = cast(GroupedExpertWeights, view_or_refresh(reader, cached))  # the readers' grouped view
     if cached_view is not None:
         return cached_view
     if view.col_data is None or view.col_scales is None:
@@ -414,7 +422,11 @@ def _native_single_grouped_weight_view(
     transpose). ``cached_view`` (an earlier result) has items 1 and 3 refreshed in place.
     Threads: as mok.grouped_weight_view.
     """
-    if use_mxfp8 is True and type(cached_view) is GroupedWeightTuple and _own(*_GROUPED_SEAMS):
+    if (
+        use_mxfp8 is True
+        and type(cached_view) is GroupedWeightTuple
+        and (_own(*_GROUPED_SEAMS) or _by_mok(cached_view))
+    ):
         # the refresh of a view mok made: the pipeline checks its own arguments
         return _grouped_view(weight, (num_experts, rows, columns), cached_view)
     dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
@@ -422,9 +434,17 @@ def _native_single_grouped_weight_view(
     if not check_bool("use_mxfp8", use_mxfp8):
         return _grouped_bf16(weight, shape)
     mine = cached_view is None or isinstance(cached_view, GroupedWeightTuple)
+    if mine and _on_the_fly(weight):  # mok quantises: upstream composes nothing of its functions here
+        return _grouped_view(weight, shape, cached_view)
     if mine and _te_kind(weight) is TensorKind.GROUPED and _own(*_GROUPED_SEAMS):
         return _grouped_view(weight, shape, cached_view)
     return _grouped_composed(weight, shape, cached_view)
+
+
+def _by_mok(cached_view: GroupedWeightTuple | SplitRoutedWeight) -> bool:
+    """A view of BF16 weights mok quantised: its refresh is mok's, whatever a caller replaced."""
+    view = cached_view.expert_view
+    return view is not None and view.quantized_on_the_fly
 
 
 # ------------------------------------------------------------------------------ per expert
@@ -560,9 +580,16 @@ def _need(value: R | None, what: str) -> R:
     return value
 
 
-def _split_view(params: Sequence[object], rows: int, columns: int) -> SplitRoutedWeight:
-    """mok's view through the pipeline, in upstream's fields."""
-    view = view_or_refresh(SplitReader(tuple(params), Format.MXFP8, rows, columns))
+def _split_reader(params: tuple[object, ...], rows: int, columns: int, quantize: bool) -> Any:
+    if quantize:
+        return QuantizingReader(params, False, (len(params), rows, columns))
+    return SplitReader(params, Format.MXFP8, rows, columns)
+
+
+def _split_view(params: Sequence[object], rows: int, columns: int, quantize: bool) -> SplitRoutedWeight:
+    """mok's view through the pipeline (TE's MXFP8 storage read, or BF16 weights quantised), in
+    upstream's fields."""
+    view = view_or_refresh(_split_reader(tuple(params), rows, columns, quantize))
     row, col = view.rowwise, _need(view.columnwise, "columnwise data")
     row_scales, col_scales = _need(row.scales, "rowwise scales"), _need(col.scales, "columnwise scales")
     return SplitRoutedWeight(
@@ -628,11 +655,16 @@ def _native_split_weight_view(
 
     Threads: as mok.split_weight_view.
     """
-    if use_mxfp8 is True and type(cached_view) is SplitRoutedWeight and cached_view.expert_view and _own(*_SPLIT_SEAMS):
-        # the refresh of a view mok made: the pipeline checks its own arguments
+    if (
+        use_mxfp8 is True
+        and type(cached_view) is SplitRoutedWeight
+        and cached_view.expert_view
+        and (_own(*_SPLIT_SEAMS) or _by_mok(cached_view))
+    ):  # the refresh of a view mok made: the pipeline checks its own arguments
         r, c = check_sizes(rows=rows, columns=columns)
         experts = tuple(check_sequence("params", params, "per-expert parameters"))
-        view_or_refresh(SplitReader(experts, Format.MXFP8, r, c), cached_view.expert_view)
+        view = cached_view.expert_view
+        view_or_refresh(_split_reader(experts, r, c, view.quantized_on_the_fly), view)
         return cached_view
     experts = _expert_params(params)
     rows, columns = check_sizes(rows=rows, columns=columns)
@@ -646,8 +678,10 @@ def _native_split_weight_view(
         return _split_refresh(experts, rows, columns, cached_view)
     if not mxfp8:
         return _split_bf16(experts, (rows, columns))
+    if all(map(_on_the_fly, experts)):  # BF16 master weights: mok quantises them
+        return _split_view(experts, rows, columns, True)
     if _own(*_SPLIT_SEAMS) and _all_te_mxfp8(experts):
-        return _split_view(experts, rows, columns)
+        return _split_view(experts, rows, columns, False)
     return _split_composed(experts, rows, columns)
 
 

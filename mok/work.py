@@ -114,6 +114,6 @@ class PreparedWork:
                 swizzle_reference(item.logical(), item.dst)
 
 
-def run_work(work: Sequence[ScaleWork], backend: str | None = None) -> None:
+def run_work(work: Sequence[ScaleWork | QuantizeWork], backend: str | None = None) -> None:
     """Run every item of ``work`` (one launch on the cuda backend)."""
     PreparedWork(work, backend).run()

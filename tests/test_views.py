@@ -84,8 +84,11 @@ def test_grouped_bf16(installed_te: Installer) -> None:
     assert torch.equal(v.row_data[1], g.rowwise_data[64 * 32 : 2 * 64 * 32].view(64, 32))
     with pytest.raises(RefreshError, match="nothing to refresh"):
         grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=False, cached=v)
-    with pytest.raises(ExpertWeightError, match="holds no quantized data"):
-        grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=True)
+    q = grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=True)  # quantised by mok
+    assert q.quantized_on_the_fly and q.row_data.dtype == torch.float8_e4m3fn
+    assert q.row_data.data_ptr() != g.rowwise_data.data_ptr()  # mok's own buffers, not TE's
+    with pytest.raises(ExpertWeightError, match="holds no quantized data"):  # NVFP4: TE's storage only
+        grouped_weight_view(g, num_experts=4, rows=64, columns=32, format="nvfp4")
 
 
 def test_grouped_already_swizzled_aligned_is_zero_copy(installed_te: Installer) -> None:
@@ -164,7 +167,7 @@ def test_grouped_refresh_detects_moved_payload(installed_te: Installer) -> None:
     g.rowwise_data = g.rowwise_data.clone()
     with pytest.raises(RefreshError, match="grouped rowwise data moved from 0x"):
         grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True, cached=v)
-    with pytest.raises(RefreshError, match=r"built for \(experts, rows, columns\) = \(2, 128, 64\)"):
+    with pytest.raises(RefreshError, match=r"= \(3, 128, 64\), as asked for; found one of \(2, 128, 64\)"):
         grouped_weight_view(
             T.grouped_tensor("2.20.2", 3, 128, 64, mxfp8=True),
             num_experts=3,
@@ -290,7 +293,7 @@ def test_split_errors(installed_te: Installer) -> None:
         split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
     with pytest.raises(ExpertWeightError, match="at least one expert"):
         split_weight_view([], rows=128, columns=128, use_mxfp8=True)
-    with pytest.raises(ExpertWeightError, match="positive multiples of 32; found rows=100"):
+    with pytest.raises(ExpertWeightError, match="multiples of 32 .MXFP8 has one scale per 32 values.; found rows=100"):
         split_weight_view(ps, rows=100, columns=128, use_mxfp8=True)
     no_col = [ps[0], T.mxfp8_tensor("2.20.2", 128, 128, param=True, columnwise=False)]
     with pytest.raises(ExpertWeightError, match="expert 1 has no columnwise data"):
