@@ -10,7 +10,10 @@ median host microseconds (``time.perf_counter``, no synchronisation) of
   refresh row     the same with rowwise scales only,
   refresh, mok.weights  the same refresh through the drop-in (mok.weights' ``cached_view=``),
   layer           ``mok.LayerRefresh`` over fc1 and fc2 of the layer (split cases),
-  TE-swizzled     a refresh of views over scales TE wrote in the GEMM layout (zero-copy).
+  TE-swizzled     a refresh of views over scales TE wrote in the GEMM layout (zero-copy),
+  BF16 on the fly first views and refreshes of views of BF16 weights of the same shapes that
+                  mok quantises to MXFP8 (split and grouped; the checked refresh's host cost
+                  set against the MXFP8 path's).
 With a real TE on a GPU it adds, on the same rowwise tensors in the same run, eager time per
 call of mok's refresh (checked, and ``run_unchecked``), of TE 2.18+'s
 ``grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights`` and (latency
@@ -186,6 +189,27 @@ def grouped_case(weight: Any, experts: int, rows: int, cols: int, repeats: int) 
     return found
 
 
+def bf16_case(experts: int, rows: int, cols: int, device: str, repeats: int) -> dict[str, float]:
+    """Host us of views of BF16 weights mok quantises (the master weights of Megatron's
+    ``fp8_param=False``): one Parameter per expert, and one grouped ``[E, R, C]`` Parameter."""
+    split = [torch.nn.Parameter(torch.randn(rows, cols, dtype=torch.bfloat16, device=device)) for _ in range(experts)]
+    grouped = torch.nn.Parameter(torch.randn(experts, rows, cols, dtype=torch.bfloat16, device=device))
+    kw = {"rows": rows, "columns": cols, "use_mxfp8": True}
+    view = mok.split_weight_view(split, **kw)
+    gview = mok.grouped_weight_view(grouped, num_experts=experts, **kw)
+    few = max(5, repeats // 20)
+    return {
+        "split first view, BF16 on the fly": host_us(lambda: mok.split_weight_view(split, **kw), few),
+        "split refresh, BF16 on the fly": host_us(lambda: mok.split_weight_view(split, cached=view, **kw), repeats),
+        "grouped first view, BF16 on the fly": host_us(
+            lambda: mok.grouped_weight_view(grouped, num_experts=experts, **kw), few
+        ),
+        "grouped refresh, BF16 on the fly": host_us(
+            lambda: mok.grouped_weight_view(grouped, num_experts=experts, cached=gview, **kw), repeats
+        ),
+    }
+
+
 def layer_case(make: Callable[..., tuple[list[Any], Any]], experts: int, rows: int, cols: int, repeats: int) -> float:
     fc1, _ = make(experts, 2 * rows, cols, True)
     fc2, _ = make(experts, cols, rows, True)
@@ -295,6 +319,7 @@ def run(source: str, repeats: int) -> list[dict[str, Any]]:
                     )
                 if columnwise:
                     row["layer refresh"] = layer_case(make, experts, rows // 2, cols, repeats)
+                    row.update(bf16_case(experts, rows, cols, "cpu" if source == "standins" else "cuda", repeats))
                 else:
                     swz = (
                         swizzled_standins(experts, rows, cols)
