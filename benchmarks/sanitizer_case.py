@@ -12,7 +12,9 @@ Public API only: mok.swizzle_mxfp8_scales(_many), mok.work.run_work and mok.kern
 columnwise transpose, gather, copy), per-expert pointer tables (conversions and copies of one size),
 one mixed launch, and one inverse launch (every case's layout back into an output of the case's own
 geometry, per-expert tables included); each result is checked against the torch reference, and the
-inverse's outputs' buffers outside them for untouched bytes. Exits non-zero on a mismatch.
+inverse's outputs' buffers outside them for untouched bytes. Then the quantize kernel (BF16 to
+MXFP8, mok.kernels.quantize): a grouped source and a per-expert pointer table, padded shapes, each
+checked against the torch reference. Exits non-zero on a mismatch.
 """
 
 from __future__ import annotations
@@ -103,10 +105,31 @@ def _inverse_launch(shape: str, scales: list[torch.Tensor]) -> None:
             raise SystemExit(f"{shape}: mismatch in the inverse launch for shape {tuple(b.shape)} strides {b.stride()}")
 
 
+def _quantize_cases() -> None:
+    """The quantize kernel over a grouped source and a per-expert table (rows not a multiple of
+    128, so the layouts' padding is written too), against the torch reference."""
+    from mok.kernels.quantize import QuantizeLaunch, empty_outputs, run_reference
+
+    g = torch.Generator().manual_seed(3)
+    grouped = torch.randn(3, 96, 160, generator=g).to(torch.bfloat16).cuda()
+    experts = [torch.randn(64, 96, generator=g).to(torch.bfloat16).cuda() for _ in range(2)]
+    for src, (e, r, c) in ((grouped, (3, 96, 160)), (experts, (2, 64, 96))):
+        out, want = empty_outputs(e, r, c, "cuda"), empty_outputs(e, r, c, "cuda")
+        for t in out:
+            t.view(torch.uint8).fill_(0xAB)
+        QuantizeLaunch(src, out)()
+        run_reference(src, want)
+        torch.cuda.synchronize()
+        if not all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(out, want, strict=True)):
+            raise SystemExit(f"quantize: mismatch for {e} x [{r}, {c}] ({'grouped' if src is grouped else 'table'})")
+
+
 def main() -> None:
     for shape in sys.argv[1:] or SHAPES:  # shapes named on the command line, or all
         _one_shape(shape, "cuda")
         print(f"sanitizer case, shape {shape}: all results equal the torch reference")
+    _quantize_cases()
+    print("sanitizer case, quantize: all results equal the torch reference")
 
 
 if __name__ == "__main__":
