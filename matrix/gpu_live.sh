@@ -2,7 +2,8 @@
 # Live runs of the matrix on the offline GPU machine (matrix/LIVE.md has the whole plan).
 #
 #   bash matrix/gpu_live.sh --stage     copy every folder carried under .te-wheelhouse/V/ (sm90 from
-#                                       matrix/slim_core.py, or the parts pN) to /root/te/V/
+#                                       matrix/slim_core.py, or the parts pN) to /root/te/V/, and
+#                                       each source in .te-wheelhouse/sources/ to its release's folder
 #   bash matrix/gpu_live.sh V [V2 ...]  stage what was carried, then for each TE release in turn:
 #                                       install its wheels (the earlier release's uninstalled first),
 #                                       install the prebuilt torch extension when one was carried
@@ -24,7 +25,7 @@
 #                            and for any release whose core library fails on that symbol)
 #   GPU_LIVE_NEXT='V2 V3'    after staging (after GPU_LIVE_EXTRA when that is set), build these
 #                            releases' torch extensions in the background, one after another, from
-#                            sources staged here (carry .te-wheelhouse/V2/src): the process outlives
+#                            sources staged here (carry .te-wheelhouse/sources): the process outlives
 #                            the call while the machine stays warm, and V2's call installs its wheel
 #                            (waiting for the build if it still runs) instead of building it
 #   GPU_LIVE_BUILD=1         build the torch extension even when a prebuilt one was carried
@@ -61,7 +62,16 @@ stage() {
         cp "$dir"* "$PARTS_ROOT/$v/"
         n=$((n + 1))
     done
-    echo "staged $n carried folder(s); now in $PARTS_ROOT:"
+    local src
+    for src in "$ROOT"/.te-wheelhouse/sources/transformer_engine_torch-*.tar.gz; do
+        [[ -f $src ]] || continue
+        v=${src##*/transformer_engine_torch-}
+        v=${v%.tar.gz}
+        mkdir -p "$PARTS_ROOT/$v"
+        cp "$src" "$PARTS_ROOT/$v/"
+        n=$((n + 1))
+    done
+    echo "staged $n carried folder(s) and source(s); now in $PARTS_ROOT:"
     for dir in "$PARTS_ROOT"/*/; do
         [[ -d $dir && $(basename "$dir") != stub ]] || continue
         echo "  $(basename "$dir"): $(ls "$dir" | grep -c '^core\.part' || true) core part(s), $(du -sh "$dir" | cut -f1)"

@@ -14,9 +14,10 @@ wheel: 276 MB to about 33 MB). A fat binary without an entry for the architectur
 reads the parts ``../shared/gpu/te-wheelhouse.sh V`` made in ``.te-wheelhouse/V/p1..pN`` and writes
 ``.te-wheelhouse/V/sm90/``: the slimmed core wheel (same name), the small wheels, the torch
 extension's source, ``CORE_NAME``, and ``CORE_NOTE`` (what was done, for the run's record); and
-``.te-wheelhouse/V/src/`` with the torch extension's source alone (half a megabyte, for a
-background build on the GPU machine: GPU_LIVE_NEXT in matrix/gpu_live.sh). matrix/gpu_live.sh
-stages any folder under ``.te-wheelhouse/V/``.
+a copy of the torch extension's source in ``.te-wheelhouse/sources/`` (half a megabyte a release,
+all of them carried in one path, for background builds on the GPU machine: GPU_LIVE_NEXT in
+matrix/gpu_live.sh). matrix/gpu_live.sh stages any folder under ``.te-wheelhouse/V/`` and every
+source in ``.te-wheelhouse/sources/``.
 """
 
 from __future__ import annotations
@@ -165,11 +166,10 @@ def pack_release(version: str, arch: int = 90, wheelhouse: Path = WHEELHOUSE) ->
     for small in names[0].parent.iterdir():
         if small.is_file() and not small.name.startswith("core.part"):
             shutil.copy2(small, out / small.name)
-    source = src / "src"
-    shutil.rmtree(source, ignore_errors=True)
-    source.mkdir()
+    sources = wheelhouse / "sources"
+    sources.mkdir(exist_ok=True)
     for archive in out.glob("transformer_engine_torch-*.tar.gz"):
-        shutil.copy2(archive, source / archive.name)
+        shutil.copy2(archive, sources / archive.name)
     lib = max(reports.items(), key=lambda kv: kv[1].zeroed_bytes)
     note = (
         f"core wheel slimmed to sm_{arch} device code by matrix/slim_core.py: "

@@ -138,4 +138,5 @@ def test_pack_release_gathers_one_part_and_the_source_alone(built: Path, tmp_pat
         slim = z.read("te/lib/libk.so")
     assert (built / "k90.cubin").read_bytes() in slim and (built / "k80.cubin").read_bytes() not in slim
     assert "libk.so keeps its 2 sm_90 cubins" in (out / "CORE_NOTE").read_text()
-    assert [p.name for p in (release / "src").iterdir()] == ["transformer_engine_torch-9.9.9.tar.gz"]
+    sources = tmp_path / "house" / "sources"
+    assert [p.name for p in sources.iterdir()] == ["transformer_engine_torch-9.9.9.tar.gz"]

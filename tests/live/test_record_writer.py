@@ -196,7 +196,7 @@ def test_gpu_live_script_carries_the_shared_stub_verbatim(name: str, marker: str
 
 
 def test_stage_replaces_parts_with_a_whole_slim_core(tmp_path: Path) -> None:
-    """--stage copies every carried folder, and a whole core wheel drops core parts staged before."""
+    """--stage copies every carried folder and source, and a whole core wheel drops core parts staged before."""
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("no bash here")
@@ -207,6 +207,9 @@ def test_stage_replaces_parts_with_a_whole_slim_core(tmp_path: Path) -> None:
     carried.mkdir(parents=True)
     (carried / "CORE_NAME").write_text("te_cu13-2.99.0.whl\n")
     (carried / "te_cu13-2.99.0.whl").write_bytes(b"whole")
+    sources = tree / ".te-wheelhouse" / "sources"
+    sources.mkdir()
+    (sources / "transformer_engine_torch-2.98.1.tar.gz").write_bytes(b"sdist")
     staged = tmp_path / "te" / "2.99.0"
     staged.mkdir(parents=True)
     (staged / "core.part0").write_bytes(b"old part")
@@ -217,3 +220,4 @@ def test_stage_replaces_parts_with_a_whole_slim_core(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in staged.iterdir()) == ["CORE_NAME", "te_cu13-2.99.0.whl"]
     assert "2.99.0: 0 core part(s)" in done.stdout
+    assert [p.name for p in (tmp_path / "te" / "2.98.1").iterdir()] == ["transformer_engine_torch-2.98.1.tar.gz"]
