@@ -189,6 +189,10 @@ pip_build() {  # $1: install | wheel, $2: the source archive, then pip's other a
 
 background_builds() {  # GPU_LIVE_NEXT: build those extensions in a process that outlives the call
     local v list=""
+    if [[ -n ${GPU_LIVE_NEXT:-} ]] && ! command -v setsid >/dev/null; then
+        echo "background builds skipped: no setsid here (a plain background process ends with the call)"
+        return 0
+    fi
     for v in ${GPU_LIVE_NEXT:-}; do
         if [[ -f $PARTS_ROOT/$v/transformer_engine_torch-$v.tar.gz ]] && ! ls "$PARTS_ROOT/$v/transformer_engine_torch-$v-"*.whl >/dev/null 2>&1 \
             && [[ ! -f $PARTS_ROOT/$v/BUILDING ]]; then
@@ -208,6 +212,7 @@ background_builds() {  # GPU_LIVE_NEXT: build those extensions in a process that
             fi
             rm -f "$d/BUILDING"
         done' > "$PARTS_ROOT/background-builds.log" 2>&1 < /dev/null &
+    echo $! > "$PARTS_ROOT/background-builds.pid"
     echo "background build started for TE$list (pid $!; each release marks $PARTS_ROOT/V/BUILDING while it builds)"
 }
 
@@ -216,7 +221,9 @@ wait_for_background_build() {  # V's extension may be building in the background
     STEP="wait for the background build"
     local start=$SECONDS
     echo "TE $V's torch extension is building in the background (an earlier call started it): waiting"
-    while [[ -f $P/BUILDING ]] && (($(left) > 150)); do sleep 2; done
+    local pid
+    pid=$(cat "$PARTS_ROOT/background-builds.pid" 2>/dev/null || echo 0)
+    while [[ -f $P/BUILDING ]] && (($(left) > 150)) && kill -0 "$pid" 2>/dev/null; do sleep 2; done
     echo "waited $((SECONDS - start))s; $([[ -f $P/BUILDING ]] && echo "still building: giving up on it" || echo done)"
     [[ ! -f $P/bg-build.log ]] || tail -n 3 "$P/bg-build.log"
 }
