@@ -18,7 +18,7 @@ import nox
 sys.path.insert(0, str(Path(__file__).parent))
 from matrix.releases import release_versions
 
-nox.options.sessions = ["tests", "lint", "typecheck", "release"]
+nox.options.sessions = ["tests", "lint", "typecheck", "release", "live_status"]
 nox.options.default_venv_backend = "none"
 
 
@@ -55,6 +55,14 @@ def release(session: nox.Session, te: str) -> None:
     install_project(session)
     session.run("python", "-m", "matrix.extract", te, "--check")
     session.run("python", "-m", "matrix.check", te)
+    session.run("python", "-m", "matrix.provenance", te)  # a warning line when its live record is stale
+
+
+@nox.session
+def live_status(session: nox.Session) -> None:
+    """Each live record in matrix/live/ against the code here: current, or stale with the commits
+    since (warnings; `nox -s live_status -- --strict` fails on a record that is not current)."""
+    session.run("python", "-m", "matrix.provenance", *session.posargs)
 
 
 @nox.session

@@ -1,12 +1,16 @@
 """Record one live run (tests/gpu and tests/live against a real TE on a GPU) in matrix/live/.
 
     python -m matrix.live_record JUNIT.xml [--evidence FILE] [--out DIR] [--note TEXT]... [--build TEXT]
+    python -m matrix.live_record [JUNIT.xml] --release V --could-not-load WHY [--tried TEXT]...
 
 Writes ``<DIR>/<TE release>.json`` (``<release>.no-seed.json`` for a run with
-TE_COMPAT_LIVE_NO_SEED=1): release, machine, date, the TE build, environment notes, pass/fail/skip
-counts, which tests ran, every skip and failure with its reason, and for each comparison with TE
-the bytes it ran on (from the side file tests/live/conftest.py writes, by default beside the junit
-XML as ``JUNIT.evidence.json``). Run it in the environment that ran the tests.
+TE_COMPAT_LIVE_NO_SEED=1): release, machine, date, the commit and a digest of the code that ran
+(matrix/provenance.py), the TE build, environment notes, pass/fail/skip counts, which tests ran,
+every skip and failure with its reason, and for each comparison with TE the bytes it ran on (from
+the side file tests/live/conftest.py writes, by default beside the junit XML as
+``JUNIT.evidence.json``). With --could-not-load the record says that TE did not build or import on
+the machine, why, and what was tried (the tests, if any ran, are those that need no TE). Run it in
+the environment that ran the tests.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from matrix import provenance
+
 LIVE_DIR = Path(__file__).resolve().parent / "live"
-RECORD_FORMAT = 2  # 1: counts and reasons only (records before 2026-12-03)
+RECORD_FORMAT = 3  # 1: counts and reasons only; 2: no commit nor code digest (records before 2026-12-04)
 STUB_LIBRARY = "cublaslt_grouped_stub"  # shared/gpu/cublaslt-grouped-stub.c, built by matrix/gpu_live.sh
 STUB_NOTE = "cuBLASLt grouped stub preloaded: TE grouped GEMM unavailable"
 NO_SEED_ENV = "TE_COMPAT_LIVE_NO_SEED"  # tests/live/evidence.py: leave TE's buffers as allocated
@@ -41,14 +47,14 @@ def junit_name(nodeid: str) -> str:
     return f"{path.removesuffix('.py').replace('/', '.')}::{name}"
 
 
-def summarize(junit: Path) -> dict[str, Any]:
-    """Counts, and every test by outcome, from pytest's junit XML."""
-    root = ET.parse(junit).getroot()
+def summarize(junit: Path | None) -> dict[str, Any]:
+    """Counts, and every test by outcome, from pytest's junit XML (all zero without one)."""
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     ran: list[str] = []
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
-    for case in root.iter("testcase"):
+    cases = ET.parse(junit).getroot().iter("testcase") if junit is not None else iter(())
+    for case in cases:
         name = f"{case.get('classname')}::{case.get('name')}"
         problem = case.find("failure") if case.find("failure") is not None else case.find("error")
         skip = case.find("skipped")
@@ -134,23 +140,38 @@ def seeding_text(evidence: dict[str, Any] | None) -> str:
     return "TE's buffers left as allocated (TE_COMPAT_LIVE_NO_SEED=1)"
 
 
+def code_ran(root: Path, commit: str | None = None) -> dict[str, Any]:
+    """The commit the run's tree came from (None when nobody said) and its folders' digests."""
+    return {"commit": commit or provenance.head_commit(root), "code": provenance.disk_digests(root)}
+
+
 def build_record(
     env: dict[str, Any],
-    junit: Path,
+    junit: Path | None,
     evidence: dict[str, Any] | None,
     notes: list[str],
     build: dict[str, Any],
+    could_not_load: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The record of one run. ``evidence`` is the tests' side file (None when it is missing)."""
+    """The record of one run. ``evidence`` is the tests' side file (None when it is missing);
+    ``could_not_load`` ({"why": ..., "tried": [...]}) when TE did not build or import there."""
     return {
         "record_format": RECORD_FORMAT,
         **env,
         "te_build": build,
         "notes": notes,
+        **({"could_not_load": could_not_load} if could_not_load else {}),
         "seeding": seeding_text(evidence),
         **summarize(junit),
         "bytes": bytes_by_test(evidence),
     }
+
+
+def which_release(found: str | None, asked: str | None) -> str | None:
+    """The release to record: what te_compat read, checked against what the caller said it installed."""
+    if asked and found and found != asked:
+        raise SystemExit(f"te_compat reads TE {found} here, but --release says {asked}: no record written")
+    return found or asked
 
 
 def no_seed_run(evidence: dict[str, Any] | None, environ: dict[str, str]) -> bool:
@@ -165,17 +186,27 @@ def record_path(out: Path, record: dict[str, Any], no_seed: bool) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m matrix.live_record", description=__doc__.split("\n")[0])
-    parser.add_argument("junit", type=Path)
+    parser.add_argument("junit", type=Path, nargs="?", help="pytest's junit XML (none when no test ran)")
     parser.add_argument("--evidence", type=Path, help="the live tests' side file (default: JUNIT.evidence.json)")
     parser.add_argument("--out", type=Path, default=LIVE_DIR)
     parser.add_argument("--note", action="append", default=[], help="an environment note (repeatable)")
     parser.add_argument("--build", help="how TE was built, e.g. 'torch extension from sdist, NVTE_CUDA_ARCHS=90'")
     parser.add_argument("--machine", help="the machine, in words (default: GPU, CPU cores, architecture)")
+    parser.add_argument("--release", help="the TE release that was installed (needed when it does not import)")
+    parser.add_argument("--commit", help=f"the commit the tree came from (default: ${provenance.COMMIT_ENV}, else git)")
+    parser.add_argument("--could-not-load", metavar="WHY", help="TE did not build or import here: why")
+    parser.add_argument("--tried", action="append", default=[], help="what was tried to load it (repeatable)")
     args = parser.parse_args(argv)
-    evidence_file = args.evidence or args.junit.with_suffix(".evidence.json")
-    evidence = json.loads(evidence_file.read_text()) if evidence_file.exists() else None
+    if args.junit is None and not args.could_not_load:
+        parser.error("a junit XML is needed unless --could-not-load says why no test ran")
+    evidence_file = args.evidence or (args.junit.with_suffix(".evidence.json") if args.junit else None)
+    evidence = json.loads(evidence_file.read_text()) if evidence_file and evidence_file.exists() else None
     notes = environment_notes(args.note, dict(os.environ))
-    record = build_record(environment(args.machine), args.junit, evidence, notes, te_build(args.build))
+    env = environment(args.machine)
+    env["release"] = which_release(env["release"], args.release)
+    env.update(code_ran(provenance.ROOT, args.commit))
+    failure = {"why": args.could_not_load, "tried": args.tried} if args.could_not_load else None
+    record = build_record(env, args.junit, evidence, notes, te_build(args.build), failure)
     if record["release"] is None:  # e.g. `nox -s live` on a machine without TE: keep matrix/live/ as it is
         print("no Transformer Engine release is installed here (te_compat found none): no record", file=sys.stderr)
         return 0
@@ -183,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     path = record_path(args.out, record, no_seed_run(evidence, dict(os.environ)))
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}: {record['passed']} passed, {record['failed']} failed, {record['skipped']} skipped")
+    if failure:
+        print(f"  TE {record['release']} could not load here: {failure['why']}")
+    if record["commit"] is None:
+        print(f"WARNING: the record names no commit (set ${provenance.COMMIT_ENV} on a tree without .git)")
     return 0
 
 

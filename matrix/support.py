@@ -15,6 +15,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from matrix import provenance
 from matrix.check import check_release
 from matrix.releases import matrix_releases
 from te_compat import table
@@ -34,17 +35,35 @@ SHORT = {
 UNLISTED = ("plain", "other_quantized")  # not storage kinds of a release
 
 
-def _live(version: str) -> str:
+def _record(version: str) -> dict[str, Any] | None:
     path = LIVE_DIR / f"{version}.json"
-    if not path.exists():
-        return "-"
-    rec = json.loads(path.read_text())
-    text = f"{rec['gpu']} {rec['date']}: {rec['passed']} passed, {rec['failed']} failed, {rec['skipped']} skipped"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _live(rec: dict[str, Any] | None, live_cuda: int = 13) -> str:
+    """The live-result column: counts and what they ran on, why TE could not load, or not run."""
+    if rec is None:
+        return "not run" if live_cuda == 13 else f"not run (needs CUDA {live_cuda} libraries; the GPU machine has 13)"
+    counts = f"{rec['passed']} passed, {rec['failed']} failed, {rec['skipped']} skipped"
+    if rec.get("could_not_load"):
+        text = f"could not load on {rec['gpu']}: {rec['could_not_load']['why']}"
+        tried = rec["could_not_load"].get("tried") or []
+        text += f" (tried: {'; '.join(tried)})" if tried else ""
+        return text + (f"; tests without TE: {counts}" if rec["ran"] or rec["skipped"] else "")
+    text = f"{counts} on {rec['gpu']}"
     if any("needs a usable Transformer Engine" in why for why in rec["skipped_tests"].values()):
         text += " (TE did not import there; kernel tests only)"
     if rec.get("record_format", 1) >= 2:
         text += _on_which_bytes(rec)
     return text
+
+
+def live_columns(rec: dict[str, Any] | None, live_cuda: int, now: dict[str, str]) -> str:
+    """The live result, date, commit and code columns of one release (``now``: code digests here)."""
+    if rec is None:
+        return f"{_live(None, live_cuda)} | - | - | -"
+    commit = rec["commit"][:10] if rec.get("commit") else "not recorded"
+    return f"{_live(rec, live_cuda)} | {rec['date']} | {commit} | {provenance.freshness(rec, ROOT, now).short}"
 
 
 def _on_which_bytes(rec: dict[str, Any]) -> str:
@@ -58,21 +77,27 @@ def _on_which_bytes(rec: dict[str, Any]) -> str:
 
 def support_table() -> str:
     lines = [
-        "| TE release | source check | kinds in the table | live run |",
-        "|---|---|---|---|",
+        "| TE release | static check | kinds in the table | live result | date | commit | code |",
+        "|---|---|---|---|---|---|---|",
     ]
+    now = provenance.disk_digests(ROOT, provenance.CODE)
     for rel in matrix_releases():
         problems = check_release(rel.version)
         status = "agrees" if not problems else f"{len(problems)} disagreement(s)"
         if rel.source_from != rel.version:
             status += f" (source of {rel.source_from})"
         kinds = " ".join(SHORT[k.value] for k in table.kinds_in(Version(rel.version)) if k.value not in UNLISTED)
-        lines.append(f"| {rel.version} | {status} | {kinds} | {_live(rel.version)} |")
+        lines.append(
+            f"| {rel.version} | {status} | {kinds} | {live_columns(_record(rel.version), rel.live_cuda, now)} |"
+        )
     lines.append("")
     lines.append(
         "Kinds: F8 Float8, MX MXFP8, BW Float8 blockwise, FP4 NVFP4, G grouped, HY hybrid (experimental in "
-        "TE), ID identity (high-precision data, a hybrid direction). Source check: "
-        "`nox -s release`; live run: `nox -s live` on a GPU (records in `matrix/live/`)."
+        "TE), ID identity (high-precision data, a hybrid direction). Static check: `nox -s release` (TE's "
+        "source against the table); live result: `nox -s live` on a GPU, or `matrix/gpu_live.sh` on the "
+        "offline H200 (records in `matrix/live/`); commit: the one the run's tree came from; code: current "
+        "while mok/ and te_compat/ are the code the run had, stale once they change (`nox -s live_status` "
+        "lists the commits since)."
     )
     return "\n".join(lines)
 

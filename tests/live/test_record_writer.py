@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from matrix import live_record, support
+from matrix import live_record, provenance, support
 from tests.live.evidence import AS_ALLOCATED, SEEDED, Evidence
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +81,7 @@ def test_junit_name_matches_what_junit_writes() -> None:
 def test_record_says_on_which_bytes_each_test_compared(junit: Path) -> None:
     build = {"distributions": {"transformer_engine": "2.20.2"}}
     rec = live_record.build_record(ENV, junit, EVIDENCE, ["a note"], build)
-    assert rec["record_format"] == 2 and rec["release"] == "2.20.2" and rec["notes"] == ["a note"]
+    assert rec["record_format"] == 3 and rec["release"] == "2.20.2" and rec["notes"] == ["a note"]
     assert rec["bytes"] == {
         "tests.live.test_live_te::test_a[256-512]": "2 comparisons on seeded random bytes, fewest distinct values 240",
         "tests.live.test_live_te::test_b": "no byte comparison recorded (quantize_ left scales unchanged)",
@@ -110,15 +110,56 @@ def test_environment_notes_name_the_stub_and_the_grouped_switch() -> None:
     assert live_record.environment_notes([], {}) == []
 
 
-def test_support_column_of_a_new_record(junit: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_support_column_of_a_new_record(junit: Path) -> None:
     rec = live_record.build_record(ENV, junit, EVIDENCE, [live_record.STUB_NOTE, "NVTE_X=1"], {})
-    (tmp_path / "2.20.2.json").write_text(json.dumps(rec))
-    monkeypatch.setattr(support, "LIVE_DIR", tmp_path)
-    assert support._live("2.20.2") == (
-        "NVIDIA H200 2026-12-03: 2 passed, 2 failed, 1 skipped; 1 tests compared with TE on random bytes "
+    assert support._live(rec) == (
+        "2 passed, 2 failed, 1 skipped on NVIDIA H200; 1 tests compared with TE on random bytes "
         "seeded into TE's buffers; cuBLASLt grouped stub preloaded: TE grouped GEMM unavailable"
     )
-    assert support._live("9.9.9") == "-"
+    assert support._live(None) == "not run"
+    assert support._live(None, 12) == "not run (needs CUDA 12 libraries; the GPU machine has 13)"
+
+
+def test_a_release_that_could_not_load_is_recorded_with_why_and_what_was_tried(junit: Path) -> None:
+    failure = {"why": "TE did not import: undefined symbol: cublasLtX", "tried": ["the stub", "a build"]}
+    alone = live_record.build_record(ENV, None, None, [], {}, failure)
+    assert alone["could_not_load"] == failure and (alone["passed"], alone["failed"], alone["skipped"]) == (0, 0, 0)
+    assert alone["ran"] == [] and alone["seeding"].startswith("unknown")
+    assert support._live(alone) == (
+        "could not load on NVIDIA H200: TE did not import: undefined symbol: cublasLtX (tried: the stub; a build)"
+    )
+    with_tests = live_record.build_record(ENV, junit, None, [], {}, failure)
+    assert support._live(with_tests).endswith("; tests without TE: 2 passed, 2 failed, 1 skipped")
+    assert "could_not_load" not in live_record.build_record(ENV, junit, None, [], {})
+
+
+def test_the_record_names_its_commit_and_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI path matrix/gpu_live.sh takes when TE did not build: no junit, a release it names."""
+    monkeypatch.delenv(live_record.NO_SEED_ENV, raising=False)
+    monkeypatch.setenv(provenance.COMMIT_ENV, "0123456789abcdef")
+    monkeypatch.setattr(live_record, "environment", lambda machine: {**ENV, "release": None})  # no TE read here
+    why = ["--could-not-load", "the torch extension did not build: error: x", "--tried", "a build"]
+    assert live_record.main(["--release", "9.8.7", "--out", str(tmp_path), *why]) == 0
+    rec = json.loads((tmp_path / "9.8.7.json").read_text())
+    assert rec["record_format"] == 3 and rec["release"] == "9.8.7" and rec["commit"] == "0123456789abcdef"
+    assert rec["code"] == provenance.disk_digests(provenance.ROOT) and set(rec["code"]) == {"mok", "te_compat", "tests"}
+    assert rec["could_not_load"] == {"why": "the torch extension did not build: error: x", "tried": ["a build"]}
+    assert support.live_columns(rec, 13, provenance.disk_digests(provenance.ROOT, provenance.CODE)).endswith(
+        f"| {rec['date']} | 0123456789 | current"
+    )
+    moved = {"mok": "0" * 16, "te_compat": rec["code"]["te_compat"]}
+    assert support.live_columns(rec, 13, moved).endswith("| stale: mok changed since")
+    assert support.live_columns(None, 13, moved) == "not run | - | - | -"
+    with pytest.raises(SystemExit, match="2"):  # neither a junit XML nor a reason why no test ran
+        live_record.main(["--release", "9.8.7", "--out", str(tmp_path)])
+
+
+def test_the_release_asked_for_must_be_the_one_te_compat_reads() -> None:
+    assert live_record.which_release("2.18.0", "2.18.0") == "2.18.0"
+    assert live_record.which_release(None, "2.18.0") == "2.18.0"
+    assert live_record.which_release("2.18.0", None) == "2.18.0"
+    with pytest.raises(SystemExit, match="te_compat reads TE 2.17.1 here, but --release says 2.18.0"):
+        live_record.which_release("2.17.1", "2.18.0")
 
 
 def test_evidence_refuses_a_comparison_on_empty_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,3 +193,31 @@ def test_gpu_live_script_carries_the_shared_stub_verbatim(name: str, marker: str
     embedded = re.search(rf"<<'{marker}'\n(.*?)\n{marker}\n", SCRIPT.read_text(), re.S)
     assert embedded is not None, f"matrix/gpu_live.sh has no {marker} here-document"
     assert embedded.group(1) + "\n" == shared.read_text()
+
+
+def test_stage_replaces_parts_with_a_whole_slim_core(tmp_path: Path) -> None:
+    """--stage copies every carried folder and source, and a whole core wheel drops core parts staged before."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash here")
+    tree = tmp_path / "tree"
+    (tree / "matrix").mkdir(parents=True)
+    shutil.copy(SCRIPT, tree / "matrix" / "gpu_live.sh")
+    carried = tree / ".te-wheelhouse" / "2.99.0" / "sm90"
+    carried.mkdir(parents=True)
+    (carried / "CORE_NAME").write_text("te_cu13-2.99.0.whl\n")
+    (carried / "te_cu13-2.99.0.whl").write_bytes(b"whole")
+    sources = tree / ".te-wheelhouse" / "sources"
+    sources.mkdir()
+    (sources / "transformer_engine_torch-2.98.1.tar.gz").write_bytes(b"sdist")
+    staged = tmp_path / "te" / "2.99.0"
+    staged.mkdir(parents=True)
+    (staged / "core.part0").write_bytes(b"old part")
+    env = {"PATH": "/usr/bin:/bin", "TE_PARTS_ROOT": str(tmp_path / "te"), "OUT": str(tmp_path / "out")}
+    done = subprocess.run(
+        [bash, str(tree / "matrix" / "gpu_live.sh"), "--stage"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in staged.iterdir()) == ["CORE_NAME", "te_cu13-2.99.0.whl"]
+    assert "2.99.0: 0 core part(s)" in done.stdout
+    assert [p.name for p in (tmp_path / "te" / "2.98.1").iterdir()] == ["transformer_engine_torch-2.98.1.tar.gz"]
