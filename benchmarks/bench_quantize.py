@@ -83,7 +83,12 @@ class Clock:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        return graph.replay
+
+        def replay() -> None:
+            assert fn is not None  # holds fn (its launches, their tables and buffers): the graph has addresses only
+            graph.replay()
+
+        return replay
 
 
 @dataclass
@@ -148,7 +153,10 @@ def _two_steps(x: torch.Tensor, logical: Q.QuantizeOutputs, layouts: Q.QuantizeO
             mok.swizzle_mxfp8_scales(rows, out=layouts.row_scales)
             mok.swizzle_mxfp8_scales(cols, out=layouts.col_scales)
 
+    kept = (logical, layouts)  # a Launch holds addresses only: its buffers must outlive it
+
     def both() -> None:
+        assert kept
         quantize()
         swizzle()
 

@@ -4,9 +4,10 @@ bench_host (host time), each tree's own script over its own packages, rounds int
     DIR=.baseline; mkdir -p $DIR; git archive COMMIT mok te_compat tests matrix benchmarks | tar -x -C $DIR
     python3 benchmarks/vs_baseline.py --baseline $DIR --host-source te --out vs.json   # GPU machine
 
-Prints, per case and column, this checkout's value over the baseline's (each the minimum over the
-rounds of that round's median): bench_swizzle's graph columns as ratios to the same-run copy
-(so a ratio near 1.00 means the same device time per copied byte), bench_host's microseconds.
+Prints, per case and column, this checkout's value over the baseline's, the minimum of the rounds
+and the median of the rounds (each round's value is that run's median): bench_swizzle's graph
+columns as ratios to the same-run copy (so a ratio near 1.00 means the same device time per copied
+byte), bench_host's microseconds.
 Writes every run of both trees into one JSON. ``--dry-run`` runs bench_swizzle's CPU check and
 bench_host on stand-ins: it checks the script, it measures nothing that matters.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,12 +60,12 @@ def _cells(kind: str, result: dict[str, Any]) -> dict[tuple[str, str], float]:
     return cells
 
 
-def _best(runs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], float]:
-    best: dict[tuple[str, str], float] = {}
+def _per_round(runs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], list[float]]:
+    found: dict[tuple[str, str], list[float]] = {}
     for run in runs:
         for key, value in _cells(kind, run).items():
-            best[key] = min(best.get(key, value), value)
-    return best
+            found.setdefault(key, []).append(value)
+    return found
 
 
 def main() -> int:
@@ -72,22 +74,29 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--host-source", default="te", choices=("te", "standins"))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--only", choices=("swizzle", "host"), help="run one of the two benchmarks")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     trees = {"this": HERE, "baseline": args.baseline.resolve()}
     swizzle_args = ["--dry-run"] if args.dry_run else ["--runs", "3", "--shapes", "default"]
     host_args = ["--source", "standins" if args.dry_run else args.host_source]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {"swizzle": [], "host": []} for t in trees}
+    kinds = [args.only] if args.only else ["swizzle", "host"]
+    scripts = {"swizzle": ("bench_swizzle.py", swizzle_args), "host": ("bench_host.py", host_args)}
     for _ in range(args.rounds):
         for name, tree in trees.items():
-            runs[name]["swizzle"].append(_run(tree, "bench_swizzle.py", swizzle_args))
-            runs[name]["host"].append(_run(tree, "bench_host.py", host_args))
-    lines = ["| bench | case | column | this | baseline | this / baseline |", "|---|---|---|---|---|---|"]
-    for kind in ("swizzle", "host"):
-        this, base = _best(runs["this"][kind], kind), _best(runs["baseline"][kind], kind)
+            for kind in kinds:
+                runs[name][kind].append(_run(tree, *scripts[kind]))
+    lines = [
+        "| bench | case | column | this (min) | baseline (min) | this / baseline: min | median of the rounds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kind in kinds:
+        this, base = _per_round(runs["this"][kind], kind), _per_round(runs["baseline"][kind], kind)
         for key in sorted(this.keys() & base.keys()):
-            ratio = this[key] / base[key] if base[key] else float("nan")
-            lines.append(f"| {kind} | {key[0]} | {key[1]} | {this[key]:.3f} | {base[key]:.3f} | {ratio:.3f} |")
+            a, b = min(this[key]), min(base[key])
+            med = statistics.median(this[key]) / statistics.median(base[key]) if statistics.median(base[key]) else 0
+            lines.append(f"| {kind} | {key[0]} | {key[1]} | {a:.3f} | {b:.3f} | {a / b if b else 0:.3f} | {med:.3f} |")
     print("\n".join(lines))
     if args.out:
         args.out.write_text(json.dumps({"baseline": str(args.baseline), "runs": runs}, indent=1))

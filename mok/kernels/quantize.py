@@ -238,7 +238,8 @@ class QuantizeLaunch:
     """One prepared launch quantising ``src`` into ``out`` (both checked here, once): compiled
     kernel, pointer table (per-expert sources), grid and arguments. Calling it launches on the
     current torch stream: no allocation, no host synchronisation (CUDA-graph safe). The sources
-    and outputs must stay alive, and in place, as long as the launch is used."""
+    and outputs must stay alive, and in place, as long as the launch is used, and the launch
+    itself (its pointer table) as long as a CUDA graph that captured it may be replayed."""
 
     def __init__(
         self,
