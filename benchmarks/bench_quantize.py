@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from bench_swizzle import Clock  # this folder is on sys.path when run as a script
 
 import mok
 from mok.kernels import quantize as Q
@@ -44,51 +45,6 @@ from mok.kernels.launch import Launch
 Fn = Callable[[], object]
 SHAPES = [(2048, 7168), (7168, 2048)]
 DRY = (2, 64, 96)  # --dry-run: E, R, C
-
-
-@dataclass
-class Clock:
-    """Median microseconds of a call: CUDA events on a GPU, the host clock in a dry run."""
-
-    device: torch.device
-    repeats: int
-
-    def time(self, fn: Fn) -> float:
-        cuda = self.device.type == "cuda"
-        fn()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times = []
-        for _ in range(self.repeats):
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1000.0)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(times)
-
-    def graph(self, fn: Fn) -> Fn:
-        """``fn`` captured in a CUDA graph (after one eager call); its replay. A dry run returns fn."""
-        fn()
-        if self.device.type != "cuda":
-            return fn
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-
-        def replay() -> None:
-            assert fn is not None  # holds fn (its launches, their tables and buffers): the graph has addresses only
-            graph.replay()
-
-        return replay
 
 
 @dataclass
