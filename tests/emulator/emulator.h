@@ -66,6 +66,21 @@ template <class T> inline void store_global(unsigned char* p, const T v) {
   if (!inside) emu_fail("write outside the launch's output tensors");
   else *reinterpret_cast<T*>(p) = v;
 }
+
+// A launch's start: no errors yet, and the n [lo, hi) address pairs it may read and the m it may
+// write (what the checks above compare each access with).
+inline void emu_begin(const long long* readable, int n, const long long* writable, int m) {
+  emu_errors = 0;
+  emu_readable.clear();
+  for (int i = 0; i < n; ++i)
+    emu_readable.emplace_back(reinterpret_cast<const unsigned char*>(readable[2 * i]),
+                              reinterpret_cast<const unsigned char*>(readable[2 * i + 1]));
+  emu_writable.clear();
+  for (int i = 0; i < m; ++i)
+    emu_writable.emplace_back(reinterpret_cast<unsigned char*>(writable[2 * i]),
+                              reinterpret_cast<unsigned char*>(writable[2 * i + 1]));
+}
+
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   unsigned long long v = ((unsigned long long)y << 32) | x;
   unsigned r = 0;

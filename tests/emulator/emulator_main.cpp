@@ -18,15 +18,7 @@ EMU_HIDDEN void __ubsan_handle_type_mismatch_v1_abort(void*, void*) {
 // output bytes the inverse kernel may write (emulator.h). inverse: run mxfp8_unswizzle_jobs.
 extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid, const long long* readable, int n,
                            const long long* writable, int m, int inverse) {
-  emu_errors = 0;
-  emu_readable.clear();
-  for (int i = 0; i < n; ++i)
-    emu_readable.emplace_back(reinterpret_cast<const unsigned char*>(readable[2 * i]),
-                              reinterpret_cast<const unsigned char*>(readable[2 * i + 1]));
-  emu_writable.clear();
-  for (int i = 0; i < m; ++i)
-    emu_writable.emplace_back(reinterpret_cast<unsigned char*>(writable[2 * i]),
-                              reinterpret_cast<unsigned char*>(writable[2 * i + 1]));
+  emu_begin(readable, n, writable, m);
   gridDim.x = grid;
   std::barrier<> sync(THREADS);
   emu_sync = &sync;

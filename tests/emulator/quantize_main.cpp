@@ -38,15 +38,7 @@ EMU_HIDDEN void __ubsan_handle_type_mismatch_v1_abort(void*, void*) {
 // [lo, hi) address pairs, the bytes the launch may read (sources) and write (outputs).
 extern "C" int mok_emulate_quantize(const long long* args, int grid, const long long* readable, int n,
                                     const long long* writable, int m) {
-  emu_errors = 0;
-  emu_readable.clear();
-  for (int i = 0; i < n; ++i)
-    emu_readable.emplace_back(reinterpret_cast<const unsigned char*>(readable[2 * i]),
-                              reinterpret_cast<const unsigned char*>(readable[2 * i + 1]));
-  emu_writable.clear();
-  for (int i = 0; i < m; ++i)
-    emu_writable.emplace_back(reinterpret_cast<unsigned char*>(writable[2 * i]),
-                              reinterpret_cast<unsigned char*>(writable[2 * i + 1]));
+  emu_begin(readable, n, writable, m);
   gridDim.x = grid;
   std::barrier<> sync(QTHREADS);
   emu_sync = &sync;
