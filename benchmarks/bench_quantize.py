@@ -2,6 +2,7 @@
 
     python benchmarks/bench_quantize.py --out results.json [--runs 5] [--repeats 20] [--experts 32 256]
     python benchmarks/bench_quantize.py --dry-run          # CPU, tiny shapes, the torch reference
+    python benchmarks/bench_quantize.py --other OLD.cu     # also another version of the kernel
 
 Cases: E experts of [2048, 7168] and [7168, 2048] BF16 (Megatron-like fc1/fc2 shapes), grouped
 ``[E, R, C]``. Every case is set up once, then timed ``--runs`` times with the cases interleaved;
@@ -16,6 +17,10 @@ Columns (``g:`` = replay of a captured CUDA graph; others eager, as a refresh ca
   g:fused/exp the same over E per-expert tensors (device pointer table), one launch
   g:mok 2     mok's two steps: the same kernel writing logical scales, then mok's swizzle kernel
               converting both scale matrices to the layout (one launch each)
+  g:other     --other's kernel source (another commit's mxfp8_quantize.cu, compiled with this
+              commit's ABI macros) on the same arguments, one block a tile (a grid every version
+              of the kernel converts completely); its output must equal g:fused's
+  g:fused/mbN the kernel bounded for N resident blocks an SM (--min-blocks N), its own grid
   TE q        TE's MXFP8Quantizer(rowwise, columnwise).update_quantized on the [E*R, C] weight
   TE q+swz    the same, then TE's multi_tensor_swizzle_scales_for_gemm_ of its scales (two steps)
 The TE columns need sm_100 or later: on sm_90 TE's MXFP8 quantizers run and write nothing, so they
@@ -61,7 +66,60 @@ def _scale_bytes(out: Q.QuantizeOutputs) -> int:
     return out.row_scales.numel() + out.col_scales.numel()
 
 
-def quantize_case(e: int, r: int, c: int, clock: Clock, te: bool) -> Case:
+@dataclass
+class Options:
+    te: bool
+    other: Any = None  # the other source's compiled kernel
+    min_blocks: tuple[int, ...] = ()
+
+
+def _relaunch(launch: Q.QuantizeLaunch, kernel: Any, grid: int) -> Fn:
+    """``launch``'s arguments on another compiled kernel and grid."""
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as cu_launch
+
+    config = LaunchConfig(grid=grid, block=Q.QuantizeConfig().threads)
+    args = launch._args
+    return lambda: cu_launch(launch._stream(), config, kernel, *args)
+
+
+def _compile_other(path: str) -> Any:
+    """``path`` (a version of mxfp8_quantize.cu) compiled for this GPU with this commit's macros."""
+    from cuda.core import Device, Program, ProgramOptions
+
+    Device(0).set_current()
+    major, minor = torch.cuda.get_device_capability()
+    options = ProgramOptions(
+        std="c++17", arch=f"sm_{major}{minor}", name="other", define_macro=Q.QuantizeConfig().macros()
+    )
+    with open(path) as fh:
+        return Program(fh.read(), code_type="c++", options=options).compile("cubin").get_kernel(Q.KERNEL_NAME)
+
+
+def variants(
+    case: Case, x: torch.Tensor, out: Q.QuantizeOutputs, fused: Q.QuantizeLaunch, clock: Clock, opts: Options
+) -> None:
+    """The --other and --min-blocks columns, each checked to write what g:fused writes."""
+    columns: dict[str, Fn] = {}
+    if opts.other is not None:
+        columns["g:other"] = _relaunch(fused, opts.other, Q.QuantizeConfig().tiles(*x.shape))
+    for n in opts.min_blocks:
+        launch = Q.QuantizeLaunch(x, out, config=Q.QuantizeConfig(min_blocks=n))
+        case.notes[f"g:fused/mb{n}"] = f"grid {launch.grid}"
+        columns[f"g:fused/mb{n}"] = launch
+    want = [t.clone() for t in out]
+    for name, fn in columns.items():
+        for t in out:
+            t.view(torch.uint8).fill_(0xFF)
+        fn()
+        torch.cuda.synchronize()
+        case.equal[f"{name} == fused"] = all(
+            torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(out, want, strict=True)
+        )
+        case.fns[name] = clock.graph(fn)
+
+
+def quantize_case(e: int, r: int, c: int, clock: Clock, opts: Options) -> Case:
     device = clock.device
     x = (torch.randn(e, r, c, device=device) * 0.02).to(torch.bfloat16)
     out = Q.empty_outputs(e, r, c, device)
@@ -92,7 +150,9 @@ def quantize_case(e: int, r: int, c: int, clock: Clock, te: bool) -> Case:
     two = _two_steps(x, logical, layouts)
     case.fns["g:mok 2"] = clock.graph(two)
     _check(case, x, out, layouts)
-    if te:
+    if isinstance(fused, Q.QuantizeLaunch):
+        variants(case, x, out, fused, clock, opts)
+    if opts.te:
         te_columns(case, x, clock)
     return case
 
@@ -204,15 +264,17 @@ def summary(case: Case) -> dict[str, Any]:
     }
 
 
-COLUMNS = ["g:copy", "g:fused", "fused", "g:fused/exp", "g:mok 2", "TE q", "TE q+swz"]
+COLUMNS = ["g:copy", "g:fused", "fused", "g:fused/exp", "g:mok 2", "g:other", "TE q", "TE q+swz"]
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print("median of the runs, microseconds (x the same-run graph copy of the same bytes)")
-    print(f"{'case':20s} " + " ".join(f"{c:>18s}" for c in COLUMNS) + "  checks")
+    extra = sorted({c for row in rows for c in row["median_us"]} - set(COLUMNS))
+    columns = COLUMNS + extra
+    print(f"{'case':20s} " + " ".join(f"{c:>18s}" for c in columns) + "  checks")
     for row in rows:
         cells = []
-        for c in COLUMNS:
+        for c in columns:
             m = row["median_us"].get(c)
             cells.append("n/a" if m is None else f"{m:.0f} ({row['ratio_to_copy'][c]:.2f}x)")
         checks = ",".join(f"{k}:{'yes' if v else 'NO'}" for k, v in row["equal"].items())
@@ -258,13 +320,16 @@ def main() -> None:
     parser.add_argument("--experts", type=int, nargs="*", default=[32, 256])
     parser.add_argument("--out", help="write the JSON results here")
     parser.add_argument("--no-te", action="store_true", help="skip TE's quantizer")
+    parser.add_argument("--other", help="another mxfp8_quantize.cu to time beside this one (g:other)")
+    parser.add_argument("--min-blocks", type=int, nargs="*", default=[], help="also the kernel bounded for N blocks")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, the torch reference")
     args = parser.parse_args()
     device = torch.device("cpu" if args.dry_run else "cuda")
     clock = Clock(device, 3 if args.dry_run else args.repeats)
     started = time.perf_counter()
     sizes = [DRY] if args.dry_run else [(e, r, c) for e in args.experts for r, c in SHAPES]
-    cases = [quantize_case(e, r, c, clock, not args.no_te) for e, r, c in sizes]
+    opts = Options(not args.no_te, _compile_other(args.other) if args.other else None, tuple(args.min_blocks))
+    cases = [quantize_case(e, r, c, clock, opts) for e, r, c in sizes]
     set_up = time.perf_counter() - started
     for _ in range(args.runs):
         one_run(cases, clock)

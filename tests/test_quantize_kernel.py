@@ -66,8 +66,10 @@ def test_the_abi_macros_are_the_flags_and_the_shape() -> None:
     }
     source = SOURCE.read_text()
     assert not re.findall(r"#define\s+(QTHREADS|QMIN_BLOCKS|QTILE_\w+|QF_\w+)\b", source)
-    with pytest.raises(ValueError, match="expected 256 threads, 32 x 256 tiles and 6 blocks an SM; found 128 threads"):
+    with pytest.raises(ValueError, match="32 x 256 tiles and 1 to 8 blocks an SM; found 128 threads"):
         Q.QuantizeConfig(threads=128)
+    with pytest.raises(ValueError, match="1 to 8 blocks an SM; found .* and 9 blocks an SM"):
+        Q.QuantizeConfig(min_blocks=9)
 
 
 RULES = [(rule, product) for rule in ReciprocalRule for product in ProductRule]

@@ -8,15 +8,17 @@
 // Cp = roundup(cols,4), padding bytes 0, expert e at e*Rp*Cp) or logical and compact
 // (QF_LOGICAL: [E, R, C/32] and [E, R/32, C], no padding).
 //
-// A block converts tiles of 32 rows x TILE_COLS columns of one expert: the tile is read once with
-// 16-byte loads (a warp reads 512 contiguous bytes of a row) into shared memory; each thread then
-// converts one 1x32 rowwise block (its row's 64 bytes, read in an order that keeps the 8 threads
-// of a row on distinct banks) and half of two columns (16 rows of two-value words; the halves'
-// maxima meet in shared memory). Both payloads are staged in shared memory as rows and stored as
-// 16-byte pieces, a warp writing 512 contiguous bytes. Maxima are taken two BF16 values at a time
-// (max.bf16x2 on |x|). Scale bytes are stored one by one (1/32 of the payload);
-// the tile whose rows or columns end a matrix also zeroes the layout's padding next to its own
-// scales, so every byte of every output is written exactly once.
+// A block of QTHREADS threads stays resident and converts tile after tile (tile u, u + gridDim.x,
+// ...; one tile is 32 rows x QTILE_COLS columns of one expert). Each tile is copied into shared
+// memory with cp.async while the block converts the one before, so every resident block keeps 16 KB
+// of reads in flight. In a tile, thread (r, g) converts the 1x32 rowwise block g of row r; warp q takes rows
+// 4q..4q+3 of every column for the columnwise direction, lane c eight columns (one 16-byte piece a
+// row): the warps' maxima meet in shared memory, thread (q, c) turns column 8c+q's into its scale
+// and reciprocal, and each lane then converts its 4 x 8 values. Payloads go straight to global
+// memory (a rowwise thread writes its 32 bytes, a columnwise warp 256 contiguous bytes a row).
+// Maxima are taken two BF16 values at a time (max.xorsign.abs.bf16x2). Scale bytes are stored one
+// by one (1/32 of the payload); the tile whose rows or columns end a matrix also zeroes the
+// layout's padding next to its own scales, so every byte of every output is written exactly once.
 //
 // Constants of the launch ABI come from mok/kernels/quantize.py as macros (NVRTC options, or g++
 // -D in the CPU emulator, tests/emulator/emulate_quantize.py): none is defined here.
@@ -101,27 +103,35 @@ __device__ __forceinline__ unsigned long long convert8(const uint4 v, float rcp,
   return (unsigned long long)hi << 32 | lo;
 }
 
-// Per half of a word of two BF16 values: the larger of acc's half and |w|'s half, where acc holds
-// non-negative non-NaN values; a NaN of w is skipped, as TE's maxima (max.xorsign.abs.bf16x2,
-// __hmax, fmaxf) skip it.
+// Per half of a word of two BF16 values: the larger of |acc|'s half and |w|'s half, where acc
+// holds no NaN; a NaN of w is skipped, as TE's maxima (max.xorsign.abs.bf16x2, __hmax, fmaxf) skip
+// it. The result's sign bits are unspecified: magnitude() clears them.
 __device__ __forceinline__ unsigned amax2(unsigned acc, unsigned w) {
-  const unsigned m = w & 0x7FFF7FFFu;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(MOK_EMULATE)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860 && !defined(MOK_EMULATE)
   unsigned out;
-  asm("max.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(acc), "r"(m));
+  asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(acc), "r"(w));
+  return out;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(MOK_EMULATE)
+  unsigned out;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(acc & 0x7FFF7FFFu), "r"(w & 0x7FFF7FFFu));
   return out;
 #else
+  const unsigned m = w & 0x7FFF7FFFu;
   unsigned out = 0;
   for (int half = 0; half < 32; half += 16) {
-    const unsigned a = acc >> half & 0xFFFFu, b = m >> half & 0xFFFFu;  // non-negative: ordered as integers
+    const unsigned a = acc >> half & 0x7FFFu, b = m >> half & 0xFFFFu;  // non-negative: ordered as integers
     out |= (b > 0x7F80u || a >= b ? a : b) << half;
   }
   return out;
 #endif
 }
 
+// A word of amax2 maxima without its sign bits.
+__device__ __forceinline__ unsigned magnitude(unsigned acc) { return acc & 0x7FFF7FFFu; }
+
 // The larger of the two halves of a word of amax2 maxima, as fp32.
 __device__ __forceinline__ float amax_of(unsigned acc) {
+  acc = magnitude(acc);
   return fmaxf(__uint_as_float(acc << 16), __uint_as_float(acc & 0xFFFF0000u));
 }
 
@@ -137,92 +147,147 @@ __device__ __forceinline__ void zero_entries(unsigned char* layout, long long cp
     store_global(layout + layout_offset(r0 + i / width, c0 + i % width, cp), (unsigned char)0);
 }
 
-// One tile: expert e, rows [r0, r0 + 32), columns [c0, c0 + width).
+// One tile: expert e, rows [r0, r0 + 32) (row block rb), columns [c0, c0 + width).
 struct QTile {
   int e, rb, r0, c0, width;
   bool last_rows, last_cols;
 };
+
+__device__ __forceinline__ QTile tile_of(int u, int rows, int cols) {
+  const int col_tiles = (cols + QTILE_COLS - 1) / QTILE_COLS, row_blocks = rows / 32;
+  QTile T;
+  T.e = u / (row_blocks * col_tiles);
+  T.rb = u / col_tiles % row_blocks;
+  T.r0 = T.rb * 32;
+  T.c0 = u % col_tiles * QTILE_COLS;
+  T.width = min(QTILE_COLS, cols - T.c0);
+  T.last_rows = T.r0 + 32 == rows;
+  T.last_cols = T.c0 + T.width == cols;
+  return T;
+}
+
+#ifndef MOK_EMULATE  // emulator.h has its own (each copy lands at the wait)
+// 16 bytes global -> shared, visible to this thread after async_wait: without registers on sm_80+
+// (cp.async), through them before.
+__device__ __forceinline__ void async_copy16(unsigned char* dst, const unsigned char* src) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
+#endif
+}
+__device__ __forceinline__ void async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+#endif
+
+// The 16-byte piece k (values 8k..8k+7) of row r of a tile in shared memory. Pieces are stored
+// with bits 0-1 of k XORed with bits 3-4, so that the 8 threads converting a row's 1x32 blocks
+// (pieces 4g..4g+3 for g = 0..7, one piece a step) read 8 distinct bank groups at every step,
+// while a warp reading one piece of each of a row's 32 still reads all 32 bank groups.
+__device__ __forceinline__ int piece_offset(int r, int k) { return r * (QTILE_COLS * 2) + (k ^ ((k >> 3) & 3)) * 16; }
+
+// Starts copying tile T's BF16 values into `tile` (piece_offset); they are there once this
+// thread's async_wait and a barrier have passed. src: see the kernel.
+__device__ __forceinline__ void load_tile(const QTile& T, unsigned long long src, long long expert_stride,
+                                          long long row_stride, int flags, unsigned char* tile) {
+  const unsigned char* x = (flags & QF_POINTERS)
+                               ? reinterpret_cast<const unsigned char*>(reinterpret_cast<const long long*>(src)[T.e])
+                               : reinterpret_cast<const unsigned char*>(src) + 2 * T.e * expert_stride;
+  x += 2 * ((long long)T.r0 * row_stride + T.c0);
+  const int chunks = T.width / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < QTILE_ROWS * QCHUNKS; i += QTHREADS) {
+    const int r = i / QCHUNKS, k = i % QCHUNKS;
+    if (k < chunks) async_copy16(tile + piece_offset(r, k), x + 2 * r * row_stride + k * 16);
+  }
+}
 
 __device__ __forceinline__ void store_scale(unsigned char* scales, long long logical, long long layout, int flags,
                                             unsigned code) {
   store_global(scales + (flags & QF_LOGICAL ? logical : layout), (unsigned char)code);
 }
 
-// Thread (r, g) converts the 1x32 block g of the tile's row r; its payload is staged as rows.
-__device__ __forceinline__ void rowwise_tile(const QTile& T, const unsigned char* tile, unsigned char* staged,
+// Thread (r, g) converts the 1x32 block g of the tile's row r (pieces 4g..4g+3).
+__device__ __forceinline__ void rowwise_tile(const QTile& T, const unsigned char* tile, unsigned char* data,
                                              unsigned char* scales, int rows, int cols, int flags) {
   const int r = threadIdx.x / QGROUPS, g = threadIdx.x % QGROUPS;
   if (g * 32 >= T.width) return;
-  const unsigned char* in = tile + r * (QTILE_COLS * 2) + g * 64;
-  const int turn = g >> 1;  // the 8 threads of a row read distinct banks at each step
   unsigned acc = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint4 v = *reinterpret_cast<const uint4*>(in + ((k + turn) & 3) * 16);
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + piece_offset(r, 4 * g + k));
     acc = amax2(amax2(amax2(amax2(acc, v.x), v.y), v.z), v.w);
   }
   const unsigned code = e8m0_code(amax_of(acc));
-  const float rcp = e8m0_reciprocal(code, flags & QF_RCP_SHIFT);
+  const float rcp = e8m0_reciprocal(code, flags & QF_RCP_SHIFT), zero = product_addend(flags);
   const long long row = (long long)T.e * rows + T.r0 + r, blocks = cols / 32, col = T.c0 / 32 + g;
-  unsigned char* out = staged + r * QTILE_COLS + g * 32;
+  unsigned char* to = data + row * cols + T.c0 + g * 32;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {  // read again: fewer registers held than keeping the 64 bytes
-    const int chunk = (k + turn) & 3;
-    *reinterpret_cast<unsigned long long*>(out + chunk * 8) =
-        convert8(*reinterpret_cast<const uint4*>(in + chunk * 16), rcp, product_addend(flags));
+  for (int half = 0; half < 2; ++half) {  // read again: fewer registers held than keeping the 64 bytes
+    const uint4* in = reinterpret_cast<const uint4*>(tile);
+    const unsigned long long lo = convert8(in[piece_offset(r, 4 * g + 2 * half) / 16], rcp, zero);
+    const unsigned long long hi = convert8(in[piece_offset(r, 4 * g + 2 * half + 1) / 16], rcp, zero);
+    store_global(to + 16 * half, make_uint4((unsigned)lo, (unsigned)(lo >> 32), (unsigned)hi, (unsigned)(hi >> 32)));
   }
   const long long rp = (rows + 127LL) / 128 * 128, cp = (blocks + 3) / 4 * 4;
   store_scale(scales, row * blocks + col, T.e * rp * cp + layout_offset(T.r0 + r, col, cp), flags, code);
 }
 
-// Thread t converts columns 2p and 2p+1 (p = t % 128) in rows 16h..16h+15 (h = t / 128): the two
-// halves of a column meet through `partial` for its maximum; the payload is staged as rows.
-__device__ __forceinline__ void columnwise_tile(const QTile& T, const unsigned char* tile, unsigned* partial,
-                                                unsigned char* staged, unsigned char* scales, int rows, int cols,
-                                                int flags) {
-  const int p = threadIdx.x % (QTHREADS / 2), h = threadIdx.x / (QTHREADS / 2);
-  const bool active = 2 * p < T.width;
-  const unsigned* in = reinterpret_cast<const unsigned*>(tile) + 16 * h * (QTILE_COLS / 2) + p;
-  unsigned acc = 0;
+// Columnwise, warp q takes rows 4q..4q+3 and lane c columns 8c..8c+7 (one 16-byte piece a row).
+#define QWARPS (QTHREADS / 32)
+static_assert(QWARPS * 4 == QTILE_ROWS && QCHUNKS == 32, "a warp a 4-row quarter, a lane a 16-byte piece");
+
+// Step 1: each lane's maxima of its 4 rows, two columns a word, to partial[q][word][c].
+__device__ __forceinline__ void columnwise_maxima(const QTile& T, const unsigned char* tile, unsigned* partial) {
+  const int q = threadIdx.x / 32, c = threadIdx.x % 32;
+  if (c * 8 >= T.width) return;
+  uint4 acc = make_uint4(0, 0, 0, 0);
 #pragma unroll
-  for (int i = 0; i < 16; ++i) acc = amax2(acc, active ? in[i * (QTILE_COLS / 2)] : 0u);
-  partial[threadIdx.x] = acc;
-  __syncthreads();  // (the words are read again below rather than kept in registers across it)
-  acc = amax2(acc, partial[threadIdx.x ^ (QTHREADS / 2)]);
-  const unsigned code_lo = e8m0_code(__uint_as_float(acc << 16)), code_hi = e8m0_code(__uint_as_float(acc & 0xFFFF0000u));
-  if (active) {
-    const float rcp_lo = e8m0_reciprocal(code_lo, flags & QF_RCP_SHIFT);
-    const float rcp_hi = e8m0_reciprocal(code_hi, flags & QF_RCP_SHIFT);
-    unsigned short* out = reinterpret_cast<unsigned short*>(staged) + 16 * h * (QTILE_COLS / 2) + p;
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      out[i * (QTILE_COLS / 2)] =
-          (unsigned short)convert2(in[i * (QTILE_COLS / 2)], rcp_lo, rcp_hi, product_addend(flags));
-    const long long col = T.c0 + 2 * p + h;  // each half stores one of the two scales
-    const long long rp = (cols + 127LL) / 128 * 128, cp = (rows / 32 + 3) / 4 * 4;
-    store_scale(scales, ((long long)T.e * (rows / 32) + T.rb) * cols + col, T.e * rp * cp + layout_offset(col, T.rb, cp),
-                flags, h ? code_hi : code_lo);
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + piece_offset(4 * q + i, c));
+    acc = make_uint4(amax2(acc.x, v.x), amax2(acc.y, v.y), amax2(acc.z, v.z), amax2(acc.w, v.w));
   }
+  unsigned* to = partial + q * 128 + c;
+  to[0] = acc.x, to[32] = acc.y, to[64] = acc.z, to[96] = acc.w;
 }
 
-// The staged payload rows of both directions, stored as 16-byte pieces (a warp writes 512
-// contiguous bytes of a row).
-__device__ __forceinline__ void store_payloads(const QTile& T, const unsigned char* staged, unsigned char* row_data,
-                                               unsigned char* col_data, int rows, int cols, int flags) {
-  constexpr int per_row = QTILE_COLS / 16;
-  const int pieces = T.width / 16;
-  const long long first = ((long long)T.e * rows + T.r0) * cols + T.c0;  // the tile's first payload byte
+// Step 2: thread (q, c) makes column 8c+q's scale from the 8 quarters' maxima; its reciprocal goes
+// to rcps[8c+q].
+__device__ __forceinline__ void columnwise_scale(const QTile& T, const unsigned* partial, float* rcps,
+                                                 unsigned char* scales, int rows, int cols, int flags) {
+  const int q = threadIdx.x / 32, c = threadIdx.x % 32;
+  if (c * 8 >= T.width) return;
+  unsigned acc = 0;
 #pragma unroll
-  for (int which = 0; which < 2; ++which) {
-    if (!(flags & (which ? QF_COLWISE : QF_ROWWISE))) continue;
-    unsigned char* out = (which ? col_data : row_data) + first;
-    const unsigned char* in = staged + which * (QTILE_ROWS * QTILE_COLS);
+  for (int quarter = 0; quarter < QWARPS; ++quarter) acc = amax2(acc, partial[quarter * 128 + (q >> 1) * 32 + c]);
+  acc = magnitude(acc);
+  const unsigned code = e8m0_code(__uint_as_float(q & 1 ? acc & 0xFFFF0000u : acc << 16));
+  rcps[8 * c + q] = e8m0_reciprocal(code, flags & QF_RCP_SHIFT);
+  const long long col = T.c0 + 8 * c + q;
+  const long long rp = (cols + 127LL) / 128 * 128, cp = (rows / 32 + 3) / 4 * 4;
+  store_scale(scales, ((long long)T.e * (rows / 32) + T.rb) * cols + col, T.e * rp * cp + layout_offset(col, T.rb, cp),
+              flags, code);
+}
+
+// Step 3: lane c converts its 4 rows x 8 columns with their reciprocals (8 payload bytes a row).
+__device__ __forceinline__ void columnwise_convert(const QTile& T, const unsigned char* tile, const float* rcps,
+                                                   unsigned char* data, int rows, int cols, int flags) {
+  const int q = threadIdx.x / 32, c = threadIdx.x % 32;
+  if (c * 8 >= T.width) return;
+  const float4 lo = reinterpret_cast<const float4*>(rcps)[2 * c], hi = reinterpret_cast<const float4*>(rcps)[2 * c + 1];
+  const float zero = product_addend(flags);
+  unsigned char* to = data + ((long long)T.e * rows + T.r0 + 4 * q) * cols + T.c0 + c * 8;
 #pragma unroll
-    for (int i = threadIdx.x; i < QTILE_ROWS * per_row; i += QTHREADS) {
-      const int r = i / per_row, k = i % per_row;
-      if (k < pieces)
-        store_global(out + (long long)r * cols + k * 16, *reinterpret_cast<const uint4*>(in + r * QTILE_COLS + k * 16));
-    }
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + piece_offset(4 * q + i, c));
+    const unsigned a = convert2(v.x, lo.x, lo.y, zero) | convert2(v.y, lo.z, lo.w, zero) << 16;
+    const unsigned b = convert2(v.z, hi.x, hi.y, zero) | convert2(v.w, hi.z, hi.w, zero) << 16;
+    store_global(to + (long long)i * cols, make_uint2(a, b));
   }
 }
 
@@ -248,44 +313,31 @@ __device__ __forceinline__ void zero_padding(const QTile& T, unsigned char* row_
 // src: expert 0's x[0][0] (grouped: expert e at src + 2*e*expert_stride) or, with QF_POINTERS, a
 // device array of `experts` addresses; rows are row_stride elements apart. Every address and
 // row_stride*2 must be multiples of 16 (quantize.py checks them). tiles = E * R/32 * ceil(C/TILE),
-// below 2^31, as is R/32 * ceil(C/TILE) * E (quantize.py checks it).
+// below 2^31, as is R/32 * ceil(C/TILE) * E (quantize.py checks it). Any grid converts every tile.
 extern "C" __global__ void __launch_bounds__(QTHREADS, QMIN_BLOCKS)
     mxfp8_quantize(const unsigned long long src, const long long expert_stride, const long long row_stride,
                    unsigned char* row_data, unsigned char* row_scales, unsigned char* col_data,
                    unsigned char* col_scales, const int rows, const int cols, const int flags, const int tiles) {
-  __shared__ __align__(16) unsigned char tile[QTILE_ROWS * QTILE_COLS * 2];  // BF16
-  __shared__ __align__(16) unsigned char staged[2 * QTILE_ROWS * QTILE_COLS];  // rowwise, columnwise payload
-  __shared__ unsigned partial[QTHREADS];                                      // columnwise half maxima
-  const int col_tiles = (cols + QTILE_COLS - 1) / QTILE_COLS, row_blocks = rows / 32;
-  for (int u = blockIdx.x; u < tiles; u += gridDim.x) {
-    QTile T;
-    T.e = u / (row_blocks * col_tiles);
-    T.rb = u / col_tiles % row_blocks;
-    const int ct = u % col_tiles;
-    T.r0 = T.rb * 32;
-    T.c0 = ct * QTILE_COLS;
-    T.width = min(QTILE_COLS, cols - T.c0);
-    T.last_rows = T.r0 + 32 == rows;
-    T.last_cols = T.c0 + T.width == cols;
-    const unsigned char* x =
-        (flags & QF_POINTERS)
-            ? reinterpret_cast<const unsigned char*>(reinterpret_cast<const long long*>(src)[T.e])
-            : reinterpret_cast<const unsigned char*>(src) + 2 * T.e * expert_stride;
-    x += 2 * ((long long)T.r0 * row_stride + T.c0);
-    const int chunks = T.width / 8;
-    for (int i = threadIdx.x; i < QTILE_ROWS * QCHUNKS; i += QTHREADS) {
-      const int r = i / QCHUNKS, k = i % QCHUNKS;
-      if (k < chunks)
-        *reinterpret_cast<uint4*>(tile + r * (QTILE_COLS * 2) + k * 16) =
-            __ldg(reinterpret_cast<const uint4*>(x + 2 * r * row_stride + k * 16));
+  __shared__ __align__(16) unsigned char tiles_in[2][QTILE_ROWS * QTILE_COLS * 2];  // BF16, double buffered
+  __shared__ unsigned partial[QWARPS * 128];                                      // columnwise quarter maxima
+  __shared__ __align__(16) float rcps[QTILE_COLS];                                // columnwise reciprocals
+  long long u = blockIdx.x;  // (u + gridDim.x may pass 2^31)
+  if (u < tiles) load_tile(tile_of((int)u, rows, cols), src, expert_stride, row_stride, flags, tiles_in[0]);
+  for (int b = 0; u < tiles; u += gridDim.x, b ^= 1) {
+    const QTile T = tile_of((int)u, rows, cols);
+    async_wait();
+    __syncthreads();  // tile u has landed, and the previous tile's readers are done with the other buffer
+    if (u + gridDim.x < tiles)
+      load_tile(tile_of((int)(u + gridDim.x), rows, cols), src, expert_stride, row_stride, flags, tiles_in[b ^ 1]);
+    const unsigned char* tile = tiles_in[b];
+    if (flags & QF_ROWWISE) rowwise_tile(T, tile, row_data, row_scales, rows, cols, flags);
+    if (flags & QF_COLWISE) {
+      columnwise_maxima(T, tile, partial);
+      __syncthreads();
+      columnwise_scale(T, partial, rcps, col_scales, rows, cols, flags);
+      __syncthreads();
+      columnwise_convert(T, tile, rcps, col_data, rows, cols, flags);
     }
-    __syncthreads();
-    if (flags & QF_ROWWISE) rowwise_tile(T, tile, staged, row_scales, rows, cols, flags);
-    if (flags & QF_COLWISE)
-      columnwise_tile(T, tile, partial, staged + QTILE_ROWS * QTILE_COLS, col_scales, rows, cols, flags);
-    __syncthreads();
-    store_payloads(T, staged, row_data, col_data, rows, cols, flags);
     if (!(flags & QF_LOGICAL)) zero_padding(T, row_scales, col_scales, rows, cols, flags);
-    __syncthreads();  // the next tile overwrites the shared buffers
   }
 }

@@ -48,18 +48,20 @@ class QuantizeFlag(IntFlag):
 @dataclass(frozen=True)
 class QuantizeConfig:
     """The compiled kernel's shape: a block of ``threads`` converts tiles of 32 rows x
-    ``tile_cols`` columns (one thread per column and per 1x32 block of a tile)."""
+    ``tile_cols`` columns (one thread per 1x32 block of a tile), ``min_blocks`` blocks resident on
+    an SM (the registers a thread may use follow from it)."""
 
     threads: int = 256
     tile_rows: int = 32
     tile_cols: int = 256
-    min_blocks: int = 6  # resident blocks an SM: 40 registers a thread (no spills), 203 KB of shared memory
+    min_blocks: int = 6  # 40 registers a thread (no spills), 6 x 37 KB of shared memory
 
     def __post_init__(self) -> None:
-        if (self.threads, self.tile_rows, self.tile_cols, self.min_blocks) != (256, 32, 256, 6):
+        if (self.threads, self.tile_rows, self.tile_cols) != (256, 32, 256) or not 1 <= self.min_blocks <= 8:
             raise ValueError(
-                "unsupported quantize kernel shape: expected 256 threads, 32 x 256 tiles and 6 blocks an SM; found "
-                f"{self.threads} threads, {self.tile_rows} x {self.tile_cols} tiles and {self.min_blocks} blocks an SM"
+                "unsupported quantize kernel shape: expected 256 threads, 32 x 256 tiles and 1 to 8 blocks an SM; "
+                f"found {self.threads} threads, {self.tile_rows} x {self.tile_cols} tiles and {self.min_blocks} "
+                "blocks an SM"
             )
 
     def macros(self) -> list[tuple[str, str]]:
@@ -177,11 +179,19 @@ def compile_quantize(arch: str, config: QuantizeConfig = QuantizeConfig()) -> An
     return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
 
 
+class Compiled(NamedTuple):
+    """The kernel compiled for one device, and the most blocks of it the device holds at once
+    (the grid of a launch: each block converts tile after tile)."""
+
+    kernel: Any
+    resident: int
+
+
 _lock = threading.Lock()
-_kernels: dict[tuple[int, QuantizeConfig], Any] = {}
+_kernels: dict[tuple[int, QuantizeConfig], Compiled] = {}
 
 
-def _kernel(index: int, config: QuantizeConfig) -> Any:
+def _kernel(index: int, config: QuantizeConfig) -> Compiled:
     """The kernel compiled for device ``index`` (once per device and configuration, thread-safe)."""
     key = (index, config)
     hit = _kernels.get(key)
@@ -193,7 +203,10 @@ def _kernel(index: int, config: QuantizeConfig) -> Any:
 
                 Device(index).set_current()
                 major, minor = torch.cuda.get_device_capability(index)
-                hit = _kernels[key] = compile_quantize(f"sm_{major}{minor}", config).get_kernel(KERNEL_NAME)
+                kernel = compile_quantize(f"sm_{major}{minor}", config).get_kernel(KERNEL_NAME)
+                per_sm = kernel.occupancy.max_active_blocks_per_multiprocessor(config.threads, 0)
+                sms = torch.cuda.get_device_properties(index).multi_processor_count
+                hit = _kernels[key] = Compiled(kernel, max(1, per_sm) * sms)
     return hit
 
 
@@ -263,11 +276,12 @@ class QuantizeLaunch:
         pointers = self.source.grouped is None
         self.table = address_table(self.source, device) if pointers else None
         self.flags = flags_for(rule=rule, swizzled=swizzled, pointers=pointers, product=product)
-        self.kernel = _kernel(self._index, config)
+        compiled = _kernel(self._index, config)
+        self.kernel = compiled.kernel
         args = kernel_arguments(self.source, self.out, self.flags, self.table, config)
         kinds = (np.uint64, np.int64, np.int64, np.uint64, np.uint64, np.uint64, np.uint64)
         self._args = (*(k(a) for k, a in zip(kinds, args, strict=False)), *map(np.int32, args[7:]))
-        self.grid = max(1, min(args[10], MAX_GRID))
+        self.grid = max(1, min(args[10], compiled.resident))
         self._launch = launch
         self._launch_config = LaunchConfig(grid=self.grid, block=config.threads)
         self._stream = CurrentStream(self._index)

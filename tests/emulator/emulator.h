@@ -33,6 +33,9 @@ extern "C" unsigned char __start_emu_shared[], __stop_emu_shared[];
 
 struct alignas(16) uint4 { unsigned x, y, z, w; };  // as CUDA's: a misaligned 16-byte access shows
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+struct alignas(8) uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+struct alignas(16) float4 { float x, y, z, w; };
 struct Dim3 { unsigned x; };
 thread_local Dim3 threadIdx, blockIdx;
 Dim3 gridDim;
