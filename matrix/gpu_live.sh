@@ -31,6 +31,8 @@
 #   GPU_LIVE_BUILD=1         build the torch extension even when a prebuilt one was carried
 #   GPU_LIVE_REBUILD=1       reinstall and rebuild a release an earlier call installed here
 #   GPU_LIVE_BUDGET_S=560    seconds this script may use in all (a device call stops at 600)
+#   GPU_LIVE_PYTEST_ARGS='-n 4'  more pytest arguments, e.g. pytest-xdist workers (the evidence of
+#                            the live tests reaches the record from every worker)
 #   TE_PARTS_ROOT=/root/te   where parts are gathered, one folder per release
 set -eEuo pipefail
 
@@ -129,7 +131,8 @@ run_tests() {  # $1: junit file, $2: evidence file, then the test paths
     shift 2
     need_time 40
     TE_COMPAT_LIVE_EVIDENCE=$evidence PYTHONUNBUFFERED=1 timeout $(($(left) - 25)) \
-        python3 -m pytest -q -p no:cacheprovider -rfEs "$@" --junitxml="$junit" || echo "pytest exit status $?"
+        python3 -m pytest -q -p no:cacheprovider -rfEs ${GPU_LIVE_PYTEST_ARGS:-} "$@" --junitxml="$junit" ||
+        echo "pytest exit status $?"
 }
 record() {  # $1: junit ("" when no test ran), $2: evidence; BUILD says how TE was built, CNL why it did not load
     local args=(--evidence "$2" --out "$OUT" --build "$BUILD" --release "$V")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.live.evidence import Evidence, evidence_path, seed_for, write_evidence
+from tests.live.evidence import Evidence, evidence_path, merge_worker_evidence, seed_for, worker_path, write_evidence
 
 # single grouped expert weights are opt-in (shared/te-releases/facts.md); read at construction
 os.environ.setdefault("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
@@ -58,5 +58,12 @@ def evidence(request: pytest.FixtureRequest) -> Iterator[Evidence]:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     path = evidence_path(getattr(session.config.option, "xmlpath", None))
-    if path is not None:  # also when no live test ran: the file still says whether seeding was on
+    if path is None:
+        return
+    worker = getattr(session.config, "workerinput", {}).get("workerid")
+    if worker is not None:  # a pytest-xdist worker: its part; the controller merges them
+        write_evidence(worker_path(path, worker), _EVIDENCE)
+    elif session.config.pluginmanager.has_plugin("dsession"):  # the controller of pytest-xdist workers
+        merge_worker_evidence(path)
+    else:  # also when no live test ran: the file still says whether seeding was on
         write_evidence(path, _EVIDENCE)

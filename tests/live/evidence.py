@@ -111,10 +111,33 @@ def evidence_path(junitxml: str | None) -> Path | None:
 
 
 def write_evidence(path: Path, tests: dict[str, Evidence]) -> None:
-    payload = {
-        "seeding": seeding_on(),
-        "min_distinct": MIN_DISTINCT,
-        "tests": {nodeid: ev.as_json() for nodeid, ev in sorted(tests.items())},
-    }
+    _write(path, {nodeid: ev.as_json() for nodeid, ev in tests.items()})
+
+
+def _write(path: Path, tests: dict[str, Any]) -> None:
+    payload = {"seeding": seeding_on(), "min_distinct": MIN_DISTINCT, "tests": dict(sorted(tests.items()))}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+
+
+def worker_path(path: Path, worker: str) -> Path:
+    """Where pytest-xdist worker ``worker`` (e.g. "gw0") writes its part of ``path``."""
+    return path.with_name(f"{path.name}.{worker}")
+
+
+def merge_worker_evidence(path: Path) -> None:
+    """The parts pytest-xdist workers wrote (:func:`worker_path`) as one side file at ``path``; the
+    parts are removed. A test is in at most one part: a second sighting is an error."""
+    tests: dict[str, Any] = {}
+    parts = sorted(path.parent.glob(f"{path.name}.gw*"))
+    for part in parts:
+        found = json.loads(part.read_text())
+        if found.get("seeding") != seeding_on() or found.get("min_distinct") != MIN_DISTINCT:
+            raise ValueError(f"{part}: expected seeding {seeding_on()}, min_distinct {MIN_DISTINCT}; found {found}")
+        twice = tests.keys() & found["tests"].keys()
+        if twice:
+            raise ValueError(f"{part}: expected each test in one worker's part; found {sorted(twice)[:3]} twice")
+        tests.update(found["tests"])
+    _write(path, tests)
+    for part in parts:
+        part.unlink()

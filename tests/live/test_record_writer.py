@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from matrix import live_record, provenance, support
-from tests.live.evidence import AS_ALLOCATED, SEEDED, Evidence
+from tests.live.evidence import AS_ALLOCATED, SEEDED, Evidence, merge_worker_evidence, worker_path, write_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "matrix" / "gpu_live.sh"
@@ -221,3 +222,46 @@ def test_stage_replaces_parts_with_a_whole_slim_core(tmp_path: Path) -> None:
     assert sorted(p.name for p in staged.iterdir()) == ["CORE_NAME", "te_cu13-2.99.0.whl"]
     assert "2.99.0: 0 core part(s)" in done.stdout
     assert [p.name for p in (tmp_path / "te" / "2.98.1").iterdir()] == ["transformer_engine_torch-2.98.1.tar.gz"]
+
+
+def test_worker_parts_merge_into_one_side_file(tmp_path: Path) -> None:
+    path = tmp_path / "r.evidence.json"
+    for worker, nodeid in (("gw0", "a"), ("gw1", "b")):
+        ev = Evidence(nodeid, seed=1)
+        write_evidence(worker_path(path, worker), {nodeid: ev})
+    merge_worker_evidence(path)
+    assert sorted(json.loads(path.read_text())["tests"]) == ["a", "b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.evidence.json"]
+    write_evidence(worker_path(path, "gw0"), {"a": Evidence("a", seed=1)})
+    write_evidence(worker_path(path, "gw1"), {"a": Evidence("a", seed=1)})
+    with pytest.raises(ValueError, match=r"expected each test in one worker's part; found \['a'\] twice"):
+        merge_worker_evidence(path)
+
+
+XDIST_TEST = """
+import torch
+from tests.live.evidence import SEEDED
+
+
+def test_{n}(evidence):
+    buf = torch.zeros(256, 8, dtype=torch.uint8)
+    assert evidence.fill_random_(buf) == SEEDED
+    evidence.compared("buf", buf, SEEDED)
+"""
+
+
+def test_evidence_of_xdist_workers_reaches_the_side_file(tmp_path: Path) -> None:
+    pytest.importorskip("xdist")
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "conftest.py").write_text("from tests.live.conftest import evidence, pytest_sessionfinish  # noqa\n")
+    for n in range(4):
+        (tmp_path / f"test_x{n}.py").write_text(XDIST_TEST.format(n=n))
+    junit = tmp_path / "j.xml"
+    cmd = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", str(tmp_path), f"--junitxml={junit}"]
+    done = subprocess.run(
+        [sys.executable, *cmd, f"--rootdir={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    tests = json.loads(junit.with_suffix(".evidence.json").read_text())["tests"]
+    assert len(tests) == 4 and all(t["comparisons"][0]["distinct"] >= 200 for t in tests.values()), tests
+    assert not list(tmp_path.glob("*.gw*"))
