@@ -49,11 +49,15 @@ _shape = attrgetter("shape")
 _HYBRID_NAMES = (str(StorageName.ROWWISE_STORAGE), str(StorageName.COLUMNWISE_STORAGE))
 
 
+def _rowwise_only(cached: ExpertWeights | None) -> bool:
+    """Whether to read the rowwise direction alone: a refresh of a view that has no columnwise
+    (a new view reads every direction TE may store)."""
+    return cached is not None and cached.columnwise is None
+
+
 def _read_directions(block: BlockFormat, cached: ExpertWeights | None) -> tuple[Direction, ...]:
     """What to read: every direction TE may store, or for a refresh those the cached view has."""
-    if cached is None or cached.columnwise is not None:
-        return block.directions()
-    return (block.rowwise,)
+    return (block.rowwise,) if _rowwise_only(cached) else block.directions()
 
 
 # ------------------------------------------------------------------------------ one per expert
@@ -214,7 +218,7 @@ def _hybrid_stored(params: tuple[object, ...], recorder: Recorder, cached: Exper
             raise ExpertWeightError(f"expert {e}: expected a hybrid parameter; found {type(p).__name__}")
     recorder.add(read_storage(params, _HYBRID_NAMES))
     hybrids = [hybrid_storage(p, read=recorder) for p in params]
-    wanted = ("rowwise",) if cached is not None and cached.columnwise is None else ("rowwise", "columnwise")
+    wanted = ("rowwise",) if _rowwise_only(cached) else ("rowwise", "columnwise")
     stored = []
     for name in wanted:
         subs = tuple(getattr(h, name) for h in hybrids)
