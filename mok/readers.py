@@ -14,7 +14,7 @@ plans, allocates or launches (mok.pipeline does). Everything TE-specific comes f
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -199,7 +199,8 @@ class SplitReader(NamedTuple):
                     _need(reading, stored.block, str(d.data))  # raises, naming the attribute and release
                 sources += [source] if source is not None else []
                 absent += [] if source is not None else stored.block.names_of((d,))[1:]
-            recorder.add(reading.without_absent(absent))  # what the view does not read, its refresh need not watch
+            # what the view does not read, its refresh need not watch (the guard drops it)
+            recorder.add(replace(reading, absent=tuple(absent)) if absent else reading)
         same_device(sources[0].data)
         return Snapshot(tuple(recorder.readings), tuple(sources))
 

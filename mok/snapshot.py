@@ -36,7 +36,8 @@ class Reading:
     where every other name holds none on any (None where some name mixes them). ``addresses``:
     every tensor value's ``data_ptr()``, object by object, taken with the read; ``storages``:
     their memory, kept alive so an equal address later is still that memory (TE's ``clear()``
-    swaps a tensor's storage under the same object)."""
+    swaps a tensor's storage under the same object). ``absent``: names of a direction the reader
+    found no object storing; the guard drops them (:meth:`watched`), a first view does not."""
 
     objects: tuple[object, ...]
     names: tuple[str, ...]
@@ -46,11 +47,13 @@ class Reading:
     tensor_columns: tuple[int, ...] | None
     addresses: tuple[int, ...]
     storages: tuple[torch.UntypedStorage, ...]
+    absent: tuple[str, ...] = ()
 
-    def without_absent(self, names: Sequence[str]) -> Reading:
-        """The same reading less the columns ``names`` where no object holds anything (a
+    def watched(self) -> Reading:
+        """The same reading less the ``absent`` columns where no object holds anything (a
         direction TE does not store): nothing a view of the rest depends on. Their tensors were
         none, so the addresses stay as they were taken."""
+        names = self.absent
         drop = {i for i, n in enumerate(self.names) if n in names and not any(self.column(n))}
         if not drop:
             return self
