@@ -65,7 +65,7 @@ class Reading:
 
     def flat(self, columns: Sequence[int]) -> list[Any]:
         """The values of ``columns`` (indices into ``names``), object by object, as one list."""
-        return list(chain.from_iterable(map(_picker(columns), self.values)))
+        return _flat(self.values, columns)
 
     def column(self, name: str) -> tuple[Any, ...]:
         """The value of ``name`` on every object (None where the release has no such storage)."""
@@ -80,6 +80,10 @@ def _picker(indices: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ..
         get = itemgetter(indices[0])
         return lambda row: (get(row),)
     return itemgetter(*indices) if indices else lambda row: ()
+
+
+def _flat(rows: Sequence[tuple[Any, ...]], columns: Sequence[int]) -> list[Any]:
+    return list(chain.from_iterable(map(_picker(columns), rows)))
 
 
 def read_storage(objects: Sequence[object], names: tuple[str, ...] | None = None) -> Reading:
@@ -106,6 +110,9 @@ def read_itself(tensors: Sequence[torch.Tensor]) -> Reading:
 
 
 def _tensor_columns(rows: tuple[tuple[Any, ...], ...], width: int) -> tuple[int, ...] | None:
+    classes = list(map(type, rows[0])) if rows else []
+    if rows and list(map(type, chain.from_iterable(rows))) == classes * len(rows):  # the usual case: one pass
+        return tuple(i for i, c in enumerate(classes) if issubclass(c, torch.Tensor))
     kinds = [set(map(_is_tensor, column)) for column in zip(*rows, strict=True)] if rows else [set()] * width
     if any(len(k) > 1 for k in kinds):
         return None
@@ -121,7 +128,7 @@ def _reading(
 ) -> Reading:
     columns = _tensor_columns(rows, len(names))
     if columns is not None:  # the usual case: C-level, no test per value
-        tensors: list[torch.Tensor] = list(chain.from_iterable(map(_picker(columns), rows)))  # as Reading.flat
+        tensors: list[torch.Tensor] = _flat(rows, columns)
     else:
         tensors = [v for v in chain.from_iterable(rows) if _is_tensor(v)]
     addresses = tuple(map(torch.Tensor.data_ptr, tensors))
@@ -136,18 +143,20 @@ class Recorder:
 
     def __init__(self) -> None:
         self.readings: list[Reading] = []
+        self._rows: dict[int, tuple[Reading, int]] = {}  # by id: the readings keep their objects alive
+        self._indexed = 0  # readings indexed in _rows; indexed when asked (a split read never asks)
 
     def add(self, reading: Reading) -> Reading:
         self.readings.append(reading)
         return reading
 
     def __call__(self, obj: object) -> dict[str, Any]:
-        for reading in self.readings:
-            for found, row in zip(reading.objects, reading.values, strict=True):
-                if found is obj:
-                    return dict(zip(reading.names, row, strict=True))
-        reading = self.add(read_storage((obj,)))
-        return dict(zip(reading.names, reading.values[0], strict=True))
+        for reading in self.readings[self._indexed :]:
+            for i, found in enumerate(reading.objects):
+                self._rows.setdefault(id(found), (reading, i))  # the first reading of an object answers
+        self._indexed = len(self.readings)
+        reading, i = self._rows.get(id(obj)) or (self.add(read_storage((obj,))), 0)
+        return dict(zip(reading.names, reading.values[i], strict=True))
 
 
 class ScaleSource(NamedTuple):
