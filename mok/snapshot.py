@@ -139,7 +139,9 @@ def _reading(
 class Recorder:
     """A storage read for te_compat's snapshots (``grouped_storage(obj, read=recorder)``) that
     reads each object once, in bulk where it can, and keeps every reading for the guard. Objects
-    read already (``add``) are answered from their reading."""
+    read already (``add``) are answered from their reading; an object found in a list another
+    reading holds (a TE 2.13 group's members) is read with the others of its class there, in one
+    reading after the one that vouches for them."""
 
     def __init__(self) -> None:
         self.readings: list[Reading] = []
@@ -155,8 +157,21 @@ class Recorder:
             for i, found in enumerate(reading.objects):
                 self._rows.setdefault(id(found), (reading, i))  # the first reading of an object answers
         self._indexed = len(self.readings)
-        reading, i = self._rows.get(id(obj)) or (self.add(read_storage((obj,))), 0)
+        if id(obj) not in self._rows:
+            reading = self.add(read_storage(self._with_siblings(obj)))
+            self._rows[id(obj)] = reading, 0
+        reading, i = self._rows[id(obj)]
         return dict(zip(reading.names, reading.values[i], strict=True))
+
+    def _with_siblings(self, obj: object) -> tuple[object, ...]:
+        """``obj`` first, then the objects of its class not read yet in the list (or tuple) value
+        of a reading that holds it."""
+        for reading in self.readings:
+            for value in chain.from_iterable(reading.values):
+                if isinstance(value, list | tuple) and any(v is obj for v in value):
+                    cls, read = type(obj), self._rows
+                    return (obj, *(v for v in value if type(v) is cls and v is not obj and id(v) not in read))
+        return (obj,)
 
 
 class ScaleSource(NamedTuple):
