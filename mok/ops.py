@@ -33,6 +33,7 @@ dispatch costs about a microsecond per call, custom_op's about ten, and an eager
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -99,34 +100,36 @@ def _unswizzle(layout: torch.Tensor, out: torch.Tensor, backend: str | None = No
     run_work([ScaleWork(layout, out, inverse=True)], backend)
 
 
-def _quantize_shapes(
-    src: torch.Tensor,
-    row_data: torch.Tensor,
-    row_scales: torch.Tensor,
-    col_data: torch.Tensor,
-    col_scales: torch.Tensor,
-    backend: str | None = None,
-) -> None:
+class _QuantizeArgs(NamedTuple):
+    """The arguments of ``quantize_mxfp8``, in the schema's order: named once, for the op and its
+    fake implementation."""
+
+    src: torch.Tensor
+    row_data: torch.Tensor
+    row_scales: torch.Tensor
+    col_data: torch.Tensor
+    col_scales: torch.Tensor
+    backend: str | None = None
+
+    @property
+    def outputs(self) -> QuantizeOutputs:
+        return QuantizeOutputs(self.row_data, self.row_scales, self.col_data, self.col_scales)
+
+
+def _quantize_shapes(*args: Any, **kwargs: Any) -> None:
     """What fake tensors can be checked for: every output's shape and dtype, for the source's."""
-    experts, rows, cols = check_input(src, "src").shape
+    a = _QuantizeArgs(*args, **kwargs)
+    experts, rows, cols = check_input(a.src, "src").shape
     wants = output_shapes(experts, rows, cols)
-    for name, t, shape, dtype in zip(
-        QuantizeOutputs._fields, (row_data, row_scales, col_data, col_scales), wants, DTYPES, strict=True
-    ):
+    for name, t, shape, dtype in zip(QuantizeOutputs._fields, a.outputs, wants, DTYPES, strict=True):
         if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
             raise LayoutError(f"{name}: expected {dtype} {tuple(shape)}; found {t.dtype} {tuple(t.shape)}")
 
 
-def _quantize(
-    src: torch.Tensor,
-    row_data: torch.Tensor,
-    row_scales: torch.Tensor,
-    col_data: torch.Tensor,
-    col_scales: torch.Tensor,
-    backend: str | None = None,
-) -> None:
-    out = check_outputs(QuantizeOutputs(row_data, row_scales, col_data, col_scales), check_source(src), swizzled=True)
-    run_work([QuantizeWork(src, out)], backend)
+def _quantize(*args: Any, **kwargs: Any) -> None:
+    a = _QuantizeArgs(*args, **kwargs)
+    out = check_outputs(a.outputs, check_source(a.src), swizzled=True)
+    run_work([QuantizeWork(a.src, out)], a.backend)
 
 
 def _sizes_known(args: Sequence[object]) -> bool:

@@ -14,7 +14,7 @@ plans, allocates or launches (mok.pipeline does). Everything TE-specific comes f
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -49,11 +49,15 @@ _shape = attrgetter("shape")
 _HYBRID_NAMES = (str(StorageName.ROWWISE_STORAGE), str(StorageName.COLUMNWISE_STORAGE))
 
 
+def _rowwise_only(cached: ExpertWeights | None) -> bool:
+    """Whether to read the rowwise direction alone: a refresh of a view that has no columnwise
+    (a new view reads every direction TE may store)."""
+    return cached is not None and cached.columnwise is None
+
+
 def _read_directions(block: BlockFormat, cached: ExpertWeights | None) -> tuple[Direction, ...]:
     """What to read: every direction TE may store, or for a refresh those the cached view has."""
-    if cached is None or cached.columnwise is not None:
-        return block.directions()
-    return (block.rowwise,)
+    return (block.rowwise,) if _rowwise_only(cached) else block.directions()
 
 
 # ------------------------------------------------------------------------------ one per expert
@@ -195,7 +199,8 @@ class SplitReader(NamedTuple):
                     _need(reading, stored.block, str(d.data))  # raises, naming the attribute and release
                 sources += [source] if source is not None else []
                 absent += [] if source is not None else stored.block.names_of((d,))[1:]
-            recorder.add(reading.without_absent(absent))  # what the view does not read, its refresh need not watch
+            # what the view does not read, its refresh need not watch (the guard drops it)
+            recorder.add(replace(reading, absent=tuple(absent)) if absent else reading)
         same_device(sources[0].data)
         return Snapshot(tuple(recorder.readings), tuple(sources))
 
@@ -214,7 +219,7 @@ def _hybrid_stored(params: tuple[object, ...], recorder: Recorder, cached: Exper
             raise ExpertWeightError(f"expert {e}: expected a hybrid parameter; found {type(p).__name__}")
     recorder.add(read_storage(params, _HYBRID_NAMES))
     hybrids = [hybrid_storage(p, read=recorder) for p in params]
-    wanted = ("rowwise",) if cached is not None and cached.columnwise is None else ("rowwise", "columnwise")
+    wanted = ("rowwise",) if _rowwise_only(cached) else ("rowwise", "columnwise")
     stored = []
     for name in wanted:
         subs = tuple(getattr(h, name) for h in hybrids)

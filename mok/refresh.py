@@ -41,13 +41,13 @@ class StorageGuard:
 
     Host cost is what a checked refresh pays, so a reading of one class is checked in bulk: one
     C-level read per object of its tensors, fed straight into ``Tensor.data_ptr``, and one of its
-    flags; nothing else per object.
+    flags; nothing else per object. The checks are made at the first refresh, not with the view.
     """
 
     def __init__(self, top: Sequence[object], readings: Sequence[Reading]) -> None:
         self.top = tuple(top)
         self.readings = tuple(readings)
-        self._checks = tuple(map(_check_of, self.readings))
+        self._checks: tuple[Callable[[], bool], ...] | None = None  # made by the first refresh
 
     @property
     def storages(self) -> list[torch.UntypedStorage]:
@@ -58,8 +58,11 @@ class StorageGuard:
         """``objects`` are ``top``, and every reading reads back what it read."""
         if len(objects) != len(self.top) or not all(map(is_, objects, self.top)):
             return False
+        checks = self._checks
+        if checks is None:  # a view never refreshed never pays for them (two racing threads make equal ones)
+            checks = self._checks = tuple(map(_check_of, self.readings))
         try:
-            return all(check() for check in self._checks)
+            return all(check() for check in checks)
         except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
             return False
 
@@ -67,6 +70,7 @@ class StorageGuard:
 def _check_of(reading: Reading) -> Callable[[], bool]:
     """The check of one reading: in bulk where each name holds tensors on every object, or
     non-tensors on every object; else value by value."""
+    reading = reading.watched()
     if reading.bulk:
         found = _bulk_check(reading)
         if found is not None:

@@ -36,7 +36,8 @@ class Reading:
     where every other name holds none on any (None where some name mixes them). ``addresses``:
     every tensor value's ``data_ptr()``, object by object, taken with the read; ``storages``:
     their memory, kept alive so an equal address later is still that memory (TE's ``clear()``
-    swaps a tensor's storage under the same object)."""
+    swaps a tensor's storage under the same object). ``absent``: names of a direction the reader
+    found no object storing; the guard drops them (:meth:`watched`), a first view does not."""
 
     objects: tuple[object, ...]
     names: tuple[str, ...]
@@ -46,11 +47,13 @@ class Reading:
     tensor_columns: tuple[int, ...] | None
     addresses: tuple[int, ...]
     storages: tuple[torch.UntypedStorage, ...]
+    absent: tuple[str, ...] = ()
 
-    def without_absent(self, names: Sequence[str]) -> Reading:
-        """The same reading less the columns ``names`` where no object holds anything (a
+    def watched(self) -> Reading:
+        """The same reading less the ``absent`` columns where no object holds anything (a
         direction TE does not store): nothing a view of the rest depends on. Their tensors were
         none, so the addresses stay as they were taken."""
+        names = self.absent
         drop = {i for i, n in enumerate(self.names) if n in names and not any(self.column(n))}
         if not drop:
             return self
@@ -62,7 +65,7 @@ class Reading:
 
     def flat(self, columns: Sequence[int]) -> list[Any]:
         """The values of ``columns`` (indices into ``names``), object by object, as one list."""
-        return list(chain.from_iterable(map(_picker(columns), self.values)))
+        return _flat(self.values, columns)
 
     def column(self, name: str) -> tuple[Any, ...]:
         """The value of ``name`` on every object (None where the release has no such storage)."""
@@ -77,6 +80,10 @@ def _picker(indices: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ..
         get = itemgetter(indices[0])
         return lambda row: (get(row),)
     return itemgetter(*indices) if indices else lambda row: ()
+
+
+def _flat(rows: Sequence[tuple[Any, ...]], columns: Sequence[int]) -> list[Any]:
+    return list(chain.from_iterable(map(_picker(columns), rows)))
 
 
 def read_storage(objects: Sequence[object], names: tuple[str, ...] | None = None) -> Reading:
@@ -103,6 +110,9 @@ def read_itself(tensors: Sequence[torch.Tensor]) -> Reading:
 
 
 def _tensor_columns(rows: tuple[tuple[Any, ...], ...], width: int) -> tuple[int, ...] | None:
+    classes = list(map(type, rows[0])) if rows else []
+    if rows and list(map(type, chain.from_iterable(rows))) == classes * len(rows):  # the usual case: one pass
+        return tuple(i for i, c in enumerate(classes) if issubclass(c, torch.Tensor))
     kinds = [set(map(_is_tensor, column)) for column in zip(*rows, strict=True)] if rows else [set()] * width
     if any(len(k) > 1 for k in kinds):
         return None
@@ -118,7 +128,7 @@ def _reading(
 ) -> Reading:
     columns = _tensor_columns(rows, len(names))
     if columns is not None:  # the usual case: C-level, no test per value
-        tensors: list[torch.Tensor] = list(chain.from_iterable(map(_picker(columns), rows)))  # as Reading.flat
+        tensors: list[torch.Tensor] = _flat(rows, columns)
     else:
         tensors = [v for v in chain.from_iterable(rows) if _is_tensor(v)]
     addresses = tuple(map(torch.Tensor.data_ptr, tensors))
@@ -129,22 +139,39 @@ def _reading(
 class Recorder:
     """A storage read for te_compat's snapshots (``grouped_storage(obj, read=recorder)``) that
     reads each object once, in bulk where it can, and keeps every reading for the guard. Objects
-    read already (``add``) are answered from their reading."""
+    read already (``add``) are answered from their reading; an object found in a list another
+    reading holds (a TE 2.13 group's members) is read with the others of its class there, in one
+    reading after the one that vouches for them."""
 
     def __init__(self) -> None:
         self.readings: list[Reading] = []
+        self._rows: dict[int, tuple[Reading, int]] = {}  # by id: the readings keep their objects alive
+        self._indexed = 0  # readings indexed in _rows; indexed when asked (a split read never asks)
 
     def add(self, reading: Reading) -> Reading:
         self.readings.append(reading)
         return reading
 
     def __call__(self, obj: object) -> dict[str, Any]:
+        for reading in self.readings[self._indexed :]:
+            for i, found in enumerate(reading.objects):
+                self._rows.setdefault(id(found), (reading, i))  # the first reading of an object answers
+        self._indexed = len(self.readings)
+        if id(obj) not in self._rows:
+            reading = self.add(read_storage(self._with_siblings(obj)))
+            self._rows[id(obj)] = reading, 0
+        reading, i = self._rows[id(obj)]
+        return dict(zip(reading.names, reading.values[i], strict=True))
+
+    def _with_siblings(self, obj: object) -> tuple[object, ...]:
+        """``obj`` first, then the objects of its class not read yet in the list (or tuple) value
+        of a reading that holds it."""
         for reading in self.readings:
-            for found, row in zip(reading.objects, reading.values, strict=True):
-                if found is obj:
-                    return dict(zip(reading.names, row, strict=True))
-        reading = self.add(read_storage((obj,)))
-        return dict(zip(reading.names, reading.values[0], strict=True))
+            for value in chain.from_iterable(reading.values):
+                if isinstance(value, list | tuple) and any(v is obj for v in value):
+                    cls, read = type(obj), self._rows
+                    return (obj, *(v for v in value if type(v) is cls and v is not obj and id(v) not in read))
+        return (obj,)
 
 
 class ScaleSource(NamedTuple):

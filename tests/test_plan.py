@@ -319,6 +319,23 @@ def test_cached_buffers_over_te_scales_are_refused(installed_te: Installer) -> N
         assert torch.equal(te_buffer, before)
 
 
+def test_a_rowwise_only_refresh_does_not_watch_the_columnwise_te_adds(installed_te: Installer) -> None:
+    """What a view does not read, its refresh does not depend on: TE giving rowwise-only weights
+    columnwise storage leaves the prepared launch valid; a rowwise buffer TE reassigns does not."""
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
+    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    assert v.columnwise is None and v.refresh_plan.plans == 1
+    both = T.mxfp8_tensor("2.20.2", R, C, seed=5)
+    ps[0]._columnwise_data, ps[0]._columnwise_scale_inv = both._columnwise_data, both._columnwise_scale_inv
+    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    assert v.refresh_plan.plans == 1
+    ps[1]._rowwise_scale_inv = torch.randint(0, 256, ps[1]._rowwise_scale_inv.shape, dtype=torch.uint8)
+    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    assert v.refresh_plan.plans == 2 and v.columnwise is None
+    assert torch.equal(v.row_scales[1], spec_layout(ps[1]._rowwise_scale_inv[:R, : C // 32]))
+
+
 # ------------------------------------------------------------------- scales TE already swizzled
 
 
