@@ -24,6 +24,7 @@ from typing import Any
 from cuda.bindings import nvrtc
 from cuda.core import ProgramOptions
 
+from mok.kernels import include_path
 from mok.kernels.config import KernelConfig, LaunchShapes
 from mok.kernels.launch import kernel_source
 
@@ -42,7 +43,9 @@ def _checked(result: tuple[Any, ...]) -> Any:
 def ptx(arch: str, config: KernelConfig, source: str) -> str:
     """The PTX of ``source`` for ``arch`` under ``config``."""
     name = b"mok_mxfp8_swizzle"
-    options = ProgramOptions(std="c++17", arch=arch, name=name.decode(), define_macro=config.macros()).as_bytes("nvrtc")
+    options = ProgramOptions(
+        std="c++17", arch=arch, name=name.decode(), define_macro=config.macros(), include_path=include_path()
+    ).as_bytes("nvrtc")
     program = _checked(nvrtc.nvrtcCreateProgram(source.encode(), name, 0, [], []))
     (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:

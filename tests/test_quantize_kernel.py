@@ -97,6 +97,7 @@ def test_emulator_catches_an_unwritten_padding_byte(tmp_path: Path) -> None:
     planted = SOURCE.read_text().replace(line, line.replace("T.last_cols", "false"))
     assert planted != SOURCE.read_text()
     (tmp_path / Q.SOURCE_NAME).write_text(planted)
+    shutil.copy(SOURCE.with_name("async_copy.cuh"), tmp_path)
     x = CASES["grouped E=2 96x544 (rows and columns pad, partial tile)"](torch.Generator().manual_seed(1))
     with pytest.raises(AssertionError, match="col_scales differs"):
         EQ.check(x, kernel_dir=tmp_path)

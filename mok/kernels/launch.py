@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from mok.errors import LayoutError
+from mok.kernels import include_path
 from mok.kernels.config import KernelConfig, launch_shapes
 from mok.kernels.jobs import DescriptorTable, Job, JobGroup, config_for, describe, inverse_jobs
 from mok.kernels.streams import CurrentStream
@@ -47,7 +48,9 @@ def compile_kernel(arch: str, config: KernelConfig) -> Any:
     """
     from cuda.core import Program, ProgramOptions
 
-    options = ProgramOptions(std="c++17", arch=arch, name="mok_mxfp8_swizzle", define_macro=config.macros())
+    options = ProgramOptions(
+        std="c++17", arch=arch, name="mok_mxfp8_swizzle", define_macro=config.macros(), include_path=include_path()
+    )
     return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
 
 

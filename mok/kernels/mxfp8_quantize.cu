@@ -166,24 +166,7 @@ __device__ __forceinline__ QTile tile_of(int u, int rows, int cols) {
   return T;
 }
 
-#ifndef MOK_EMULATE  // emulator.h has its own (each copy lands at the wait)
-// 16 bytes global -> shared, visible to this thread after async_wait: without registers on sm_80+
-// (cp.async), through them before.
-__device__ __forceinline__ void async_copy16(unsigned char* dst, const unsigned char* src) {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src)
-               : "memory");
-#else
-  *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
-#endif
-}
-__device__ __forceinline__ void async_wait() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-#endif
+#include "async_copy.cuh"
 
 // The 16-byte piece k (values 8k..8k+7) of row r of a tile in shared memory. Pieces are stored
 // with bits 0-1 of k XORed with bits 3-4, so that the 8 threads converting a row's 1x32 blocks

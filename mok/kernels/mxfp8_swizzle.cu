@@ -376,24 +376,7 @@ __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
 }
 
 #if SLAB_BYTES > 0
-#ifndef MOK_EMULATE  // emulator.h has its own (each copy lands at the wait)
-// 16 bytes global -> shared, visible to this thread after async_wait: without registers on sm_80+
-// (cp.async), through them before.
-__device__ __forceinline__ void async_copy16(unsigned char* dst, const unsigned char* src) {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src)
-               : "memory");
-#else
-  *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
-#endif
-}
-__device__ __forceinline__ void async_wait() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-#endif
+#include "async_copy.cuh"
 
 // The bytes of the output word at column c (c < cv) that lie inside the matrix; those past cv are 0.
 __device__ __forceinline__ unsigned keep_below(const int cv, const int c) {

@@ -13,20 +13,25 @@ output buffers; calling it launches ONE kernel on the current torch stream and d
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntFlag
 from importlib import resources
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import torch
 
 from mok.errors import LayoutError
+from mok.kernels import include_path
 from mok.kernels.streams import CurrentStream
 from mok.layout import layout_shape, swizzle_reference
 from mok.overlap import check_no_overlap
 from mok.quantize_reference import BLOCK, ProductRule, ReciprocalRule, check_input, quantize_mxfp8_reference
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
 KERNEL_NAME = "mxfp8_quantize"
 SOURCE_NAME = "mxfp8_quantize.cu"
@@ -175,7 +180,9 @@ def compile_quantize(arch: str, config: QuantizeConfig = QuantizeConfig()) -> An
     """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; cuda.core ObjectCode. Needs no GPU."""
     from cuda.core import Program, ProgramOptions
 
-    options = ProgramOptions(std="c++17", arch=arch, name="mok_mxfp8_quantize", define_macro=config.macros())
+    options = ProgramOptions(
+        std="c++17", arch=arch, name="mok_mxfp8_quantize", define_macro=config.macros(), include_path=include_path()
+    )
     return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
 
 
@@ -322,18 +329,21 @@ def run_reference(
             out.col_scales[e].copy_(q.col_scales)
 
 
+class QuantizeOptions(TypedDict, total=False):
+    """The rules and scale layout of a quantisation (QuantizeLaunch's and run_reference's keywords)."""
+
+    rule: ReciprocalRule
+    product: ProductRule
+    swizzled: bool
+
+
 def prepare(
-    src: torch.Tensor | Sequence[torch.Tensor],
-    out: QuantizeOutputs,
-    *,
-    rule: ReciprocalRule = ReciprocalRule.EXACT,
-    product: ProductRule = ProductRule.MUL,
-    swizzled: bool = True,
+    src: torch.Tensor | Sequence[torch.Tensor], out: QuantizeOutputs, **options: Unpack[QuantizeOptions]
 ) -> Callable[[], None]:
     """The quantisation of ``src`` into ``out`` ready to run again and again: a QuantizeLaunch on
     CUDA tensors, the torch reference elsewhere (checked once here in both cases)."""
     source = check_source(src)
     if source.experts[0].device.type == "cuda":
-        return QuantizeLaunch(src, out, rule=rule, product=product, swizzled=swizzled)
-    check_outputs(out, source, swizzled=swizzled)
-    return lambda: run_reference(src, out, rule=rule, product=product, swizzled=swizzled)
+        return QuantizeLaunch(src, out, **options)
+    check_outputs(out, source, swizzled=options.get("swizzled", True))
+    return functools.partial(run_reference, src, out, **options)
