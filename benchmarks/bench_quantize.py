@@ -18,8 +18,8 @@ Columns (``g:`` = replay of a captured CUDA graph; others eager, as a refresh ca
   g:mok 2     mok's two steps: the same kernel writing logical scales, then mok's swizzle kernel
               converting both scale matrices to the layout (one launch each)
   g:other     --other's kernel source (another commit's mxfp8_quantize.cu, compiled with this
-              commit's ABI macros) on the same arguments, one block a tile (a grid every version
-              of the kernel converts completely); its output must equal g:fused's
+              commit's ABI macros and headers) on the same arguments and grid (every version of
+              the kernel converts every tile under any grid); its output must equal g:fused's
   g:fused/mbN the kernel bounded for N resident blocks an SM (--min-blocks N), its own grid
   TE q        TE's MXFP8Quantizer(rowwise, columnwise).update_quantized on the [E*R, C] weight
   TE q+swz    the same, then TE's multi_tensor_swizzle_scales_for_gemm_ of its scales (two steps)
@@ -43,6 +43,7 @@ import torch
 from bench_swizzle import Clock  # this folder is on sys.path when run as a script
 
 import mok
+from mok.kernels import include_path
 from mok.kernels import quantize as Q
 from mok.kernels.jobs import convert_job
 from mok.kernels.launch import Launch
@@ -90,7 +91,11 @@ def _compile_other(path: str) -> Any:
     Device(0).set_current()
     major, minor = torch.cuda.get_device_capability()
     options = ProgramOptions(
-        std="c++17", arch=f"sm_{major}{minor}", name="other", define_macro=Q.QuantizeConfig().macros()
+        std="c++17",
+        arch=f"sm_{major}{minor}",
+        name="other",
+        define_macro=Q.QuantizeConfig().macros(),
+        include_path=include_path(),  # the headers it includes are this commit's
     )
     with open(path) as fh:
         return Program(fh.read(), code_type="c++", options=options).compile("cubin").get_kernel(Q.KERNEL_NAME)
@@ -102,7 +107,7 @@ def variants(
     """The --other and --min-blocks columns, each checked to write what g:fused writes."""
     columns: dict[str, Fn] = {}
     if opts.other is not None:
-        columns["g:other"] = _relaunch(fused, opts.other, Q.QuantizeConfig().tiles(*x.shape))
+        columns["g:other"] = _relaunch(fused, opts.other, fused.grid)
     for n in opts.min_blocks:
         launch = Q.QuantizeLaunch(x, out, config=Q.QuantizeConfig(min_blocks=n))
         case.notes[f"g:fused/mb{n}"] = f"grid {launch.grid}"

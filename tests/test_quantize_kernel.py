@@ -54,7 +54,7 @@ def test_the_abi_macros_are_the_flags_and_the_shape() -> None:
     macros = dict(Q.QuantizeConfig().macros())
     assert macros == {
         "QTHREADS": "256",
-        "QMIN_BLOCKS": "6",
+        "QMIN_BLOCKS": "5",
         "QTILE_ROWS": "32",
         "QTILE_COLS": "256",
         "QF_ROWWISE": "1",
@@ -93,8 +93,8 @@ def test_emulated_kernel_with_fewer_blocks_and_logical_scales(grid: int, swizzle
 @needs_gxx
 def test_emulator_catches_an_unwritten_padding_byte(tmp_path: Path) -> None:
     """The comparison can fail: a kernel that skips the layout's padding is caught."""
-    line = "if (T.last_cols) zero_entries(s, cp, cols, rp"
-    planted = SOURCE.read_text().replace(line, line.replace("T.last_cols", "false"))
+    line = "if (last_cols) zero_entries(s, cp, S.cols, rp"
+    planted = SOURCE.read_text().replace(line, line.replace("last_cols", "false"))
     assert planted != SOURCE.read_text()
     (tmp_path / Q.SOURCE_NAME).write_text(planted)
     shutil.copy(SOURCE.with_name("async_copy.cuh"), tmp_path)

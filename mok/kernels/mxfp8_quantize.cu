@@ -147,22 +147,39 @@ __device__ __forceinline__ void zero_entries(unsigned char* layout, long long cp
     store_global(layout + layout_offset(r0 + i / width, c0 + i % width, cp), (unsigned char)0);
 }
 
-// One tile: expert e, rows [r0, r0 + 32) (row block rb), columns [c0, c0 + width).
-struct QTile {
-  int e, rb, r0, c0, width;
-  bool last_rows, last_cols;
+// What every tile of a launch shares: the matrices' shape, the flags, and the scale layouts'
+// padded column counts and sizes (rowwise roundup(R,128) x roundup(C/32,4), columnwise
+// roundup(C,128) x roundup(R/32,4), one a matrix).
+struct QShape {
+  int rows, cols, flags;
+  unsigned row_blocks, col_tiles;  // an expert's tiles: R/32 x ceil(C/QTILE_COLS)
+  int row_cp, col_cp;
+  long long row_layout, col_layout;
 };
 
-__device__ __forceinline__ QTile tile_of(int u, int rows, int cols) {
-  const int col_tiles = (cols + QTILE_COLS - 1) / QTILE_COLS, row_blocks = rows / 32;
+__device__ __forceinline__ QShape shape_of(int rows, int cols, int flags) {
+  QShape S;
+  S.rows = rows, S.cols = cols, S.flags = flags;
+  S.row_blocks = rows / 32, S.col_tiles = (cols + QTILE_COLS - 1) / QTILE_COLS;
+  S.row_cp = (cols / 32 + 3) / 4 * 4, S.col_cp = (rows / 32 + 3) / 4 * 4;
+  S.row_layout = (rows + 127LL) / 128 * 128 * S.row_cp, S.col_layout = (cols + 127LL) / 128 * 128 * S.col_cp;
+  return S;
+}
+
+// One tile: expert e, rows [r0, r0 + 32) (row block rb), columns [c0, c0 + width); its first
+// payload byte is at `first` of the payloads.
+struct QTile {
+  int e, rb, r0, c0, width;
+  long long first;
+};
+
+__device__ __forceinline__ QTile tile_of(unsigned u, const QShape& S) {
   QTile T;
-  T.e = u / (row_blocks * col_tiles);
-  T.rb = u / col_tiles % row_blocks;
-  T.r0 = T.rb * 32;
-  T.c0 = u % col_tiles * QTILE_COLS;
-  T.width = min(QTILE_COLS, cols - T.c0);
-  T.last_rows = T.r0 + 32 == rows;
-  T.last_cols = T.c0 + T.width == cols;
+  const unsigned per_expert = S.row_blocks * S.col_tiles, e = u / per_expert, rest = u - e * per_expert;
+  const unsigned rb = rest / S.col_tiles;
+  T.e = (int)e, T.rb = (int)rb, T.r0 = (int)rb * 32, T.c0 = (int)(rest - rb * S.col_tiles) * QTILE_COLS;
+  T.width = min(QTILE_COLS, S.cols - T.c0);
+  T.first = ((long long)T.e * S.rows + T.r0) * S.cols + T.c0;
   return T;
 }
 
@@ -190,14 +207,11 @@ __device__ __forceinline__ void load_tile(const QTile& T, unsigned long long src
   }
 }
 
-__device__ __forceinline__ void store_scale(unsigned char* scales, long long logical, long long layout, int flags,
-                                            unsigned code) {
-  store_global(scales + (flags & QF_LOGICAL ? logical : layout), (unsigned char)code);
-}
-
-// Thread (r, g) converts the 1x32 block g of the tile's row r (pieces 4g..4g+3).
-__device__ __forceinline__ void rowwise_tile(const QTile& T, const unsigned char* tile, unsigned char* data,
-                                             unsigned char* scales, int rows, int cols, int flags) {
+// Thread (r, g) converts the 1x32 block g of the tile's row r (pieces 4g..4g+3). Its scale S[row,
+// col] (row = r0 + r, col = c0/32 + g) lies in the layout at the tile's part, from r0 and c0 (a
+// multiple of 8 blocks), plus the thread's, from r and g (mok/layout.py's formula split in two).
+__device__ __forceinline__ void rowwise_tile(const QTile& T, const QShape& S, const unsigned char* tile,
+                                             unsigned char* data, unsigned char* scales) {
   const int r = threadIdx.x / QGROUPS, g = threadIdx.x % QGROUPS;
   if (g * 32 >= T.width) return;
   unsigned acc = 0;
@@ -207,9 +221,8 @@ __device__ __forceinline__ void rowwise_tile(const QTile& T, const unsigned char
     acc = amax2(amax2(amax2(amax2(acc, v.x), v.y), v.z), v.w);
   }
   const unsigned code = e8m0_code(amax_of(acc));
-  const float rcp = e8m0_reciprocal(code, flags & QF_RCP_SHIFT), zero = product_addend(flags);
-  const long long row = (long long)T.e * rows + T.r0 + r, blocks = cols / 32, col = T.c0 / 32 + g;
-  unsigned char* to = data + row * cols + T.c0 + g * 32;
+  const float rcp = e8m0_reciprocal(code, S.flags & QF_RCP_SHIFT), zero = product_addend(S.flags);
+  unsigned char* to = data + T.first + (r * S.cols + g * 32);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {  // read again: fewer registers held than keeping the 64 bytes
     const uint4* in = reinterpret_cast<const uint4*>(tile);
@@ -217,8 +230,13 @@ __device__ __forceinline__ void rowwise_tile(const QTile& T, const unsigned char
     const unsigned long long hi = convert8(in[piece_offset(r, 4 * g + 2 * half + 1) / 16], rcp, zero);
     store_global(to + 16 * half, make_uint4((unsigned)lo, (unsigned)(lo >> 32), (unsigned)hi, (unsigned)(hi >> 32)));
   }
-  const long long rp = (rows + 127LL) / 128 * 128, cp = (blocks + 3) / 4 * 4;
-  store_scale(scales, row * blocks + col, T.e * rp * cp + layout_offset(T.r0 + r, col, cp), flags, code);
+  const int blocks = S.cols / 32;
+  const long long at =
+      S.flags & QF_LOGICAL
+          ? ((long long)T.e * S.rows + T.r0) * blocks + T.c0 / 32 + (r * blocks + g)
+          : T.e * S.row_layout + ((T.r0 >> 7) * (long long)(S.row_cp >> 2) + (T.c0 >> 7)) * 512 +
+                ((T.r0 >> 5) & 3) * 4 + ((g >> 2) * 512 + r * 16 + (g & 3));
+  store_global(scales + at, (unsigned char)code);
 }
 
 // Columnwise, warp q takes rows 4q..4q+3 and lane c columns 8c..8c+7 (one 16-byte piece a row).
@@ -239,57 +257,63 @@ __device__ __forceinline__ void columnwise_maxima(const QTile& T, const unsigned
   to[0] = acc.x, to[32] = acc.y, to[64] = acc.z, to[96] = acc.w;
 }
 
-// Step 2: thread (q, c) makes column 8c+q's scale from the 8 quarters' maxima; its reciprocal goes
-// to rcps[8c+q].
-__device__ __forceinline__ void columnwise_scale(const QTile& T, const unsigned* partial, float* rcps,
-                                                 unsigned char* scales, int rows, int cols, int flags) {
-  const int q = threadIdx.x / 32, c = threadIdx.x % 32;
+// Step 2: thread (q, c) makes column j = 8c+q's scale from the 8 quarters' maxima; its reciprocal
+// goes to rcps[j]. The scale is S'[c0 + j, rb] of the transposed layout: the tile's part (c0 is a
+// multiple of 256) plus the thread's, from j.
+__device__ __forceinline__ void columnwise_scale(const QTile& T, const QShape& S, const unsigned* partial,
+                                                 float* rcps, unsigned char* scales) {
+  const int q = threadIdx.x / 32, c = threadIdx.x % 32, j = 8 * c + q;
   if (c * 8 >= T.width) return;
   unsigned acc = 0;
 #pragma unroll
   for (int quarter = 0; quarter < QWARPS; ++quarter) acc = amax2(acc, partial[quarter * 128 + (q >> 1) * 32 + c]);
   acc = magnitude(acc);
   const unsigned code = e8m0_code(__uint_as_float(q & 1 ? acc & 0xFFFF0000u : acc << 16));
-  rcps[8 * c + q] = e8m0_reciprocal(code, flags & QF_RCP_SHIFT);
-  const long long col = T.c0 + 8 * c + q;
-  const long long rp = (cols + 127LL) / 128 * 128, cp = (rows / 32 + 3) / 4 * 4;
-  store_scale(scales, ((long long)T.e * (rows / 32) + T.rb) * cols + col, T.e * rp * cp + layout_offset(col, T.rb, cp),
-              flags, code);
+  rcps[j] = e8m0_reciprocal(code, S.flags & QF_RCP_SHIFT);
+  const int quads = S.col_cp >> 2;
+  const long long at =
+      S.flags & QF_LOGICAL
+          ? ((long long)T.e * (S.rows / 32) + T.rb) * S.cols + T.c0 + j
+          : T.e * S.col_layout + (((T.c0 >> 7) * (long long)quads + (T.rb >> 2)) * 512 + (T.rb & 3)) +
+                ((j >> 7) * quads * 512 + (j & 31) * 16 + ((j & 127) >> 5) * 4);
+  store_global(scales + at, (unsigned char)code);
 }
 
 // Step 3: lane c converts its 4 rows x 8 columns with their reciprocals (8 payload bytes a row).
-__device__ __forceinline__ void columnwise_convert(const QTile& T, const unsigned char* tile, const float* rcps,
-                                                   unsigned char* data, int rows, int cols, int flags) {
+__device__ __forceinline__ void columnwise_convert(const QTile& T, const QShape& S, const unsigned char* tile,
+                                                   const float* rcps, unsigned char* data) {
   const int q = threadIdx.x / 32, c = threadIdx.x % 32;
   if (c * 8 >= T.width) return;
   const float4 lo = reinterpret_cast<const float4*>(rcps)[2 * c], hi = reinterpret_cast<const float4*>(rcps)[2 * c + 1];
-  const float zero = product_addend(flags);
-  unsigned char* to = data + ((long long)T.e * rows + T.r0 + 4 * q) * cols + T.c0 + c * 8;
+  const float zero = product_addend(S.flags);
+  unsigned char* to = data + T.first + (4 * q * S.cols + c * 8);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint4 v = *reinterpret_cast<const uint4*>(tile + piece_offset(4 * q + i, c));
     const unsigned a = convert2(v.x, lo.x, lo.y, zero) | convert2(v.y, lo.z, lo.w, zero) << 16;
     const unsigned b = convert2(v.z, hi.x, hi.y, zero) | convert2(v.w, hi.z, hi.w, zero) << 16;
-    store_global(to + (long long)i * cols, make_uint2(a, b));
+    store_global(to + i * S.cols, make_uint2(a, b));
   }
 }
 
-// The layout padding next to this tile's scales (see the header): rowwise S[R, C/32] and the
-// transposed columnwise S'[C, R/32], each padded to roundup(rows,128) x roundup(cols,4).
-__device__ __forceinline__ void zero_padding(const QTile& T, unsigned char* row_scales, unsigned char* col_scales,
-                                             int rows, int cols, int flags) {
-  const long long blocks = cols / 32, row_blocks = rows / 32;
-  if (flags & QF_ROWWISE) {
-    const long long rp = (rows + 127LL) / 128 * 128, cp = (blocks + 3) / 4 * 4;
-    unsigned char* s = row_scales + T.e * rp * cp;
-    if (T.last_cols) zero_entries(s, cp, T.r0, T.r0 + 32, blocks, cp);
-    if (T.last_rows) zero_entries(s, cp, rows, rp, T.c0 / 32, T.last_cols ? cp : (T.c0 + T.width) / 32);
+// The layout padding next to this tile's scales (see the header), for the tile whose rows or
+// columns end its matrix.
+__device__ __forceinline__ void zero_padding(const QTile& T, const QShape& S, unsigned char* row_scales,
+                                             unsigned char* col_scales) {
+  const bool last_rows = T.r0 + 32 == S.rows, last_cols = T.c0 + T.width == S.cols;
+  if (!last_rows && !last_cols) return;
+  const int blocks = S.cols / 32, row_blocks = S.rows / 32;
+  if (S.flags & QF_ROWWISE) {
+    const long long rp = S.row_layout / S.row_cp, cp = S.row_cp;
+    unsigned char* s = row_scales + T.e * S.row_layout;
+    if (last_cols) zero_entries(s, cp, T.r0, T.r0 + 32, blocks, cp);
+    if (last_rows) zero_entries(s, cp, S.rows, rp, T.c0 / 32, last_cols ? cp : (T.c0 + T.width) / 32);
   }
-  if (flags & QF_COLWISE) {
-    const long long rp = (cols + 127LL) / 128 * 128, cp = (row_blocks + 3) / 4 * 4;
-    unsigned char* s = col_scales + T.e * rp * cp;
-    if (T.last_rows) zero_entries(s, cp, T.c0, T.c0 + T.width, row_blocks, cp);
-    if (T.last_cols) zero_entries(s, cp, cols, rp, T.rb, T.last_rows ? cp : T.rb + 1);
+  if (S.flags & QF_COLWISE) {
+    const long long rp = S.col_layout / S.col_cp, cp = S.col_cp;
+    unsigned char* s = col_scales + T.e * S.col_layout;
+    if (last_rows) zero_entries(s, cp, T.c0, T.c0 + T.width, row_blocks, cp);
+    if (last_cols) zero_entries(s, cp, S.cols, rp, T.rb, last_rows ? cp : T.rb + 1);
   }
 }
 
@@ -304,23 +328,31 @@ extern "C" __global__ void __launch_bounds__(QTHREADS, QMIN_BLOCKS)
   __shared__ __align__(16) unsigned char tiles_in[2][QTILE_ROWS * QTILE_COLS * 2];  // BF16, double buffered
   __shared__ unsigned partial[QWARPS * 128];                                      // columnwise quarter maxima
   __shared__ __align__(16) float rcps[QTILE_COLS];                                // columnwise reciprocals
-  long long u = blockIdx.x;  // (u + gridDim.x may pass 2^31)
-  if (u < tiles) load_tile(tile_of((int)u, rows, cols), src, expert_stride, row_stride, flags, tiles_in[0]);
-  for (int b = 0; u < tiles; u += gridDim.x, b ^= 1) {
-    const QTile T = tile_of((int)u, rows, cols);
+  const QShape S = shape_of(rows, cols, flags);
+  unsigned u = blockIdx.x;  // tiles < 2^31, so u + gridDim.x < 2^32
+  if (u >= (unsigned)tiles) return;
+  QTile T = tile_of(u, S);
+  load_tile(T, src, expert_stride, row_stride, flags, tiles_in[0]);
+  for (int b = 0;; b ^= 1) {
     async_wait();
     __syncthreads();  // tile u has landed, and the previous tile's readers are done with the other buffer
-    if (u + gridDim.x < tiles)
-      load_tile(tile_of((int)(u + gridDim.x), rows, cols), src, expert_stride, row_stride, flags, tiles_in[b ^ 1]);
+    const unsigned next = u + gridDim.x;
+    QTile N = T;
+    if (next < (unsigned)tiles) {
+      N = tile_of(next, S);
+      load_tile(N, src, expert_stride, row_stride, flags, tiles_in[b ^ 1]);
+    }
     const unsigned char* tile = tiles_in[b];
-    if (flags & QF_ROWWISE) rowwise_tile(T, tile, row_data, row_scales, rows, cols, flags);
+    if (flags & QF_ROWWISE) rowwise_tile(T, S, tile, row_data, row_scales);
     if (flags & QF_COLWISE) {
       columnwise_maxima(T, tile, partial);
       __syncthreads();
-      columnwise_scale(T, partial, rcps, col_scales, rows, cols, flags);
+      columnwise_scale(T, S, partial, rcps, col_scales);
       __syncthreads();
-      columnwise_convert(T, tile, rcps, col_data, rows, cols, flags);
+      columnwise_convert(T, S, tile, rcps, col_data);
     }
-    if (!(flags & QF_LOGICAL)) zero_padding(T, row_scales, col_scales, rows, cols, flags);
+    if (!(flags & QF_LOGICAL)) zero_padding(T, S, row_scales, col_scales);
+    if (next >= (unsigned)tiles) break;
+    u = next, T = N;
   }
 }

@@ -59,7 +59,7 @@ class QuantizeConfig:
     threads: int = 256
     tile_rows: int = 32
     tile_cols: int = 256
-    min_blocks: int = 6  # 40 registers a thread (no spills), 6 x 37 KB of shared memory
+    min_blocks: int = 5  # 48 registers a thread (no spills), 5 x 37 KB of shared memory
 
     def __post_init__(self) -> None:
         if (self.threads, self.tile_rows, self.tile_cols) != (256, 32, 256) or not 1 <= self.min_blocks <= 8:

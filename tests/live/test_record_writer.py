@@ -4,6 +4,7 @@ helper's refusal of empty buffers, and matrix/gpu_live.sh (syntax, its copy of t
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,7 +16,15 @@ import pytest
 import torch
 
 from matrix import live_record, provenance, support
-from tests.live.evidence import AS_ALLOCATED, SEEDED, Evidence, merge_worker_evidence, worker_path, write_evidence
+from tests.live.evidence import (
+    AS_ALLOCATED,
+    EVIDENCE_ENV,
+    SEEDED,
+    Evidence,
+    merge_worker_evidence,
+    worker_path,
+    write_evidence,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "matrix" / "gpu_live.sh"
@@ -258,8 +267,9 @@ def test_evidence_of_xdist_workers_reaches_the_side_file(tmp_path: Path) -> None
         (tmp_path / f"test_x{n}.py").write_text(XDIST_TEST.format(n=n))
     junit = tmp_path / "j.xml"
     cmd = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", str(tmp_path), f"--junitxml={junit}"]
+    env = {k: v for k, v in os.environ.items() if k != EVIDENCE_ENV}  # (gpu_live.sh sets it for the outer run)
     done = subprocess.run(
-        [sys.executable, *cmd, f"--rootdir={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=300
+        [sys.executable, *cmd, f"--rootdir={tmp_path}"], cwd=root, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     tests = json.loads(junit.with_suffix(".evidence.json").read_text())["tests"]
