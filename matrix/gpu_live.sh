@@ -181,12 +181,18 @@ assemble_core() {
     echo "core wheel $CORE: ${#parts[@]} part(s), $(du -h "$P/$CORE" | cut -f1); $CORE_NOTE"
 }
 
+# NVTE_PYTORCH_FORCE_BUILD for a torch extension's source: TRUE, except for TE 2.9.x, whose
+# setup.py runs bdist_wheel a second time after a forced build (its CachedWheelsCommand lacks the
+# `return` TE 2.10 added) and fails, the first run having moved the library away; unforced, it
+# tries to download a prebuilt wheel first (no network: it fails at once) and builds once.
+force_build() { [[ $(basename "$1") == transformer_engine_torch-2.9.* ]] && echo FALSE || echo TRUE; }
+
 pip_build() {  # $1: install | wheel, $2: the source archive, then pip's other arguments
     local how=$1 src=$2 S
     shift 2
     S=$(python3 -c 'import site; print(site.getsitepackages()[0])')
     CPATH=/usr/local/cuda/include:$S/nvidia/cudnn/include:$S/nvidia/nccl/include:$S/nvidia/cu13/include \
-        NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=16 NVTE_CUDA_ARCHS=90 \
+        NVTE_PYTORCH_FORCE_BUILD=$(force_build "$src") MAX_JOBS=16 NVTE_CUDA_ARCHS=90 \
         python3 -m pip "$how" -q --no-index --no-deps --no-build-isolation "$@" "$src"
 }
 
@@ -206,7 +212,7 @@ background_builds() {  # GPU_LIVE_NEXT: build those extensions in a process that
         fi
     done
     [[ -n $list ]] || return 0
-    export -f pip_build
+    export -f force_build pip_build
     setsid nohup bash -c '
         for v in '"$list"'; do
             d='"$PARTS_ROOT"'/$v; start=$SECONDS
@@ -235,7 +241,7 @@ build_extension() {  # from the source archive; returns 1 (CNL set) when it does
     STEP="build the torch extension"
     local start=$SECONDS
     need_time 200
-    if (cd "$P" && timeout $(($(left) - 90)) bash -c "$(declare -f pip_build); pip_build install transformer_engine_torch-$V.tar.gz" \
+    if (cd "$P" && timeout $(($(left) - 90)) bash -c "$(declare -f force_build pip_build); pip_build install transformer_engine_torch-$V.tar.gz" \
         > te-build.log 2>&1); then
         BUILD="core $CORE ($CORE_NOTE); torch extension built from transformer_engine_torch-$V.tar.gz on this machine"
         BUILD+=" (NVTE_CUDA_ARCHS=90, MAX_JOBS=16) in $((SECONDS - start))s"

@@ -49,8 +49,12 @@ for V in "$@"; do
     start=$SECONDS
     # the same switches as the build on the GPU machine (matrix/gpu_live.sh): NVTE_CUDA_ARCHS=90
     # also decides whether NCCL EP is compiled in
-    if ! (cd "$SRC" && CPATH=/usr/local/cuda/include:$S/nvidia/cudnn/include:$S/nvidia/nccl/include:$S/nvidia/cu13/include \
-        NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS=$(nproc) NVTE_CUDA_ARCHS=90 \
+    # TE 2.9.x builds twice when forced (matrix/gpu_live.sh, force_build); unforced it first tries
+    # to download a prebuilt wheel, which the unreachable proxy makes fail at once, as offline
+    force=TRUE proxy=()
+    [[ $V == 2.9.* ]] && force=FALSE proxy=(http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9)
+    if ! (cd "$SRC" && env "${proxy[@]}" CPATH=/usr/local/cuda/include:$S/nvidia/cudnn/include:$S/nvidia/nccl/include:$S/nvidia/cu13/include \
+        NVTE_PYTORCH_FORCE_BUILD=$force MAX_JOBS=$(nproc) NVTE_CUDA_ARCHS=90 \
         "$PY" -m pip wheel -q --no-index --no-deps --no-build-isolation -w "$WORK" . > "$WORK/build.log" 2>&1); then
         tail -n 30 "$WORK/build.log"
         echo "TE $V: the torch extension did not build here (log: $WORK/build.log)" >&2

@@ -275,3 +275,17 @@ def test_evidence_of_xdist_workers_reaches_the_side_file(tmp_path: Path) -> None
     tests = json.loads(junit.with_suffix(".evidence.json").read_text())["tests"]
     assert len(tests) == 4 and all(t["comparisons"][0]["distinct"] >= 200 for t in tests.values()), tests
     assert not list(tmp_path.glob("*.gw*"))
+
+
+@pytest.mark.parametrize(
+    ("archive", "force"),
+    [("transformer_engine_torch-2.9.0.tar.gz", "FALSE"), ("/x/transformer_engine_torch-2.10.0.tar.gz", "TRUE")],
+)
+def test_te_2_9_s_extension_is_built_unforced(archive: str, force: str) -> None:
+    """TE 2.9's setup.py builds twice when forced and fails; gpu_live.sh leaves it unforced."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    line = next(x for x in SCRIPT.read_text().splitlines() if x.startswith("force_build()"))
+    done = subprocess.run([bash, "-c", f"{line}\nforce_build {archive}"], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == force
