@@ -5,7 +5,9 @@ bench_host (host time), each tree's own script over its own packages, rounds int
     python3 benchmarks/vs_baseline.py --baseline $DIR --host-source te --out vs.json   # GPU machine
 
 Prints, per case and column, this checkout's value over the baseline's, the minimum of the rounds
-and the median of the rounds (each round's value is that run's median): bench_swizzle's graph
+and the median of the rounds (each round's value is that run's median; the trees alternate which
+runs first), and the spread of TE's own calls between the trees (the same code in both, so the
+machine's noise in that run): bench_swizzle's graph
 columns as ratios to the same-run copy (so a ratio near 1.00 means the same device time per copied
 byte), bench_host's microseconds.
 Writes every run of both trees into one JSON. ``--dry-run`` runs bench_swizzle's CPU check and
@@ -83,21 +85,30 @@ def main() -> int:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {"swizzle": [], "host": []} for t in trees}
     kinds = [args.only] if args.only else ["swizzle", "host"]
     scripts = {"swizzle": ("bench_swizzle.py", swizzle_args), "host": ("bench_host.py", host_args)}
-    for _ in range(args.rounds):
-        for name, tree in trees.items():
+    for round_ in range(args.rounds):
+        order = list(trees.items())
+        for name, tree in order[:: 1 if round_ % 2 == 0 else -1]:  # A B, B A, ...: no tree always first
             for kind in kinds:
                 runs[name][kind].append(_run(tree, *scripts[kind]))
     lines = [
         "| bench | case | column | this (min) | baseline (min) | this / baseline: min | median of the rounds |",
         "|---|---|---|---|---|---|---|",
     ]
+    controls: list[float] = []
     for kind in kinds:
         this, base = _per_round(runs["this"][kind], kind), _per_round(runs["baseline"][kind], kind)
         for key in sorted(this.keys() & base.keys()):
             a, b = min(this[key]), min(base[key])
             med = statistics.median(this[key]) / statistics.median(base[key]) if statistics.median(base[key]) else 0
             lines.append(f"| {kind} | {key[0]} | {key[1]} | {a:.3f} | {b:.3f} | {a / b if b else 0:.3f} | {med:.3f} |")
+            if kind == "host" and key[1].startswith("TE ") and med:
+                controls.append(med)
     print("\n".join(lines))
+    if controls:  # TE's own calls run the same code in both trees
+        print(
+            f"TE's own calls, the same code in both trees: median of the rounds {min(controls):.3f}-"
+            f"{max(controls):.3f} (this / baseline); ratios inside that spread are the machine's, not the code's"
+        )
     if args.out:
         args.out.write_text(json.dumps({"baseline": str(args.baseline), "runs": runs}, indent=1))
     return 0
