@@ -10,7 +10,7 @@ from typing import Any
 from mok.backend import backend_argument
 from mok.errors import RefreshError
 from mok.formats import Format
-from mok.pipeline import Reader, refresh, rerun
+from mok.pipeline import LayerRerun, Reader, refresh
 from mok.readers import GroupedReader, QuantizingReader, SplitReader
 from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights, param_list
 from te_compat import on_refresh
@@ -59,10 +59,11 @@ class LayerRefresh:
         self.entries = tuple(entries)
         self.backend = backend_argument(backend)
         self.plan = RefreshPlan()
+        self._rerun = LayerRerun(self.entries)
 
     def __call__(self) -> None:
         """Check every entry (nothing is written unless all pass), then launch once."""
-        if self.backend is None and rerun(self.plan, self.entries):
+        if self.backend is None and self._rerun(self.plan):
             return
         readers = [(_reader(i, w, view), view) for i, (w, view) in enumerate(self.entries)]
         refresh(self.plan, readers, self.backend, _LABEL)

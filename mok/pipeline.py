@@ -281,13 +281,18 @@ def refresh(
     _prepare(plan, views, top, readings, work, wanted)
 
 
-def rerun(plan: RefreshPlan, entries: Sequence[tuple[object, ExpertWeights]]) -> bool:
-    """A layer's refresh without building its readers: ``entries`` are ``(weights, view)`` pairs
-    (a split view's weights: its sequence of parameters, read as they are now). True if the
-    prepared launch ran again."""
-    parts: list[Any] = [w if isinstance(v, SplitExpertWeights) else (w,) for w, v in entries]
-    top = tuple(chain.from_iterable(parts))
-    return _reran(plan.prepared, tuple(id(v) for _, v in entries), top, None)
+class LayerRerun:
+    """A layer's refresh without building its readers, for ``entries``, ``(weights, view)``
+    pairs: a split view's weights are its sequence of parameters, read as they are at each call
+    (a caller may put another parameter in its list)."""
+
+    def __init__(self, entries: Sequence[tuple[object, ExpertWeights]]) -> None:
+        self.parts: tuple[Any, ...] = tuple(w if isinstance(v, SplitExpertWeights) else (w,) for w, v in entries)
+        self.views = tuple(id(v) for _, v in entries)
+
+    def __call__(self, plan: RefreshPlan) -> bool:
+        """True if ``plan``'s prepared launch ran again."""
+        return _reran(plan.prepared, self.views, tuple(chain.from_iterable(self.parts)), None)
 
 
 def _reran(prepared: object, views: tuple[int, ...], top: tuple[object, ...], backend: Backend | None) -> bool:

@@ -14,8 +14,9 @@ plans, allocates or launches (mok.pipeline does). Everything TE-specific comes f
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
-from operator import attrgetter
+from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any, NamedTuple
 
 import torch
@@ -95,7 +96,7 @@ def _read_experts(
     naming the first expert that is wrong."""
     first = owners[0]
     fine = len(set(map(type, owners))) == 1 and tensor_kind(first) is block.kind and hasattr(first, "shape")
-    if not fine or not all(s == dims for s in map(_shape, owners)):
+    if not fine or list(map(_shape, owners)).count(dims) != len(owners):
         for e, p in enumerate(owners):
             _check_expert(e, p, block, *dims)
     return read_storage(owners, names)
@@ -105,7 +106,7 @@ def _need(reading: Reading, block: BlockFormat, name: str) -> tuple[Any, ...]:
     """The column ``name``; te_compat's error naming attribute, class and release if an expert
     lacks it."""
     column = reading.column(name)
-    if any(v is None for v in column):
+    if any(map(is_, column, repeat(None))):
         pairs = zip(reading.objects, column, strict=True)
         return tuple(v if v is not None else block.snapshot(o).need(name) for o, v in pairs)
     return column
@@ -140,7 +141,8 @@ def _split_direction(
     names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
     found = block.scale_sources(d, buffers, rows, columns, names)
     flags = _swizzled_flags(reading)
-    sources = tuple(ScaleSource(n, b, g, f) for n, (b, g), f in zip(names, found, flags, strict=True))
+    buffers_, geometries = zip(*found, strict=True)
+    sources = tuple(map(ScaleSource, names, buffers_, geometries, flags))
     amax = _need(reading, block, str(d.amax)) if d.amax is not None else None
     return DirectionSource(d, block.format, data, sources, amax)
 
@@ -200,7 +202,7 @@ class SplitReader(NamedTuple):
                 sources += [source] if source is not None else []
                 absent += [] if source is not None else stored.block.names_of((d,))[1:]
             # what the view does not read, its refresh need not watch (the guard drops it)
-            recorder.add(replace(reading, absent=tuple(absent)) if absent else reading)
+            recorder.add(reading.with_absent(tuple(absent)) if absent else reading)
         same_device(sources[0].data)
         return Snapshot(tuple(recorder.readings), tuple(sources))
 

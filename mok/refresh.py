@@ -8,7 +8,7 @@ reassigns while a view is planned shows at the next refresh, which plans again (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import chain
 from operator import is_
@@ -41,7 +41,9 @@ class StorageGuard:
 
     Host cost is what a checked refresh pays, so a reading of one class is checked in bulk: one
     C-level read per object of its tensors, fed straight into ``Tensor.data_ptr``, and one of its
-    flags; nothing else per object. The checks are made at the first refresh, not with the view.
+    flags; nothing else per object. Neighbouring readings of one class under the same names (a
+    layer's fc1 and fc2) are one such read. The checks are made at the first refresh, not with
+    the view.
     """
 
     def __init__(self, top: Sequence[object], readings: Sequence[Reading]) -> None:
@@ -60,17 +62,39 @@ class StorageGuard:
             return False
         checks = self._checks
         if checks is None:  # a view never refreshed never pays for them (two racing threads make equal ones)
-            checks = self._checks = tuple(map(_check_of, self.readings))
+            checks = self._checks = tuple(map(_check_of, _joined(r.watched() for r in self.readings)))
         try:
             return all(check() for check in checks)
         except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
             return False
 
 
+def _joined(readings: Iterable[Reading]) -> list[Reading]:
+    """``readings`` in order, each run of neighbours read in bulk from objects of one class under
+    the same names joined into one reading: a layer's fc1 and fc2, or its experts' groups, are
+    then checked by one bulk read, whose cost is mostly per call, not per object."""
+    joined: list[Reading] = []
+    for reading in readings:
+        last = joined[-1] if joined else None
+        if last is not None and reading.bulk and last.bulk and _same_kind(last, reading):
+            joined[-1] = last.joined(reading)
+        else:
+            joined.append(reading)
+    return joined
+
+
+def _same_kind(a: Reading, b: Reading) -> bool:
+    return (
+        type(a.objects[0]) is type(b.objects[0])
+        and a.names == b.names
+        and a.tensor_columns == b.tensor_columns
+        and a.tensor_columns is not None
+    )
+
+
 def _check_of(reading: Reading) -> Callable[[], bool]:
     """The check of one reading: in bulk where each name holds tensors on every object, or
     non-tensors on every object; else value by value."""
-    reading = reading.watched()
     if reading.bulk:
         found = _bulk_check(reading)
         if found is not None:

@@ -63,6 +63,34 @@ class Reading:
         columns = None if self.tensor_columns is None else tuple(keep.index(i) for i in self.tensor_columns)
         return Reading(self.objects, names_, rows, self.bulk, names_, columns, self.addresses, self.storages)
 
+    def with_absent(self, absent: tuple[str, ...]) -> Reading:
+        """The same reading with ``absent`` set (a plain construction: a first view pays it)."""
+        return Reading(
+            self.objects,
+            self.names,
+            self.values,
+            self.bulk,
+            self.requested,
+            self.tensor_columns,
+            self.addresses,
+            self.storages,
+            absent,
+        )
+
+    def joined(self, other: Reading) -> Reading:
+        """This reading followed by ``other``, a reading of the same names on objects of the
+        same class: what a guard checks in one bulk read."""
+        return Reading(
+            self.objects + other.objects,
+            self.names,
+            self.values + other.values,
+            self.bulk,
+            self.requested,
+            self.tensor_columns,
+            self.addresses + other.addresses,
+            self.storages + other.storages,
+        )
+
     def flat(self, columns: Sequence[int]) -> list[Any]:
         """The values of ``columns`` (indices into ``names``), object by object, as one list."""
         return _flat(self.values, columns)

@@ -137,6 +137,31 @@ def test_a_layer_and_the_drop_in_heal_the_same_way(
     assert torch.equal(drop_in.transposed_scale_tensors[1], spec_layout(col))
 
 
+@pytest.mark.parametrize(("entry", "expert"), [(0, 0), (0, 2), (1, 0), (1, 2)])
+def test_a_layer_checks_its_entries_in_one_bulk_read_and_sees_a_change_in_any(
+    installed_te: Installer, entry: int, expert: int
+) -> None:
+    """fc1's and fc2's experts (one class, the same names) are checked by one bulk read: the
+    joined check still finds a buffer TE moved in either entry, at either end."""
+    installed_te("2.20.2")
+    fc1 = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
+    fc2 = [T.mxfp8_tensor("2.20.2", C, R, seed=10 + e, param=True) for e in range(3)]
+    v1 = mok.split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
+    v2 = mok.split_weight_view(fc2, rows=C, columns=R, use_mxfp8=True)
+    layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
+    layer()
+    layer()
+    prepared = layer.plan.prepared
+    assert isinstance(prepared, pipeline.PreparedRefresh) and len(prepared.guard.readings) == 2
+    assert prepared.guard._checks is not None and len(prepared.guard._checks) == 1
+    ps, view, rows, cols = [(fc1, v1, R, C), (fc2, v2, C, R)][entry]
+    plans = layer.plan.plans
+    ps[expert]._rowwise_scale_inv = _fresh(ps[expert]._rowwise_scale_inv, 3)
+    layer()
+    assert layer.plan.plans == plans + 1
+    assert torch.equal(view.row_scales[expert], spec_layout(_rows(ps[expert]._rowwise_scale_inv, rows, cols // 32)))
+
+
 def test_refreshes_racing_a_thread_that_moves_buffers_heal_afterwards(installed_te: Installer) -> None:
     """Real threads: while a refresh plans, another thread moves a buffer as TE would, at a random
     moment; once it is done, one refresh makes the view byte-correct, in every trial."""
