@@ -91,9 +91,23 @@ __device__ __forceinline__ unsigned e4m3x2(float lo, float hi) {
 __device__ __forceinline__ float product_addend(int flags) { return flags & QF_FMA_ZERO ? 0.0f : -0.0f; }
 
 // Both halves of a word of two BF16 values scaled by their reciprocals, as two payload bytes.
+// On sm_89+ the two products are one fma.rn.bf16x2: a reciprocal is a power of two, 0, -inf or
+// NaN (all BF16 values), so a product is exact in BF16 wherever it is normal, as in fp32; one too
+// small for that (below 2^-126) is an E4M3 zero of the same sign either way, and the addend's
+// zero gives the same signed zeros (IEEE fma in both). The result is then widened to fp32 exactly.
+// It relies on BF16 fma keeping subnormal operands: a block holding +inf gets code 254, whose
+// reciprocal 2^-127 is a BF16 subnormal (tests/gpu's every-BF16-value case has such blocks).
 __device__ __forceinline__ unsigned convert2(unsigned w, float rcp_lo, float rcp_hi, float zero) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(MOK_EMULATE)
+  const unsigned rcp2 = (__float_as_uint(rcp_hi) & 0xFFFF0000u) | __float_as_uint(rcp_lo) >> 16;
+  const unsigned zero2 = (__float_as_uint(zero) >> 16) * 0x10001u;
+  unsigned p;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(p) : "r"(w), "r"(rcp2), "r"(zero2));
+  return e4m3x2(__uint_as_float(p << 16), __uint_as_float(p & 0xFFFF0000u));
+#else
   return e4m3x2(__fmaf_rn(__uint_as_float(w << 16), rcp_lo, zero),
                 __fmaf_rn(__uint_as_float(w & 0xFFFF0000u), rcp_hi, zero));
+#endif
 }
 
 // Eight BF16 values (a 16-byte chunk) scaled by rcp, as eight payload bytes.
@@ -192,19 +206,23 @@ __device__ __forceinline__ QTile tile_of(unsigned u, const QShape& S) {
 __device__ __forceinline__ int piece_offset(int r, int k) { return r * (QTILE_COLS * 2) + (k ^ ((k >> 3) & 3)) * 16; }
 
 // Starts copying tile T's BF16 values into `tile` (piece_offset); they are there once this
-// thread's async_wait and a barrier have passed. src: see the kernel.
+// thread's async_wait and a barrier have passed. src: see the kernel. Thread t copies piece t % 32
+// of rows t / 32 + 8j: one bounds test and one address for its four copies.
+#define QROW_STEP (QTHREADS / QCHUNKS)  // rows between one thread's copies
+static_assert(QTHREADS % QCHUNKS == 0 && QTILE_ROWS % QROW_STEP == 0, "whole rows of pieces a step");
 __device__ __forceinline__ void load_tile(const QTile& T, unsigned long long src, long long expert_stride,
                                           long long row_stride, int flags, unsigned char* tile) {
+  const int r = threadIdx.x / QCHUNKS, k = threadIdx.x % QCHUNKS;
+  if (k * 8 >= T.width) return;
   const unsigned char* x = (flags & QF_POINTERS)
                                ? reinterpret_cast<const unsigned char*>(reinterpret_cast<const long long*>(src)[T.e])
                                : reinterpret_cast<const unsigned char*>(src) + 2 * T.e * expert_stride;
-  x += 2 * ((long long)T.r0 * row_stride + T.c0);
-  const int chunks = T.width / 8;
+  const unsigned char* from = x + 2 * ((long long)(T.r0 + r) * row_stride + T.c0) + k * 16;
+  const long long step = 2 * QROW_STEP * row_stride;
+  unsigned char* to = tile + piece_offset(r, k);
 #pragma unroll
-  for (int i = threadIdx.x; i < QTILE_ROWS * QCHUNKS; i += QTHREADS) {
-    const int r = i / QCHUNKS, k = i % QCHUNKS;
-    if (k < chunks) async_copy16(tile + piece_offset(r, k), x + 2 * r * row_stride + k * 16);
-  }
+  for (int j = 0; j < QTILE_ROWS / QROW_STEP; ++j)
+    async_copy16(to + j * QROW_STEP * (QTILE_COLS * 2), from + j * step);
 }
 
 // Thread (r, g) converts the 1x32 block g of the tile's row r (pieces 4g..4g+3). Its scale S[row,
