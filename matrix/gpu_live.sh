@@ -41,6 +41,7 @@ on_error() { echo "gpu_live.sh: FAILED at step \"$STEP\" (line $1, exit $2)" >&2
 trap 'on_error $LINENO $?' ERR
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$ROOT/matrix/te_torch_build.sh"  # force_build
 PARTS_ROOT=${TE_PARTS_ROOT:-/root/te}
 BUDGET=${GPU_LIVE_BUDGET_S:-560}
 OUT=${OUT:-$(mktemp -d)}  # the device tool sets OUT; elsewhere a fresh folder
@@ -180,12 +181,6 @@ assemble_core() {
         || die "$CORE is not a whole wheel (a part missing or cut short?)"
     echo "core wheel $CORE: ${#parts[@]} part(s), $(du -h "$P/$CORE" | cut -f1); $CORE_NOTE"
 }
-
-# NVTE_PYTORCH_FORCE_BUILD for a torch extension's source: TRUE, except for TE 2.9.x, whose
-# setup.py runs bdist_wheel a second time after a forced build (its CachedWheelsCommand lacks the
-# `return` TE 2.10 added) and fails, the first run having moved the library away; unforced, it
-# tries to download a prebuilt wheel first (no network: it fails at once) and builds once.
-force_build() { [[ $(basename "$1") == transformer_engine_torch-2.9.* ]] && echo FALSE || echo TRUE; }
 
 pip_build() {  # $1: install | wheel, $2: the source archive, then pip's other arguments
     local how=$1 src=$2 S

@@ -14,6 +14,7 @@
 # import there, gpu_live.sh builds from source as before.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$ROOT/matrix/te_torch_build.sh"  # force_build
 VENV=${TE_TORCH_VENV:-$ROOT/../venv312-te}
 PY312=${PYTHON312:-$(command -v python3.12 || echo "$HOME/.pyenv/versions/3.12.1/bin/python")}
 TORCH=2.11.0  # the GPU machine's torch (2.11.0+cu130); PyPI's 2.11.0 wheel is that build
@@ -49,10 +50,10 @@ for V in "$@"; do
     start=$SECONDS
     # the same switches as the build on the GPU machine (matrix/gpu_live.sh): NVTE_CUDA_ARCHS=90
     # also decides whether NCCL EP is compiled in
-    # TE 2.9.x builds twice when forced (matrix/gpu_live.sh, force_build); unforced it first tries
-    # to download a prebuilt wheel, which the unreachable proxy makes fail at once, as offline
-    force=TRUE proxy=()
-    [[ $V == 2.9.* ]] && force=FALSE proxy=(http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9)
+    # unforced (force_build), setup.py first tries to download a prebuilt wheel: the unreachable
+    # proxy makes that fail at once, as offline on the GPU machine
+    force=$(force_build "$D/transformer_engine_torch-$V.tar.gz") proxy=()
+    [[ $force == TRUE ]] || proxy=(http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9)
     if ! (cd "$SRC" && env "${proxy[@]}" CPATH=/usr/local/cuda/include:$S/nvidia/cudnn/include:$S/nvidia/nccl/include:$S/nvidia/cu13/include \
         NVTE_PYTORCH_FORCE_BUILD=$force MAX_JOBS=$(nproc) NVTE_CUDA_ARCHS=90 \
         "$PY" -m pip wheel -q --no-index --no-deps --no-build-isolation -w "$WORK" . > "$WORK/build.log" 2>&1); then

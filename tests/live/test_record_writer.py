@@ -213,6 +213,7 @@ def test_stage_replaces_parts_with_a_whole_slim_core(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "matrix").mkdir(parents=True)
     shutil.copy(SCRIPT, tree / "matrix" / "gpu_live.sh")
+    shutil.copy(SCRIPT.with_name("te_torch_build.sh"), tree / "matrix")
     carried = tree / ".te-wheelhouse" / "2.99.0" / "sm90"
     carried.mkdir(parents=True)
     (carried / "CORE_NAME").write_text("te_cu13-2.99.0.whl\n")
@@ -282,10 +283,14 @@ def test_evidence_of_xdist_workers_reaches_the_side_file(tmp_path: Path) -> None
     [("transformer_engine_torch-2.9.0.tar.gz", "FALSE"), ("/x/transformer_engine_torch-2.10.0.tar.gz", "TRUE")],
 )
 def test_te_2_9_s_extension_is_built_unforced(archive: str, force: str) -> None:
-    """TE 2.9's setup.py builds twice when forced and fails; gpu_live.sh leaves it unforced."""
+    """TE 2.9's setup.py builds twice when forced and fails; both build scripts leave it unforced."""
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("no bash")
-    line = next(x for x in SCRIPT.read_text().splitlines() if x.startswith("force_build()"))
-    done = subprocess.run([bash, "-c", f"{line}\nforce_build {archive}"], capture_output=True, text=True, check=True)
+    shared = SCRIPT.with_name("te_torch_build.sh")
+    for script in (SCRIPT, SCRIPT.with_name("prebuild_te_torch.sh")):
+        assert 'source "$ROOT/matrix/te_torch_build.sh"' in script.read_text(), script
+    done = subprocess.run(
+        [bash, "-c", f'source "{shared}"; force_build {archive}'], capture_output=True, text=True, check=True
+    )
     assert done.stdout.strip() == force
