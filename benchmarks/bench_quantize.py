@@ -37,13 +37,13 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from bench_swizzle import Clock  # this folder is on sys.path when run as a script
 
 import mok
-from mok.kernels import include_path
 from mok.kernels import quantize as Q
 from mok.kernels.jobs import convert_job
 from mok.kernels.launch import Launch
@@ -85,20 +85,13 @@ def _relaunch(launch: Q.QuantizeLaunch, kernel: Any, grid: int) -> Fn:
 
 
 def _compile_other(path: str) -> Any:
-    """``path`` (a version of mxfp8_quantize.cu) compiled for this GPU with this commit's macros."""
-    from cuda.core import Device, Program, ProgramOptions
+    """``path`` (a version of mxfp8_quantize.cu) compiled for this GPU with this commit's macros
+    and headers."""
+    from cuda.core import Device
 
     Device(0).set_current()
     major, minor = torch.cuda.get_device_capability()
-    options = ProgramOptions(
-        std="c++17",
-        arch=f"sm_{major}{minor}",
-        name="other",
-        define_macro=Q.QuantizeConfig().macros(),
-        include_path=include_path(),  # the headers it includes are this commit's
-    )
-    with open(path) as fh:
-        return Program(fh.read(), code_type="c++", options=options).compile("cubin").get_kernel(Q.KERNEL_NAME)
+    return Q.compile_quantize(f"sm_{major}{minor}", source=Path(path)).get_kernel(Q.KERNEL_NAME)
 
 
 def variants(

@@ -30,6 +30,18 @@ def test_kernel_compiles_with_nvrtc(arch: str) -> None:
     assert len(cubin) > 1000 and b"\0" + Q.KERNEL_NAME.encode() + b"\0" in cubin
 
 
+def test_another_source_compiles_with_the_same_options(tmp_path: Path) -> None:
+    """A benchmark compiles another version of the kernel (text or a file) as mok compiles its own."""
+    pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
+    own = bytes(Q.compile_quantize("sm_90").code)
+    assert bytes(Q.compile_quantize("sm_90", source=SOURCE).code) == own
+    renamed = SOURCE.read_text().replace(f" {Q.KERNEL_NAME}(", " other_quantize(")
+    (tmp_path / "other.cu").write_text(renamed)
+    for source in (renamed, tmp_path / "other.cu"):
+        cubin = bytes(Q.compile_quantize("sm_90", source=source).code)
+        assert b"\0other_quantize\0" in cubin and b"\0" + Q.KERNEL_NAME.encode() + b"\0" not in cubin
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
 def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, arch: str) -> None:

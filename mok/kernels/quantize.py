@@ -14,11 +14,13 @@ output buffers; calling it launches ONE kernel on the current torch stream and d
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntFlag
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import torch
@@ -176,14 +178,22 @@ def kernel_source() -> str:
     return resources.files("mok.kernels").joinpath(SOURCE_NAME).read_text()
 
 
-def compile_quantize(arch: str, config: QuantizeConfig = QuantizeConfig()) -> Any:
-    """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; cuda.core ObjectCode. Needs no GPU."""
+def compile_quantize(
+    arch: str, config: QuantizeConfig = QuantizeConfig(), source: str | os.PathLike[str] | None = None
+) -> Any:
+    """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; cuda.core ObjectCode. Needs no GPU.
+    ``source``: other kernel text, or the path of another version's .cu (a benchmark compares
+    them), compiled with this ABI's macros and headers; default mok's own."""
     from cuda.core import Program, ProgramOptions
 
+    if source is None:
+        source = kernel_source()
+    elif not isinstance(source, str):
+        source = Path(source).read_text()
     options = ProgramOptions(
         std="c++17", arch=arch, name="mok_mxfp8_quantize", define_macro=config.macros(), include_path=include_path()
     )
-    return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
+    return Program(source, code_type="c++", options=options).compile("cubin")
 
 
 class Compiled(NamedTuple):
