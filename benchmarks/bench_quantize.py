@@ -74,16 +74,6 @@ class Options:
     min_blocks: tuple[int, ...] = ()
 
 
-def _relaunch(launch: Q.QuantizeLaunch, kernel: Any, grid: int) -> Fn:
-    """``launch``'s arguments on another compiled kernel and grid."""
-    from cuda.core import LaunchConfig
-    from cuda.core import launch as cu_launch
-
-    config = LaunchConfig(grid=grid, block=Q.QuantizeConfig().threads)
-    args = launch._args
-    return lambda: cu_launch(launch._stream(), config, kernel, *args)
-
-
 def _compile_other(path: str) -> Any:
     """``path`` (a version of mxfp8_quantize.cu) compiled for this GPU with this commit's macros
     and headers."""
@@ -100,7 +90,7 @@ def variants(
     """The --other and --min-blocks columns, each checked to write what g:fused writes."""
     columns: dict[str, Fn] = {}
     if opts.other is not None:
-        columns["g:other"] = _relaunch(fused, opts.other, fused.grid)
+        columns["g:other"] = fused.with_kernel(opts.other)
     for n in opts.min_blocks:
         launch = Q.QuantizeLaunch(x, out, config=Q.QuantizeConfig(min_blocks=n))
         case.notes[f"g:fused/mb{n}"] = f"grid {launch.grid}"

@@ -13,6 +13,7 @@ output buffers; calling it launches ONE kernel on the current torch stream and d
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import threading
@@ -300,11 +301,26 @@ class QuantizeLaunch:
         self._args = (*(k(a) for k, a in zip(kinds, args, strict=False)), *map(np.int32, args[7:]))
         self.grid = max(1, min(args[10], compiled.resident))
         self._launch = launch
+        self._threads = config.threads
         self._launch_config = LaunchConfig(grid=self.grid, block=config.threads)
         self._stream = CurrentStream(self._index)
 
     def __call__(self) -> None:
         self._launch(self._stream(), self._launch_config, self.kernel, *self._args)
+
+    def with_kernel(self, kernel: Any, grid: int | None = None) -> QuantizeLaunch:
+        """The same launch (buffers, arguments, stream) of another compiled ``kernel`` of this ABI,
+        e.g. another version of the source (:func:`compile_quantize`), on ``grid`` blocks (default
+        this launch's; the kernel converts every tile under any grid): a benchmark compares them."""
+        from cuda.core import LaunchConfig
+
+        grid = self.grid if grid is None else grid
+        if isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid <= MAX_GRID:
+            raise ValueError(f"grid: expected a whole number of blocks from 1 to {MAX_GRID}; found {grid!r}")
+        other = copy.copy(self)
+        other.kernel, other.grid = kernel, grid
+        other._launch_config = LaunchConfig(grid=grid, block=self._threads)
+        return other
 
 
 def _layout_of(buffer: torch.Tensor, e: int, rows: int, cols: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ without a CUDA device (tests/gpu/conftest.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,6 +126,30 @@ def test_a_launch_runs_on_the_current_stream() -> None:
         launch()
         copies = Q.QuantizeOutputs(*(t.to("cpu", non_blocking=False) for t in out))
     EQ.compare(copies, _reference(x, True, ReciprocalRule.EXACT), "side stream")
+
+
+def test_the_same_launch_runs_another_compiled_kernel_on_any_grid() -> None:
+    """with_kernel (bench_quantize --other): another version of the source, under grids other than
+    the launch's, writes every byte the reference does, and the launch itself is left as it was."""
+    x = EQ.special_values(torch.Generator().manual_seed(11), (3, 96, 544)).to(CUDA)
+    out = Q.empty_outputs(3, 96, 544, CUDA)
+    launch = Q.QuantizeLaunch(x, out)
+    source = Path(Q.__file__).with_name(Q.SOURCE_NAME).read_text().replace(f" {Q.KERNEL_NAME}(", " other_quantize(")
+    major, minor = torch.cuda.get_device_capability()
+    other = Q.compile_quantize(f"sm_{major}{minor}", source=source).get_kernel("other_quantize")
+    want = _reference(x, True, ReciprocalRule.EXACT)
+    for grid in (None, 1, 7, 64):  # 27 tiles: one block, several tiles a block, idle blocks
+        relaunch = launch.with_kernel(other, grid)
+        assert (relaunch.kernel, relaunch.grid) == (other, launch.grid if grid is None else grid)
+        for t in out:
+            t.view(torch.uint8).fill_(0xFF)
+        relaunch()
+        torch.cuda.synchronize()
+        EQ.compare(Q.QuantizeOutputs(*(t.cpu() for t in out)), want, f"other kernel, grid {grid}")
+    assert launch.kernel is not other
+    for bad in (0, Q.MAX_GRID + 1, 2.0, True):
+        with pytest.raises(ValueError, match="grid: expected a whole number of blocks"):
+            launch.with_kernel(other, bad)  # type: ignore[arg-type]
 
 
 def _te_quantizer() -> object:
