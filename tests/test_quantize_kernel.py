@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from mok.backend import Backend
 from mok.errors import LayoutError
 from mok.kernels import quantize as Q
 from mok.layout import layout_shape
 from mok.quantize_reference import ProductRule, ReciprocalRule
+from mok.work import QuantizeWork
 from tests.emulator import emulate_quantize as EQ
 
 SOURCE = Path(Q.__file__).with_name(Q.SOURCE_NAME)
@@ -168,3 +170,20 @@ def test_a_launch_needs_cuda_tensors() -> None:
     x = torch.randn(1, 64, 64).bfloat16()
     with pytest.raises(LayoutError, match="expected CUDA tensors"):
         Q.QuantizeLaunch(x, Q.empty_outputs(1, 64, 64, "cpu"))
+    with pytest.raises(LayoutError, match="expected CUDA tensors"):  # a resolved cuda backend asks for the kernel
+        Q.prepare(x, Q.empty_outputs(1, 64, 64, "cpu"), kernel=True)
+    with pytest.raises(LayoutError, match="expected CUDA tensors"):
+        QuantizeWork(x, Q.empty_outputs(1, 64, 64, "cpu")).prepared(Backend.CUDA)
+
+
+def test_quantize_work_on_the_torch_backend_runs_the_reference() -> None:
+    x = EQ.special_values(torch.Generator().manual_seed(3), (2, 64, 96))
+    want, exact = Q.empty_outputs(2, 64, 96, "cpu"), Q.empty_outputs(2, 64, 96, "cpu")
+    Q.run_reference(x, want, rule=ReciprocalRule.SHIFT)
+    Q.run_reference(x, exact, rule=ReciprocalRule.EXACT)
+    assert not torch.equal(want.row_data.view(torch.uint8), exact.row_data.view(torch.uint8))  # the rule shows
+    out = EQ.poisoned(2, 64, 96, swizzled=True)
+    run = QuantizeWork(x, out, ReciprocalRule.SHIFT).prepared(Backend.TORCH)
+    assert all((t.view(torch.uint8) == EQ.POISON).all() for t in out)  # prepared, not yet run
+    run()
+    EQ.compare(out, want, "QuantizeWork on the torch backend")

@@ -364,12 +364,18 @@ class QuantizeOptions(TypedDict, total=False):
 
 
 def prepare(
-    src: torch.Tensor | Sequence[torch.Tensor], out: QuantizeOutputs, **options: Unpack[QuantizeOptions]
+    src: torch.Tensor | Sequence[torch.Tensor],
+    out: QuantizeOutputs,
+    *,
+    kernel: bool | None = None,
+    **options: Unpack[QuantizeOptions],
 ) -> Callable[[], None]:
-    """The quantisation of ``src`` into ``out`` ready to run again and again: a QuantizeLaunch on
-    CUDA tensors, the torch reference elsewhere (checked once here in both cases)."""
+    """The quantisation of ``src`` into ``out`` ready to run again and again: a QuantizeLaunch
+    (``kernel``; by default on CUDA tensors), else the torch reference (checked once here in both
+    cases). A resolved backend passes ``kernel``: the kernel needs CUDA tensors, the reference runs
+    anywhere."""
     source = check_source(src)
-    if source.experts[0].device.type == "cuda":
+    if source.experts[0].device.type == "cuda" if kernel is None else kernel:
         return QuantizeLaunch(src, out, **options)
     check_outputs(out, source, swizzled=options.get("swizzled", True))
     return functools.partial(run_reference, src, out, **options)
