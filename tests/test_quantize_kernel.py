@@ -107,7 +107,7 @@ def test_emulated_kernel_with_fewer_blocks_and_logical_scales(grid: int, swizzle
 @needs_gxx
 def test_emulator_catches_an_unwritten_padding_byte(tmp_path: Path) -> None:
     """The comparison can fail: a kernel that skips the layout's padding is caught."""
-    line = "if (last_cols) zero_entries(s, cp, S.cols, rp"
+    line = "if (last_cols) zero_entries(s, cp, S.cols, S.col_rp"
     planted = SOURCE.read_text().replace(line, line.replace("last_cols", "false"))
     assert planted != SOURCE.read_text()
     (tmp_path / Q.SOURCE_NAME).write_text(planted)

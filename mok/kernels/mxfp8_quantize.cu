@@ -162,12 +162,13 @@ __device__ __forceinline__ void zero_entries(unsigned char* layout, long long cp
 }
 
 // What every tile of a launch shares: the matrices' shape, the flags, and the scale layouts'
-// padded column counts and sizes (rowwise roundup(R,128) x roundup(C/32,4), columnwise
+// padded row and column counts and sizes (rowwise roundup(R,128) x roundup(C/32,4), columnwise
 // roundup(C,128) x roundup(R/32,4), one a matrix).
 struct QShape {
   int rows, cols, flags;
   unsigned row_blocks, col_tiles;  // an expert's tiles: R/32 x ceil(C/QTILE_COLS)
   int row_cp, col_cp;
+  long long row_rp, col_rp;
   long long row_layout, col_layout;
 };
 
@@ -176,7 +177,8 @@ __device__ __forceinline__ QShape shape_of(int rows, int cols, int flags) {
   S.rows = rows, S.cols = cols, S.flags = flags;
   S.row_blocks = rows / 32, S.col_tiles = (cols + QTILE_COLS - 1) / QTILE_COLS;
   S.row_cp = (cols / 32 + 3) / 4 * 4, S.col_cp = (rows / 32 + 3) / 4 * 4;
-  S.row_layout = (rows + 127LL) / 128 * 128 * S.row_cp, S.col_layout = (cols + 127LL) / 128 * 128 * S.col_cp;
+  S.row_rp = (rows + 127LL) / 128 * 128, S.col_rp = (cols + 127LL) / 128 * 128;
+  S.row_layout = S.row_rp * S.row_cp, S.col_layout = S.col_rp * S.col_cp;
   return S;
 }
 
@@ -291,7 +293,7 @@ __device__ __forceinline__ void columnwise_scale(const QTile& T, const QShape& S
   const int quads = S.col_cp >> 2;
   const long long at =
       S.flags & QF_LOGICAL
-          ? ((long long)T.e * (S.rows / 32) + T.rb) * S.cols + T.c0 + j
+          ? ((long long)T.e * S.row_blocks + T.rb) * S.cols + T.c0 + j
           : T.e * S.col_layout + (((T.c0 >> 7) * (long long)quads + (T.rb >> 2)) * 512 + (T.rb & 3)) +
                 ((j >> 7) * quads * 512 + (j & 31) * 16 + ((j & 127) >> 5) * 4);
   store_global(scales + at, (unsigned char)code);
@@ -320,18 +322,17 @@ __device__ __forceinline__ void zero_padding(const QTile& T, const QShape& S, un
                                              unsigned char* col_scales) {
   const bool last_rows = T.r0 + 32 == S.rows, last_cols = T.c0 + T.width == S.cols;
   if (!last_rows && !last_cols) return;
-  const int blocks = S.cols / 32, row_blocks = S.rows / 32;
   if (S.flags & QF_ROWWISE) {
-    const long long rp = S.row_layout / S.row_cp, cp = S.row_cp;
+    const long long cp = S.row_cp;
     unsigned char* s = row_scales + T.e * S.row_layout;
-    if (last_cols) zero_entries(s, cp, T.r0, T.r0 + 32, blocks, cp);
-    if (last_rows) zero_entries(s, cp, S.rows, rp, T.c0 / 32, last_cols ? cp : (T.c0 + T.width) / 32);
+    if (last_cols) zero_entries(s, cp, T.r0, T.r0 + 32, S.cols / 32, cp);
+    if (last_rows) zero_entries(s, cp, S.rows, S.row_rp, T.c0 / 32, last_cols ? cp : (T.c0 + T.width) / 32);
   }
   if (S.flags & QF_COLWISE) {
-    const long long rp = S.col_layout / S.col_cp, cp = S.col_cp;
+    const long long cp = S.col_cp;
     unsigned char* s = col_scales + T.e * S.col_layout;
-    if (last_rows) zero_entries(s, cp, T.c0, T.c0 + T.width, row_blocks, cp);
-    if (last_cols) zero_entries(s, cp, S.cols, rp, T.rb, last_rows ? cp : T.rb + 1);
+    if (last_rows) zero_entries(s, cp, T.c0, T.c0 + T.width, S.row_blocks, cp);
+    if (last_cols) zero_entries(s, cp, S.cols, S.col_rp, T.rb, last_rows ? cp : T.rb + 1);
   }
 }
 
