@@ -37,13 +37,13 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from bench_swizzle import Clock  # this folder is on sys.path when run as a script
 
 import mok
-from mok.kernels import include_path
 from mok.kernels import quantize as Q
 from mok.kernels.jobs import convert_job
 from mok.kernels.launch import Launch
@@ -74,31 +74,14 @@ class Options:
     min_blocks: tuple[int, ...] = ()
 
 
-def _relaunch(launch: Q.QuantizeLaunch, kernel: Any, grid: int) -> Fn:
-    """``launch``'s arguments on another compiled kernel and grid."""
-    from cuda.core import LaunchConfig
-    from cuda.core import launch as cu_launch
-
-    config = LaunchConfig(grid=grid, block=Q.QuantizeConfig().threads)
-    args = launch._args
-    return lambda: cu_launch(launch._stream(), config, kernel, *args)
-
-
 def _compile_other(path: str) -> Any:
-    """``path`` (a version of mxfp8_quantize.cu) compiled for this GPU with this commit's macros."""
-    from cuda.core import Device, Program, ProgramOptions
+    """``path`` (a version of mxfp8_quantize.cu) compiled for this GPU with this commit's macros
+    and headers."""
+    from cuda.core import Device
 
     Device(0).set_current()
     major, minor = torch.cuda.get_device_capability()
-    options = ProgramOptions(
-        std="c++17",
-        arch=f"sm_{major}{minor}",
-        name="other",
-        define_macro=Q.QuantizeConfig().macros(),
-        include_path=include_path(),  # the headers it includes are this commit's
-    )
-    with open(path) as fh:
-        return Program(fh.read(), code_type="c++", options=options).compile("cubin").get_kernel(Q.KERNEL_NAME)
+    return Q.compile_quantize(f"sm_{major}{minor}", source=Path(path)).get_kernel(Q.KERNEL_NAME)
 
 
 def variants(
@@ -107,7 +90,7 @@ def variants(
     """The --other and --min-blocks columns, each checked to write what g:fused writes."""
     columns: dict[str, Fn] = {}
     if opts.other is not None:
-        columns["g:other"] = _relaunch(fused, opts.other, fused.grid)
+        columns["g:other"] = fused.with_kernel(opts.other)
     for n in opts.min_blocks:
         launch = Q.QuantizeLaunch(x, out, config=Q.QuantizeConfig(min_blocks=n))
         case.notes[f"g:fused/mb{n}"] = f"grid {launch.grid}"

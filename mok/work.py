@@ -15,7 +15,7 @@ import torch
 from mok.backend import Backend, backend_for
 from mok.errors import LayoutError
 from mok.kernels.jobs import MIXED_DIRECTIONS
-from mok.kernels.quantize import QuantizeLaunch, QuantizeOutputs, check_outputs, check_source, run_reference
+from mok.kernels.quantize import QuantizeOutputs, prepare
 from mok.layout import Geometry, logical_view, swizzle_reference, unswizzle_reference
 from mok.quantize_reference import ReciprocalRule
 
@@ -50,11 +50,7 @@ class QuantizeWork(NamedTuple):
 
     def prepared(self, backend: Backend) -> Callable[[], None]:
         """The launch (the kernel on the cuda backend) that quantises again at every call."""
-        if backend is Backend.CUDA:
-            return QuantizeLaunch(self.src, self.out, rule=self.rule)
-        src, out, rule = self.src, self.out, self.rule
-        check_outputs(out, check_source(src), swizzled=True)  # as a launch checks them when made
-        return lambda: run_reference(src, out, rule=rule)
+        return prepare(self.src, self.out, kernel=backend is Backend.CUDA, rule=self.rule)
 
 
 _is_cuda = attrgetter("is_cuda")

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from mok.backend import Backend
 from mok.errors import LayoutError
 from mok.kernels import quantize as Q
 from mok.layout import layout_shape
 from mok.quantize_reference import ProductRule, ReciprocalRule
+from mok.work import QuantizeWork
 from tests.emulator import emulate_quantize as EQ
 
 SOURCE = Path(Q.__file__).with_name(Q.SOURCE_NAME)
@@ -28,6 +30,18 @@ def test_kernel_compiles_with_nvrtc(arch: str) -> None:
     pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
     cubin = bytes(Q.compile_quantize(arch).code)
     assert len(cubin) > 1000 and b"\0" + Q.KERNEL_NAME.encode() + b"\0" in cubin
+
+
+def test_another_source_compiles_with_the_same_options(tmp_path: Path) -> None:
+    """A benchmark compiles another version of the kernel (text or a file) as mok compiles its own."""
+    pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
+    own = bytes(Q.compile_quantize("sm_90").code)
+    assert bytes(Q.compile_quantize("sm_90", source=SOURCE).code) == own
+    renamed = SOURCE.read_text().replace(f" {Q.KERNEL_NAME}(", " other_quantize(")
+    (tmp_path / "other.cu").write_text(renamed)
+    for source in (renamed, tmp_path / "other.cu"):
+        cubin = bytes(Q.compile_quantize("sm_90", source=source).code)
+        assert b"\0other_quantize\0" in cubin and b"\0" + Q.KERNEL_NAME.encode() + b"\0" not in cubin
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -93,7 +107,7 @@ def test_emulated_kernel_with_fewer_blocks_and_logical_scales(grid: int, swizzle
 @needs_gxx
 def test_emulator_catches_an_unwritten_padding_byte(tmp_path: Path) -> None:
     """The comparison can fail: a kernel that skips the layout's padding is caught."""
-    line = "if (last_cols) zero_entries(s, cp, S.cols, rp"
+    line = "if (last_cols) zero_entries(s, cp, S.cols, S.col_rp"
     planted = SOURCE.read_text().replace(line, line.replace("last_cols", "false"))
     assert planted != SOURCE.read_text()
     (tmp_path / Q.SOURCE_NAME).write_text(planted)
@@ -156,3 +170,20 @@ def test_a_launch_needs_cuda_tensors() -> None:
     x = torch.randn(1, 64, 64).bfloat16()
     with pytest.raises(LayoutError, match="expected CUDA tensors"):
         Q.QuantizeLaunch(x, Q.empty_outputs(1, 64, 64, "cpu"))
+    with pytest.raises(LayoutError, match="expected CUDA tensors"):  # a resolved cuda backend asks for the kernel
+        Q.prepare(x, Q.empty_outputs(1, 64, 64, "cpu"), kernel=True)
+    with pytest.raises(LayoutError, match="expected CUDA tensors"):
+        QuantizeWork(x, Q.empty_outputs(1, 64, 64, "cpu")).prepared(Backend.CUDA)
+
+
+def test_quantize_work_on_the_torch_backend_runs_the_reference() -> None:
+    x = EQ.special_values(torch.Generator().manual_seed(3), (2, 64, 96))
+    want, exact = Q.empty_outputs(2, 64, 96, "cpu"), Q.empty_outputs(2, 64, 96, "cpu")
+    Q.run_reference(x, want, rule=ReciprocalRule.SHIFT)
+    Q.run_reference(x, exact, rule=ReciprocalRule.EXACT)
+    assert not torch.equal(want.row_data.view(torch.uint8), exact.row_data.view(torch.uint8))  # the rule shows
+    out = EQ.poisoned(2, 64, 96, swizzled=True)
+    run = QuantizeWork(x, out, ReciprocalRule.SHIFT).prepared(Backend.TORCH)
+    assert all((t.view(torch.uint8) == EQ.POISON).all() for t in out)  # prepared, not yet run
+    run()
+    EQ.compare(out, want, "QuantizeWork on the torch backend")

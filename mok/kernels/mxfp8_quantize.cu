@@ -91,9 +91,23 @@ __device__ __forceinline__ unsigned e4m3x2(float lo, float hi) {
 __device__ __forceinline__ float product_addend(int flags) { return flags & QF_FMA_ZERO ? 0.0f : -0.0f; }
 
 // Both halves of a word of two BF16 values scaled by their reciprocals, as two payload bytes.
+// On sm_89+ the two products are one fma.rn.bf16x2: a reciprocal is a power of two, 0, -inf or
+// NaN (all BF16 values), so a product is exact in BF16 wherever it is normal, as in fp32; one too
+// small for that (below 2^-126) is an E4M3 zero of the same sign either way, and the addend's
+// zero gives the same signed zeros (IEEE fma in both). The result is then widened to fp32 exactly.
+// It relies on BF16 fma keeping subnormal operands: a block holding +inf gets code 254, whose
+// reciprocal 2^-127 is a BF16 subnormal (tests/gpu's every-BF16-value case has such blocks).
 __device__ __forceinline__ unsigned convert2(unsigned w, float rcp_lo, float rcp_hi, float zero) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(MOK_EMULATE)
+  const unsigned rcp2 = (__float_as_uint(rcp_hi) & 0xFFFF0000u) | __float_as_uint(rcp_lo) >> 16;
+  const unsigned zero2 = (__float_as_uint(zero) >> 16) * 0x10001u;
+  unsigned p;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(p) : "r"(w), "r"(rcp2), "r"(zero2));
+  return e4m3x2(__uint_as_float(p << 16), __uint_as_float(p & 0xFFFF0000u));
+#else
   return e4m3x2(__fmaf_rn(__uint_as_float(w << 16), rcp_lo, zero),
                 __fmaf_rn(__uint_as_float(w & 0xFFFF0000u), rcp_hi, zero));
+#endif
 }
 
 // Eight BF16 values (a 16-byte chunk) scaled by rcp, as eight payload bytes.
@@ -148,12 +162,13 @@ __device__ __forceinline__ void zero_entries(unsigned char* layout, long long cp
 }
 
 // What every tile of a launch shares: the matrices' shape, the flags, and the scale layouts'
-// padded column counts and sizes (rowwise roundup(R,128) x roundup(C/32,4), columnwise
+// padded row and column counts and sizes (rowwise roundup(R,128) x roundup(C/32,4), columnwise
 // roundup(C,128) x roundup(R/32,4), one a matrix).
 struct QShape {
   int rows, cols, flags;
   unsigned row_blocks, col_tiles;  // an expert's tiles: R/32 x ceil(C/QTILE_COLS)
   int row_cp, col_cp;
+  long long row_rp, col_rp;
   long long row_layout, col_layout;
 };
 
@@ -162,7 +177,8 @@ __device__ __forceinline__ QShape shape_of(int rows, int cols, int flags) {
   S.rows = rows, S.cols = cols, S.flags = flags;
   S.row_blocks = rows / 32, S.col_tiles = (cols + QTILE_COLS - 1) / QTILE_COLS;
   S.row_cp = (cols / 32 + 3) / 4 * 4, S.col_cp = (rows / 32 + 3) / 4 * 4;
-  S.row_layout = (rows + 127LL) / 128 * 128 * S.row_cp, S.col_layout = (cols + 127LL) / 128 * 128 * S.col_cp;
+  S.row_rp = (rows + 127LL) / 128 * 128, S.col_rp = (cols + 127LL) / 128 * 128;
+  S.row_layout = S.row_rp * S.row_cp, S.col_layout = S.col_rp * S.col_cp;
   return S;
 }
 
@@ -192,19 +208,23 @@ __device__ __forceinline__ QTile tile_of(unsigned u, const QShape& S) {
 __device__ __forceinline__ int piece_offset(int r, int k) { return r * (QTILE_COLS * 2) + (k ^ ((k >> 3) & 3)) * 16; }
 
 // Starts copying tile T's BF16 values into `tile` (piece_offset); they are there once this
-// thread's async_wait and a barrier have passed. src: see the kernel.
+// thread's async_wait and a barrier have passed. src: see the kernel. Thread t copies piece t % 32
+// of rows t / 32 + 8j: one bounds test and one address for its four copies.
+#define QROW_STEP (QTHREADS / QCHUNKS)  // rows between one thread's copies
+static_assert(QTHREADS % QCHUNKS == 0 && QTILE_ROWS % QROW_STEP == 0, "whole rows of pieces a step");
 __device__ __forceinline__ void load_tile(const QTile& T, unsigned long long src, long long expert_stride,
                                           long long row_stride, int flags, unsigned char* tile) {
+  const int r = threadIdx.x / QCHUNKS, k = threadIdx.x % QCHUNKS;
+  if (k * 8 >= T.width) return;
   const unsigned char* x = (flags & QF_POINTERS)
                                ? reinterpret_cast<const unsigned char*>(reinterpret_cast<const long long*>(src)[T.e])
                                : reinterpret_cast<const unsigned char*>(src) + 2 * T.e * expert_stride;
-  x += 2 * ((long long)T.r0 * row_stride + T.c0);
-  const int chunks = T.width / 8;
+  const unsigned char* from = x + 2 * ((long long)(T.r0 + r) * row_stride + T.c0) + k * 16;
+  const long long step = 2 * QROW_STEP * row_stride;
+  unsigned char* to = tile + piece_offset(r, k);
 #pragma unroll
-  for (int i = threadIdx.x; i < QTILE_ROWS * QCHUNKS; i += QTHREADS) {
-    const int r = i / QCHUNKS, k = i % QCHUNKS;
-    if (k < chunks) async_copy16(tile + piece_offset(r, k), x + 2 * r * row_stride + k * 16);
-  }
+  for (int j = 0; j < QTILE_ROWS / QROW_STEP; ++j)
+    async_copy16(to + j * QROW_STEP * (QTILE_COLS * 2), from + j * step);
 }
 
 // Thread (r, g) converts the 1x32 block g of the tile's row r (pieces 4g..4g+3). Its scale S[row,
@@ -273,7 +293,7 @@ __device__ __forceinline__ void columnwise_scale(const QTile& T, const QShape& S
   const int quads = S.col_cp >> 2;
   const long long at =
       S.flags & QF_LOGICAL
-          ? ((long long)T.e * (S.rows / 32) + T.rb) * S.cols + T.c0 + j
+          ? ((long long)T.e * S.row_blocks + T.rb) * S.cols + T.c0 + j
           : T.e * S.col_layout + (((T.c0 >> 7) * (long long)quads + (T.rb >> 2)) * 512 + (T.rb & 3)) +
                 ((j >> 7) * quads * 512 + (j & 31) * 16 + ((j & 127) >> 5) * 4);
   store_global(scales + at, (unsigned char)code);
@@ -302,18 +322,17 @@ __device__ __forceinline__ void zero_padding(const QTile& T, const QShape& S, un
                                              unsigned char* col_scales) {
   const bool last_rows = T.r0 + 32 == S.rows, last_cols = T.c0 + T.width == S.cols;
   if (!last_rows && !last_cols) return;
-  const int blocks = S.cols / 32, row_blocks = S.rows / 32;
   if (S.flags & QF_ROWWISE) {
-    const long long rp = S.row_layout / S.row_cp, cp = S.row_cp;
+    const long long cp = S.row_cp;
     unsigned char* s = row_scales + T.e * S.row_layout;
-    if (last_cols) zero_entries(s, cp, T.r0, T.r0 + 32, blocks, cp);
-    if (last_rows) zero_entries(s, cp, S.rows, rp, T.c0 / 32, last_cols ? cp : (T.c0 + T.width) / 32);
+    if (last_cols) zero_entries(s, cp, T.r0, T.r0 + 32, S.cols / 32, cp);
+    if (last_rows) zero_entries(s, cp, S.rows, S.row_rp, T.c0 / 32, last_cols ? cp : (T.c0 + T.width) / 32);
   }
   if (S.flags & QF_COLWISE) {
-    const long long rp = S.col_layout / S.col_cp, cp = S.col_cp;
+    const long long cp = S.col_cp;
     unsigned char* s = col_scales + T.e * S.col_layout;
-    if (last_rows) zero_entries(s, cp, T.c0, T.c0 + T.width, row_blocks, cp);
-    if (last_cols) zero_entries(s, cp, S.cols, rp, T.rb, last_rows ? cp : T.rb + 1);
+    if (last_rows) zero_entries(s, cp, T.c0, T.c0 + T.width, S.row_blocks, cp);
+    if (last_cols) zero_entries(s, cp, S.cols, S.col_rp, T.rb, last_rows ? cp : T.rb + 1);
   }
 }
 

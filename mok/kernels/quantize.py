@@ -13,12 +13,15 @@ output buffers; calling it launches ONE kernel on the current torch stream and d
 
 from __future__ import annotations
 
+import copy
 import functools
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntFlag
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import torch
@@ -176,14 +179,22 @@ def kernel_source() -> str:
     return resources.files("mok.kernels").joinpath(SOURCE_NAME).read_text()
 
 
-def compile_quantize(arch: str, config: QuantizeConfig = QuantizeConfig()) -> Any:
-    """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; cuda.core ObjectCode. Needs no GPU."""
+def compile_quantize(
+    arch: str, config: QuantizeConfig = QuantizeConfig(), source: str | os.PathLike[str] | None = None
+) -> Any:
+    """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; cuda.core ObjectCode. Needs no GPU.
+    ``source``: other kernel text, or the path of another version's .cu (a benchmark compares
+    them), compiled with this ABI's macros and headers; default mok's own."""
     from cuda.core import Program, ProgramOptions
 
+    if source is None:
+        source = kernel_source()
+    elif not isinstance(source, str):
+        source = Path(source).read_text()
     options = ProgramOptions(
         std="c++17", arch=arch, name="mok_mxfp8_quantize", define_macro=config.macros(), include_path=include_path()
     )
-    return Program(kernel_source(), code_type="c++", options=options).compile("cubin")
+    return Program(source, code_type="c++", options=options).compile("cubin")
 
 
 class Compiled(NamedTuple):
@@ -290,11 +301,26 @@ class QuantizeLaunch:
         self._args = (*(k(a) for k, a in zip(kinds, args, strict=False)), *map(np.int32, args[7:]))
         self.grid = max(1, min(args[10], compiled.resident))
         self._launch = launch
+        self._threads = config.threads
         self._launch_config = LaunchConfig(grid=self.grid, block=config.threads)
         self._stream = CurrentStream(self._index)
 
     def __call__(self) -> None:
         self._launch(self._stream(), self._launch_config, self.kernel, *self._args)
+
+    def with_kernel(self, kernel: Any, grid: int | None = None) -> QuantizeLaunch:
+        """The same launch (buffers, arguments, stream) of another compiled ``kernel`` of this ABI,
+        e.g. another version of the source (:func:`compile_quantize`), on ``grid`` blocks (default
+        this launch's; the kernel converts every tile under any grid): a benchmark compares them."""
+        from cuda.core import LaunchConfig
+
+        grid = self.grid if grid is None else grid
+        if isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid <= MAX_GRID:
+            raise ValueError(f"grid: expected a whole number of blocks from 1 to {MAX_GRID}; found {grid!r}")
+        other = copy.copy(self)
+        other.kernel, other.grid = kernel, grid
+        other._launch_config = LaunchConfig(grid=grid, block=self._threads)
+        return other
 
 
 def _layout_of(buffer: torch.Tensor, e: int, rows: int, cols: int) -> torch.Tensor:
@@ -338,12 +364,18 @@ class QuantizeOptions(TypedDict, total=False):
 
 
 def prepare(
-    src: torch.Tensor | Sequence[torch.Tensor], out: QuantizeOutputs, **options: Unpack[QuantizeOptions]
+    src: torch.Tensor | Sequence[torch.Tensor],
+    out: QuantizeOutputs,
+    *,
+    kernel: bool | None = None,
+    **options: Unpack[QuantizeOptions],
 ) -> Callable[[], None]:
-    """The quantisation of ``src`` into ``out`` ready to run again and again: a QuantizeLaunch on
-    CUDA tensors, the torch reference elsewhere (checked once here in both cases)."""
+    """The quantisation of ``src`` into ``out`` ready to run again and again: a QuantizeLaunch
+    (``kernel``; by default on CUDA tensors), else the torch reference (checked once here in both
+    cases). A resolved backend passes ``kernel``: the kernel needs CUDA tensors, the reference runs
+    anywhere."""
     source = check_source(src)
-    if source.experts[0].device.type == "cuda":
+    if source.experts[0].device.type == "cuda" if kernel is None else kernel:
         return QuantizeLaunch(src, out, **options)
     check_outputs(out, source, swizzled=options.get("swizzled", True))
     return functools.partial(run_reference, src, out, **options)

@@ -13,6 +13,7 @@ without a CUDA device (tests/gpu/conftest.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,13 +56,17 @@ def _check(
     (rows, cols), experts = source.experts[0].shape, len(source.experts)
     want = _reference(src, swizzled, rule, product)
     out = EQ.poisoned(experts, rows, cols, swizzled=swizzled, device=CUDA)
-    launch = Q.QuantizeLaunch(src, out, rule=rule, product=product, swizzled=swizzled)
+    _check_launch(Q.QuantizeLaunch(src, out, rule=rule, product=product, swizzled=swizzled), want, what)
+
+
+def _check_launch(launch: Q.QuantizeLaunch, want: Q.QuantizeOutputs, what: str) -> None:
+    """``launch`` writes ``want`` into its buffers, poisoned with 0xFF and then 0x00."""
     for poison in (0xFF, 0x00):
-        for t in out:
+        for t in launch.out:
             t.view(torch.uint8).fill_(poison)
         launch()
         torch.cuda.synchronize()
-        EQ.compare(Q.QuantizeOutputs(*(t.cpu() for t in out)), want, f"{what}, poison {poison:#04x}")
+        EQ.compare(Q.QuantizeOutputs(*(t.cpu() for t in launch.out)), want, f"{what}, poison {poison:#04x}")
 
 
 @pytest.mark.parametrize("swizzled", [True, False], ids=["layout", "logical"])
@@ -125,6 +130,25 @@ def test_a_launch_runs_on_the_current_stream() -> None:
         launch()
         copies = Q.QuantizeOutputs(*(t.to("cpu", non_blocking=False) for t in out))
     EQ.compare(copies, _reference(x, True, ReciprocalRule.EXACT), "side stream")
+
+
+def test_the_same_launch_runs_another_compiled_kernel_on_any_grid() -> None:
+    """with_kernel (bench_quantize --other): another version of the source, under grids other than
+    the launch's, writes every byte the reference does, and the launch itself is left as it was."""
+    x = EQ.special_values(torch.Generator().manual_seed(11), (3, 96, 544)).to(CUDA)
+    launch = Q.QuantizeLaunch(x, Q.empty_outputs(3, 96, 544, CUDA))
+    source = Path(Q.__file__).with_name(Q.SOURCE_NAME).read_text().replace(f" {Q.KERNEL_NAME}(", " other_quantize(")
+    major, minor = torch.cuda.get_device_capability()
+    other = Q.compile_quantize(f"sm_{major}{minor}", source=source).get_kernel("other_quantize")
+    want = _reference(x, True, ReciprocalRule.EXACT)
+    for grid in (None, 1, 7, 64):  # 27 tiles: one block, several tiles a block, idle blocks
+        relaunch = launch.with_kernel(other, grid)
+        assert (relaunch.kernel, relaunch.grid) == (other, launch.grid if grid is None else grid)
+        _check_launch(relaunch, want, f"other kernel, grid {grid}")
+    assert launch.kernel is not other
+    for bad in (0, Q.MAX_GRID + 1, 2.0, True):
+        with pytest.raises(ValueError, match="grid: expected a whole number of blocks"):
+            launch.with_kernel(other, bad)  # type: ignore[arg-type]
 
 
 def _te_quantizer() -> object:
