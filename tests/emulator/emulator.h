@@ -91,6 +91,25 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 
+// Warp shuffles (__shfl_down_sync with a full mask): the lanes of a warp (threads 32w..32w+31)
+// meet at a barrier of their own, so every lane must take part, as the hardware requires; a lane
+// that does not leaves the others waiting (the emulated launch hangs, it does not pass).
+struct EmuWarp {
+  std::barrier<> met{32};
+  unsigned values[32];
+};
+EmuWarp emu_warps[32];  // up to 1024 threads a block
+inline unsigned __shfl_down_sync(unsigned mask, unsigned v, unsigned delta) {
+  if (mask != 0xFFFFFFFFu) emu_fail("__shfl_down_sync with a partial mask");
+  EmuWarp& w = emu_warps[threadIdx.x / 32];
+  const unsigned lane = threadIdx.x % 32;
+  w.values[lane] = v;
+  w.met.arrive_and_wait();
+  const unsigned out = lane + delta < 32 ? w.values[lane + delta] : v;
+  w.met.arrive_and_wait();  // every lane has read before any lane's next shuffle writes
+  return out;
+}
+
 std::barrier<>* emu_sync = nullptr;
 #define __syncthreads() emu_sync->arrive_and_wait()
 // Named barriers 1..n (bar.sync id, count): one std::barrier per part of the block.
