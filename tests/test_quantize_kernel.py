@@ -104,16 +104,38 @@ def test_emulated_kernel_with_fewer_blocks_and_logical_scales(grid: int, swizzle
         EQ.check(CASES[name](torch.Generator().manual_seed(3)), swizzled=swizzled, grid=grid, what=name)
 
 
+UNIT_CASES = [name for name in CASES if "128-row unit" in name]
+
+
 @needs_gxx
-def test_emulator_catches_an_unwritten_padding_byte(tmp_path: Path) -> None:
-    """The comparison can fail: a kernel that skips the layout's padding is caught."""
-    line = "if (last_cols) zero_entries(s, cp, S.cols, S.col_rp"
-    planted = SOURCE.read_text().replace(line, line.replace("last_cols", "false"))
+@pytest.mark.parametrize("grid", [0, 1, 3])
+@pytest.mark.parametrize("swizzled", [True, False], ids=["layout", "logical"])
+@pytest.mark.parametrize("name", UNIT_CASES)
+def test_emulated_kernel_with_partial_128_row_units(name: str, swizzled: bool, grid: int) -> None:
+    """Rows not a multiple of 128 (a last unit of 1, 2 or 3 tiles, its missing rows the layout's
+    padding), several experts, one block for everything (grid 1) or a few taking units in turn."""
+    assert len(UNIT_CASES) == 3
+    EQ.check(CASES[name](torch.Generator().manual_seed(5)), swizzled=swizzled, grid=grid, what=name)
+
+
+# Lines of the kernel that write the layout's padding, each with a change that skips it, and the
+# output that then differs from the reference.
+PLANTS = [
+    ("j >= ((T.width + 127) & ~127)", "j >= T.width", "col_scales"),  # columns past the matrix
+    ("for (int k = (T.rb & 3) + 1; k < 4; ++k)", "for (int k = 4; k < 4; ++k)", "row_scales"),  # rows past it
+]
+
+
+@needs_gxx
+@pytest.mark.parametrize(("line", "change", "output"), PLANTS)
+def test_emulator_catches_an_unwritten_padding_byte(tmp_path: Path, line: str, change: str, output: str) -> None:
+    """The comparison can fail: a kernel that skips part of the layout's padding is caught."""
+    planted = SOURCE.read_text().replace(line, change)
     assert planted != SOURCE.read_text()
     (tmp_path / Q.SOURCE_NAME).write_text(planted)
     shutil.copy(SOURCE.with_name("async_copy.cuh"), tmp_path)
     x = CASES["grouped E=2 96x544 (rows and columns pad, partial tile)"](torch.Generator().manual_seed(1))
-    with pytest.raises(AssertionError, match="col_scales differs"):
+    with pytest.raises(AssertionError, match=f"{output} differs"):
         EQ.check(x, kernel_dir=tmp_path)
 
 

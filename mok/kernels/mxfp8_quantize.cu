@@ -8,17 +8,23 @@
 // Cp = roundup(cols,4), padding bytes 0, expert e at e*Rp*Cp) or logical and compact
 // (QF_LOGICAL: [E, R, C/32] and [E, R/32, C], no padding).
 //
-// A block of QTHREADS threads stays resident and converts tile after tile (tile u, u + gridDim.x,
-// ...; one tile is 32 rows x QTILE_COLS columns of one expert). Each tile is copied into shared
-// memory with cp.async while the block converts the one before, so every resident block keeps 16 KB
-// of reads in flight. In a tile, thread (r, g) converts the 1x32 rowwise block g of row r; warp q takes rows
-// 4q..4q+3 of every column for the columnwise direction, lane c eight columns (one 16-byte piece a
-// row): the warps' maxima meet in shared memory, thread (q, c) turns column 8c+q's into its scale
-// and reciprocal, and each lane then converts its 4 x 8 values. Payloads go straight to global
-// memory (a rowwise thread writes its 32 bytes, a columnwise warp 256 contiguous bytes a row).
-// Maxima are taken two BF16 values at a time (max.xorsign.abs.bf16x2). Scale bytes are stored one
-// by one (1/32 of the payload); the tile whose rows or columns end a matrix also zeroes the
-// layout's padding next to its own scales, so every byte of every output is written exactly once.
+// A block of QTHREADS threads stays resident and converts unit after unit (unit u, u + gridDim.x,
+// ...). A unit is one 128-row group of one expert's rows by QTILE_COLS columns: its tiles (32 rows
+// x QTILE_COLS columns, at most 4, fewer where the rows end) are converted one after another. Each
+// tile is copied into shared memory with cp.async while the block converts the one before, the
+// next unit's first tile included, so every resident block keeps 16 KB of reads in flight. In a
+// tile, thread (r, g) converts the 1x32 rowwise block g of row r; warp q takes rows 4q..4q+3 of
+// every column for the columnwise direction, lane c eight columns (one 16-byte piece a row): the
+// warps' maxima meet in shared memory, thread (q, c) turns column 8c+q's into its scale and
+// reciprocal, and each lane then converts its 4 x 8 values. Payloads go straight to global memory
+// (a rowwise thread writes its 32 bytes, a columnwise warp 256 contiguous bytes a row). Maxima are
+// taken two BF16 values at a time (max.xorsign.abs.bf16x2).
+// Scales in the 128x4 layout are stored as whole 4-byte groups (scales of 4 consecutive k blocks
+// of one row): a row's four rowwise codes meet by warp shuffles in one thread of the tile, and a
+// column's four columnwise codes (the unit's 4 tiles) in one register of the thread that makes
+// them, stored after the unit's last tile. Bytes that no scale maps to are the layout's padding;
+// the words carry zeros there, and zero words fill the rows past the matrix's last row, so every
+// byte of every output is written exactly once. Logical scales are stored byte by byte.
 //
 // Constants of the launch ABI come from mok/kernels/quantize.py as macros (NVRTC options, or g++
 // -D in the CPU emulator, tests/emulator/emulate_quantize.py): none is defined here.
@@ -149,26 +155,14 @@ __device__ __forceinline__ float amax_of(unsigned acc) {
   return fmaxf(__uint_as_float(acc << 16), __uint_as_float(acc & 0xFFFF0000u));
 }
 
-__device__ __forceinline__ long long layout_offset(long long r, long long c, long long cp) {
-  return ((r >> 7) * (cp >> 2) + (c >> 2)) * 512 + (r & 31) * 16 + ((r & 127) >> 5) * 4 + (c & 3);
-}
-
-// Zeroes entries [r0, r1) x [c0, c1) of a layout whose padded column count is cp.
-__device__ __forceinline__ void zero_entries(unsigned char* layout, long long cp, long long r0, long long r1,
-                                             long long c0, long long c1) {
-  const int width = (int)(c1 - c0), n = (int)(r1 - r0) * width;  // at most 96 x 256 entries
-  for (int i = threadIdx.x; i < n; i += QTHREADS)
-    store_global(layout + layout_offset(r0 + i / width, c0 + i % width, cp), (unsigned char)0);
-}
-
 // What every tile of a launch shares: the matrices' shape, the flags, and the scale layouts'
-// padded row and column counts and sizes (rowwise roundup(R,128) x roundup(C/32,4), columnwise
+// padded column counts and sizes (rowwise roundup(R,128) x roundup(C/32,4), columnwise
 // roundup(C,128) x roundup(R/32,4), one a matrix).
 struct QShape {
   int rows, cols, flags;
   unsigned row_blocks, col_tiles;  // an expert's tiles: R/32 x ceil(C/QTILE_COLS)
+  unsigned units;                  // an expert's units: ceil(R/128) x ceil(C/QTILE_COLS)
   int row_cp, col_cp;
-  long long row_rp, col_rp;
   long long row_layout, col_layout;
 };
 
@@ -176,26 +170,39 @@ __device__ __forceinline__ QShape shape_of(int rows, int cols, int flags) {
   QShape S;
   S.rows = rows, S.cols = cols, S.flags = flags;
   S.row_blocks = rows / 32, S.col_tiles = (cols + QTILE_COLS - 1) / QTILE_COLS;
+  S.units = (S.row_blocks + 3) / 4 * S.col_tiles;
   S.row_cp = (cols / 32 + 3) / 4 * 4, S.col_cp = (rows / 32 + 3) / 4 * 4;
-  S.row_rp = (rows + 127LL) / 128 * 128, S.col_rp = (cols + 127LL) / 128 * 128;
-  S.row_layout = S.row_rp * S.row_cp, S.col_layout = S.col_rp * S.col_cp;
+  S.row_layout = (rows + 127LL) / 128 * 128 * S.row_cp, S.col_layout = (cols + 127LL) / 128 * 128 * S.col_cp;
   return S;
 }
 
 // One tile: expert e, rows [r0, r0 + 32) (row block rb), columns [c0, c0 + width); its first
-// payload byte is at `first` of the payloads.
+// payload byte is at `first` of the payloads; `last`: the last tile of its unit.
 struct QTile {
   int e, rb, r0, c0, width;
   long long first;
+  bool last;
 };
 
+__device__ __forceinline__ bool last_of_unit(int rb, const QShape& S) {
+  return (rb & 3) == 3 || rb + 1 == (int)S.row_blocks;
+}
+
+// The first tile of unit u (units in the order expert, 128-row group, columns).
 __device__ __forceinline__ QTile tile_of(unsigned u, const QShape& S) {
   QTile T;
-  const unsigned per_expert = S.row_blocks * S.col_tiles, e = u / per_expert, rest = u - e * per_expert;
-  const unsigned rb = rest / S.col_tiles;
-  T.e = (int)e, T.rb = (int)rb, T.r0 = (int)rb * 32, T.c0 = (int)(rest - rb * S.col_tiles) * QTILE_COLS;
+  const unsigned e = u / S.units, rest = u - e * S.units, group = rest / S.col_tiles;
+  T.e = (int)e, T.rb = (int)group * 4, T.r0 = T.rb * 32, T.c0 = (int)(rest - group * S.col_tiles) * QTILE_COLS;
   T.width = min(QTILE_COLS, S.cols - T.c0);
   T.first = ((long long)T.e * S.rows + T.r0) * S.cols + T.c0;
+  T.last = last_of_unit(T.rb, S);
+  return T;
+}
+
+// The tile after T in T's unit (T is not the unit's last).
+__device__ __forceinline__ QTile next_in_unit(QTile T, const QShape& S) {
+  T.rb += 1, T.r0 += 32, T.first += 32LL * S.cols;
+  T.last = last_of_unit(T.rb, S);
   return T;
 }
 
@@ -227,13 +234,10 @@ __device__ __forceinline__ void load_tile(const QTile& T, unsigned long long src
     async_copy16(to + j * QROW_STEP * (QTILE_COLS * 2), from + j * step);
 }
 
-// Thread (r, g) converts the 1x32 block g of the tile's row r (pieces 4g..4g+3). Its scale S[row,
-// col] (row = r0 + r, col = c0/32 + g) lies in the layout at the tile's part, from r0 and c0 (a
-// multiple of 8 blocks), plus the thread's, from r and g (mok/layout.py's formula split in two).
-__device__ __forceinline__ void rowwise_tile(const QTile& T, const QShape& S, const unsigned char* tile,
-                                             unsigned char* data, unsigned char* scales) {
-  const int r = threadIdx.x / QGROUPS, g = threadIdx.x % QGROUPS;
-  if (g * 32 >= T.width) return;
+// Thread (r, g)'s 1x32 block g of the tile's row r (pieces 4g..4g+3): its payload stored, its
+// scale code returned.
+__device__ __forceinline__ unsigned rowwise_block(const QTile& T, const QShape& S, int r, int g,
+                                                  const unsigned char* tile, unsigned char* data) {
   unsigned acc = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -250,13 +254,41 @@ __device__ __forceinline__ void rowwise_tile(const QTile& T, const QShape& S, co
     const unsigned long long hi = convert8(in[piece_offset(r, 4 * g + 2 * half + 1) / 16], rcp, zero);
     store_global(to + 16 * half, make_uint4((unsigned)lo, (unsigned)(lo >> 32), (unsigned)hi, (unsigned)(hi >> 32)));
   }
-  const int blocks = S.cols / 32;
-  const long long at =
-      S.flags & QF_LOGICAL
-          ? ((long long)T.e * S.rows + T.r0) * blocks + T.c0 / 32 + (r * blocks + g)
-          : T.e * S.row_layout + ((T.r0 >> 7) * (long long)(S.row_cp >> 2) + (T.c0 >> 7)) * 512 +
-                ((T.r0 >> 5) & 3) * 4 + ((g >> 2) * 512 + r * 16 + (g & 3));
-  store_global(scales + at, (unsigned char)code);
+  return code;
+}
+
+// The rowwise scales of a tile's row r in the layout: S[row, col] (row = r0 + r, col = c0/32 + g)
+// for g = 4i..4i+3 are the 4-byte group at the tile's part, from r0 and c0 (a multiple of 8
+// blocks), plus the thread's, from r and i (mok/layout.py's formula split in two). The codes of
+// threads (r, 4i..4i+3), neighbouring lanes of one warp, meet in thread (r, 4i) by shuffles (every
+// lane takes part); a block past the matrix's columns has code 0, the layout's padding. The tile
+// that ends the rows also stores zero words for the rows of its unit past the matrix.
+__device__ __forceinline__ void rowwise_words(const QTile& T, const QShape& S, unsigned code, unsigned char* scales) {
+  const int r = threadIdx.x / QGROUPS, g = threadIdx.x % QGROUPS;
+  unsigned word = code | __shfl_down_sync(0xFFFFFFFFu, code, 1) << 8;
+  word |= __shfl_down_sync(0xFFFFFFFFu, word, 2) << 16;
+  if ((g & 3) || g * 32 >= T.width) return;
+  unsigned char* to = scales + T.e * S.row_layout +
+                      ((T.r0 >> 7) * (long long)(S.row_cp >> 2) + (T.c0 >> 7) + (g >> 2)) * 512 + r * 16;
+  store_global(to + (T.rb & 3) * 4, word);
+  if (T.rb + 1 == (int)S.row_blocks)
+    for (int k = (T.rb & 3) + 1; k < 4; ++k) store_global(to + k * 4, 0u);
+}
+
+// Thread (r, g) converts the 1x32 block g of the tile's row r; a block past the matrix's columns
+// has no payload and code 0.
+__device__ __forceinline__ void rowwise_tile(const QTile& T, const QShape& S, const unsigned char* tile,
+                                             unsigned char* data, unsigned char* scales) {
+  const int r = threadIdx.x / QGROUPS, g = threadIdx.x % QGROUPS;
+  unsigned code = 0;
+  if (g * 32 < T.width) code = rowwise_block(T, S, r, g, tile, data);
+  if (!(S.flags & QF_LOGICAL)) {
+    rowwise_words(T, S, code, scales);
+  } else if (g * 32 < T.width) {
+    const int blocks = S.cols / 32;
+    store_global(scales + ((long long)T.e * S.rows + T.r0) * blocks + T.c0 / 32 + (r * blocks + g),
+                 (unsigned char)code);
+  }
 }
 
 // Columnwise, warp q takes rows 4q..4q+3 and lane c columns 8c..8c+7 (one 16-byte piece a row).
@@ -278,25 +310,33 @@ __device__ __forceinline__ void columnwise_maxima(const QTile& T, const unsigned
 }
 
 // Step 2: thread (q, c) makes column j = 8c+q's scale from the 8 quarters' maxima; its reciprocal
-// goes to rcps[j]. The scale is S'[c0 + j, rb] of the transposed layout: the tile's part (c0 is a
-// multiple of 256) plus the thread's, from j.
+// goes to rcps[j]. The scale is S'[c0 + j, rb] of the transposed layout. Logical scales are stored
+// at once; in the layout the code joins the thread's `word` as byte rb % 4, and after the unit's
+// last tile the word (S'[c0 + j, 4(rb/4) .. 4(rb/4) + 3], zero where a row block is past the
+// matrix) is stored: the tile's part (c0 is a multiple of 256) plus the thread's, from j. Columns
+// past the matrix's own up to the layout's padded count store zero words.
 __device__ __forceinline__ void columnwise_scale(const QTile& T, const QShape& S, const unsigned* partial,
-                                                 float* rcps, unsigned char* scales) {
+                                                 float* rcps, unsigned char* scales, unsigned& word) {
   const int q = threadIdx.x / 32, c = threadIdx.x % 32, j = 8 * c + q;
-  if (c * 8 >= T.width) return;
-  unsigned acc = 0;
+  if (c * 8 < T.width) {
+    unsigned acc = 0;
 #pragma unroll
-  for (int quarter = 0; quarter < QWARPS; ++quarter) acc = amax2(acc, partial[quarter * 128 + (q >> 1) * 32 + c]);
-  acc = magnitude(acc);
-  const unsigned code = e8m0_code(__uint_as_float(q & 1 ? acc & 0xFFFF0000u : acc << 16));
-  rcps[j] = e8m0_reciprocal(code, S.flags & QF_RCP_SHIFT);
+    for (int quarter = 0; quarter < QWARPS; ++quarter) acc = amax2(acc, partial[quarter * 128 + (q >> 1) * 32 + c]);
+    acc = magnitude(acc);
+    const unsigned code = e8m0_code(__uint_as_float(q & 1 ? acc & 0xFFFF0000u : acc << 16));
+    rcps[j] = e8m0_reciprocal(code, S.flags & QF_RCP_SHIFT);
+    if (S.flags & QF_LOGICAL) {
+      store_global(scales + ((long long)T.e * S.row_blocks + T.rb) * S.cols + T.c0 + j, (unsigned char)code);
+      return;
+    }
+    word |= code << 8 * (T.rb & 3);
+  }
+  if (!T.last || (S.flags & QF_LOGICAL) || j >= ((T.width + 127) & ~127)) return;
   const int quads = S.col_cp >> 2;
-  const long long at =
-      S.flags & QF_LOGICAL
-          ? ((long long)T.e * S.row_blocks + T.rb) * S.cols + T.c0 + j
-          : T.e * S.col_layout + (((T.c0 >> 7) * (long long)quads + (T.rb >> 2)) * 512 + (T.rb & 3)) +
-                ((j >> 7) * quads * 512 + (j & 31) * 16 + ((j & 127) >> 5) * 4);
-  store_global(scales + at, (unsigned char)code);
+  store_global(scales + T.e * S.col_layout + ((T.c0 >> 7) * (long long)quads + (T.rb >> 2)) * 512 +
+                   ((j >> 7) * quads * 512 + (j & 31) * 16 + ((j & 127) >> 5) * 4),
+               word);
+  word = 0;
 }
 
 // Step 3: lane c converts its 4 rows x 8 columns with their reciprocals (8 payload bytes a row).
@@ -316,30 +356,11 @@ __device__ __forceinline__ void columnwise_convert(const QTile& T, const QShape&
   }
 }
 
-// The layout padding next to this tile's scales (see the header), for the tile whose rows or
-// columns end its matrix.
-__device__ __forceinline__ void zero_padding(const QTile& T, const QShape& S, unsigned char* row_scales,
-                                             unsigned char* col_scales) {
-  const bool last_rows = T.r0 + 32 == S.rows, last_cols = T.c0 + T.width == S.cols;
-  if (!last_rows && !last_cols) return;
-  if (S.flags & QF_ROWWISE) {
-    const long long cp = S.row_cp;
-    unsigned char* s = row_scales + T.e * S.row_layout;
-    if (last_cols) zero_entries(s, cp, T.r0, T.r0 + 32, S.cols / 32, cp);
-    if (last_rows) zero_entries(s, cp, S.rows, S.row_rp, T.c0 / 32, last_cols ? cp : (T.c0 + T.width) / 32);
-  }
-  if (S.flags & QF_COLWISE) {
-    const long long cp = S.col_cp;
-    unsigned char* s = col_scales + T.e * S.col_layout;
-    if (last_rows) zero_entries(s, cp, T.c0, T.c0 + T.width, S.row_blocks, cp);
-    if (last_cols) zero_entries(s, cp, S.cols, S.col_rp, T.rb, last_rows ? cp : T.rb + 1);
-  }
-}
-
 // src: expert 0's x[0][0] (grouped: expert e at src + 2*e*expert_stride) or, with QF_POINTERS, a
 // device array of `experts` addresses; rows are row_stride elements apart. Every address and
 // row_stride*2 must be multiples of 16 (quantize.py checks them). tiles = E * R/32 * ceil(C/TILE),
-// below 2^31, as is R/32 * ceil(C/TILE) * E (quantize.py checks it). Any grid converts every tile.
+// below 2^31, as is R/32 * ceil(C/TILE) * E (quantize.py checks it); the units are E * ceil(R/128)
+// * ceil(C/TILE), no more. Any grid converts every tile.
 extern "C" __global__ void __launch_bounds__(QTHREADS, QMIN_BLOCKS)
     mxfp8_quantize(const unsigned long long src, const long long expert_stride, const long long row_stride,
                    unsigned char* row_data, unsigned char* row_scales, unsigned char* col_data,
@@ -348,30 +369,34 @@ extern "C" __global__ void __launch_bounds__(QTHREADS, QMIN_BLOCKS)
   __shared__ unsigned partial[QWARPS * 128];                                      // columnwise quarter maxima
   __shared__ __align__(16) float rcps[QTILE_COLS];                                // columnwise reciprocals
   const QShape S = shape_of(rows, cols, flags);
-  unsigned u = blockIdx.x;  // tiles < 2^31, so u + gridDim.x < 2^32
-  if (u >= (unsigned)tiles) return;
+  const unsigned units = (unsigned)tiles / (S.row_blocks * S.col_tiles) * S.units;
+  unsigned u = blockIdx.x;  // units < 2^31, so u + gridDim.x < 2^32
+  if (u >= units) return;
   QTile T = tile_of(u, S);
   load_tile(T, src, expert_stride, row_stride, flags, tiles_in[0]);
+  unsigned word = 0;  // this thread's column's scale codes of the unit so far (columnwise_scale)
   for (int b = 0;; b ^= 1) {
     async_wait();
-    __syncthreads();  // tile u has landed, and the previous tile's readers are done with the other buffer
-    const unsigned next = u + gridDim.x;
+    __syncthreads();  // tile T has landed, and the previous tile's readers are done with the other buffer
+    const bool more = !T.last || u + gridDim.x < units;
     QTile N = T;
-    if (next < (unsigned)tiles) {
-      N = tile_of(next, S);
-      load_tile(N, src, expert_stride, row_stride, flags, tiles_in[b ^ 1]);
+    if (!T.last) {
+      N = next_in_unit(T, S);
+    } else if (more) {
+      u += gridDim.x;
+      N = tile_of(u, S);
     }
+    if (more) load_tile(N, src, expert_stride, row_stride, flags, tiles_in[b ^ 1]);
     const unsigned char* tile = tiles_in[b];
     if (flags & QF_ROWWISE) rowwise_tile(T, S, tile, row_data, row_scales);
     if (flags & QF_COLWISE) {
       columnwise_maxima(T, tile, partial);
       __syncthreads();
-      columnwise_scale(T, S, partial, rcps, col_scales);
+      columnwise_scale(T, S, partial, rcps, col_scales, word);
       __syncthreads();
       columnwise_convert(T, S, tile, rcps, col_data);
     }
-    if (!(flags & QF_LOGICAL)) zero_padding(T, S, row_scales, col_scales);
-    if (next >= (unsigned)tiles) break;
-    u = next, T = N;
+    if (!more) break;
+    T = N;
   }
 }

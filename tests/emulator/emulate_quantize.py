@@ -193,6 +193,9 @@ def cases(device: str = "cpu") -> list[tuple[str, Callable[[torch.Generator], So
         ("per-expert E=5 64x160, rows 192 apart", per_expert(5, 64, 160, 192)),
         ("per-expert E=2 224x512", per_expert(2, 224, 512, 512)),
         ("grouped view E=2 32x96, rows 128 apart", strided(2, 32, 96, 128)),
+        ("grouped E=3 288x160 (a last 128-row unit of 1 tile)", grouped(3, 288, 160)),
+        ("per-expert E=2 320x288 (a last 128-row unit of 2 tiles)", per_expert(2, 320, 288, 288)),
+        ("grouped E=2 352x96 (a last 128-row unit of 3 tiles)", grouped(2, 352, 96)),
     ]
 
 
