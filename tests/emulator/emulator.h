@@ -91,23 +91,30 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 
-// Warp shuffles (__shfl_down_sync with a full mask): the lanes of a warp (threads 32w..32w+31)
-// meet at a barrier of their own, so every lane must take part, as the hardware requires; a lane
-// that does not leaves the others waiting (the emulated launch hangs, it does not pass).
+// Warp shuffles with a full mask: the lanes of a warp (threads 32w..32w+31) meet at a barrier of
+// their own, so every lane must take part, as the hardware requires; a lane that does not leaves
+// the others waiting (the emulated launch hangs, it does not pass).
 struct EmuWarp {
   std::barrier<> met{32};
   unsigned values[32];
 };
 EmuWarp emu_warps[32];  // up to 1024 threads a block
-inline unsigned __shfl_down_sync(unsigned mask, unsigned v, unsigned delta) {
-  if (mask != 0xFFFFFFFFu) emu_fail("__shfl_down_sync with a partial mask");
+// The value lane `from(lane)` of this thread's warp offers (this thread's own where from >= 32).
+template <class From> inline unsigned emu_shuffle(unsigned mask, unsigned v, From from) {
+  if (mask != 0xFFFFFFFFu) emu_fail("warp shuffle with a partial mask");
   EmuWarp& w = emu_warps[threadIdx.x / 32];
-  const unsigned lane = threadIdx.x % 32;
+  const unsigned lane = threadIdx.x % 32, src = from(lane);
   w.values[lane] = v;
   w.met.arrive_and_wait();
-  const unsigned out = lane + delta < 32 ? w.values[lane + delta] : v;
+  const unsigned out = src < 32 ? w.values[src] : v;
   w.met.arrive_and_wait();  // every lane has read before any lane's next shuffle writes
   return out;
+}
+inline unsigned __shfl_down_sync(unsigned mask, unsigned v, unsigned delta) {
+  return emu_shuffle(mask, v, [=](unsigned lane) { return lane + delta; });
+}
+inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, unsigned lane_mask) {
+  return emu_shuffle(mask, v, [=](unsigned lane) { return lane ^ lane_mask; });
 }
 
 std::barrier<>* emu_sync = nullptr;
