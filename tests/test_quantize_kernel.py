@@ -118,25 +118,31 @@ def test_emulated_kernel_with_partial_128_row_units(name: str, swizzled: bool, g
     EQ.check(CASES[name](torch.Generator().manual_seed(5)), swizzled=swizzled, grid=grid, what=name)
 
 
-# Lines of the kernel that write the layout's padding, each with a change that skips it, and the
-# output that then differs from the reference.
+# Lines of the kernel that write the layout's padding, each with a change that skips it, the output
+# that then differs from the reference, and the case and grid that show it (1: a block converts
+# every unit, so a word not cleared after a full unit leaves its codes in a partial unit's padding).
+PADDED = "grouped E=2 96x544 (rows and columns pad, partial tile)"
 PLANTS = [
-    ("j >= ((T.width + 127) & ~127)", "j >= T.width", "col_scales"),  # columns past the matrix
-    ("for (int k = (T.rb & 3) + 1; k < 4; ++k)", "for (int k = 4; k < 4; ++k)", "row_scales"),  # rows past it
+    ("j >= ((T.width + 127) & ~127)", "j >= T.width", "col_scales", PADDED, 0),  # columns past the matrix
+    ("(g & ~3) * 32 >= T.width", "g * 32 >= T.width", "row_scales", PADDED, 0),  # row blocks past it
+    ("word = 0;  // the next unit's tiles past", "//", "row_scales", UNIT_CASES[0], 1),  # rows past it
+    ("word = 0;  // the next unit's row blocks past", "//", "col_scales", UNIT_CASES[0], 1),  # the same, columnwise
 ]
 
 
 @needs_gxx
-@pytest.mark.parametrize(("line", "change", "output"), PLANTS)
-def test_emulator_catches_an_unwritten_padding_byte(tmp_path: Path, line: str, change: str, output: str) -> None:
+@pytest.mark.parametrize(("line", "change", "output", "name", "grid"), PLANTS)
+def test_emulator_catches_an_unwritten_padding_byte(
+    tmp_path: Path, line: str, change: str, output: str, name: str, grid: int
+) -> None:
     """The comparison can fail: a kernel that skips part of the layout's padding is caught."""
     planted = SOURCE.read_text().replace(line, change)
     assert planted != SOURCE.read_text()
     (tmp_path / Q.SOURCE_NAME).write_text(planted)
     shutil.copy(SOURCE.with_name("async_copy.cuh"), tmp_path)
-    x = CASES["grouped E=2 96x544 (rows and columns pad, partial tile)"](torch.Generator().manual_seed(1))
+    x = CASES[name](torch.Generator().manual_seed(1))
     with pytest.raises(AssertionError, match=f"{output} differs"):
-        EQ.check(x, kernel_dir=tmp_path)
+        EQ.check(x, grid=grid, kernel_dir=tmp_path)
 
 
 def test_reference_run_fills_every_byte_and_matches_megatron_s_shapes() -> None:

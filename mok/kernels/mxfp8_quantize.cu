@@ -257,33 +257,36 @@ __device__ __forceinline__ unsigned rowwise_block(const QTile& T, const QShape& 
   return code;
 }
 
-// The rowwise scales of a tile's row r in the layout: S[row, col] (row = r0 + r, col = c0/32 + g)
-// for g = 4i..4i+3 are the 4-byte group at the tile's part, from r0 and c0 (a multiple of 8
-// blocks), plus the thread's, from r and i (mok/layout.py's formula split in two). The codes of
-// threads (r, 4i..4i+3), neighbouring lanes of one warp, meet in thread (r, 4i) by shuffles (every
-// lane takes part); a block past the matrix's columns has code 0, the layout's padding. The tile
-// that ends the rows also stores zero words for the rows of its unit past the matrix.
-__device__ __forceinline__ void rowwise_words(const QTile& T, const QShape& S, unsigned code, unsigned char* scales) {
+// The rowwise scales in the layout: S[row, col] for col = c0/32 + 4i .. c0/32 + 4i + 3 (a 4-byte
+// group) of the unit's rows 32k + r, k = 0..3, are the 16-byte line of the tile's part, from r0
+// and c0 (a multiple of 8 blocks), plus the thread's, r*16 (mok/layout.py's formula split in two).
+// The codes of threads (r, 4i..4i+3), neighbouring lanes of one warp, meet in all four by shuffles
+// (every lane takes part; a block past the matrix's columns has code 0, the layout's padding);
+// thread (r, 4i + k) keeps tile k's word in `word` and stores it after the unit's last tile, zero
+// for a tile past the matrix's rows, so the four store the whole line at once.
+__device__ __forceinline__ void rowwise_words(const QTile& T, const QShape& S, unsigned code, unsigned char* scales,
+                                              unsigned& word) {
   const int r = threadIdx.x / QGROUPS, g = threadIdx.x % QGROUPS;
-  unsigned word = code | __shfl_down_sync(0xFFFFFFFFu, code, 1) << 8;
-  word |= __shfl_down_sync(0xFFFFFFFFu, word, 2) << 16;
-  if ((g & 3) || g * 32 >= T.width) return;
-  unsigned char* to = scales + T.e * S.row_layout +
-                      ((T.r0 >> 7) * (long long)(S.row_cp >> 2) + (T.c0 >> 7) + (g >> 2)) * 512 + r * 16;
-  store_global(to + (T.rb & 3) * 4, word);
-  if (T.rb + 1 == (int)S.row_blocks)
-    for (int k = (T.rb & 3) + 1; k < 4; ++k) store_global(to + k * 4, 0u);
+  unsigned gathered = code << 8 * (g & 3);
+  gathered |= __shfl_xor_sync(0xFFFFFFFFu, gathered, 1);
+  gathered |= __shfl_xor_sync(0xFFFFFFFFu, gathered, 2);
+  if ((g & 3) == (T.rb & 3)) word = gathered;
+  if (!T.last || (g & ~3) * 32 >= T.width) return;
+  store_global(scales + T.e * S.row_layout +
+                   ((T.r0 >> 7) * (long long)(S.row_cp >> 2) + (T.c0 >> 7) + (g >> 2)) * 512 + r * 16 + (g & 3) * 4,
+               word);
+  word = 0;  // the next unit's tiles past the matrix's rows store zeros
 }
 
 // Thread (r, g) converts the 1x32 block g of the tile's row r; a block past the matrix's columns
 // has no payload and code 0.
 __device__ __forceinline__ void rowwise_tile(const QTile& T, const QShape& S, const unsigned char* tile,
-                                             unsigned char* data, unsigned char* scales) {
+                                             unsigned char* data, unsigned char* scales, unsigned& word) {
   const int r = threadIdx.x / QGROUPS, g = threadIdx.x % QGROUPS;
   unsigned code = 0;
   if (g * 32 < T.width) code = rowwise_block(T, S, r, g, tile, data);
   if (!(S.flags & QF_LOGICAL)) {
-    rowwise_words(T, S, code, scales);
+    rowwise_words(T, S, code, scales, word);
   } else if (g * 32 < T.width) {
     const int blocks = S.cols / 32;
     store_global(scales + ((long long)T.e * S.rows + T.r0) * blocks + T.c0 / 32 + (r * blocks + g),
@@ -336,7 +339,7 @@ __device__ __forceinline__ void columnwise_scale(const QTile& T, const QShape& S
   store_global(scales + T.e * S.col_layout + ((T.c0 >> 7) * (long long)quads + (T.rb >> 2)) * 512 +
                    ((j >> 7) * quads * 512 + (j & 31) * 16 + ((j & 127) >> 5) * 4),
                word);
-  word = 0;
+  word = 0;  // the next unit's row blocks past the matrix store zeros
 }
 
 // Step 3: lane c converts its 4 rows x 8 columns with their reciprocals (8 payload bytes a row).
@@ -374,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(QTHREADS, QMIN_BLOCKS)
   if (u >= units) return;
   QTile T = tile_of(u, S);
   load_tile(T, src, expert_stride, row_stride, flags, tiles_in[0]);
-  unsigned word = 0;  // this thread's column's scale codes of the unit so far (columnwise_scale)
+  unsigned row_word = 0, col_word = 0;  // scale codes of the unit so far (rowwise_words, columnwise_scale)
   for (int b = 0;; b ^= 1) {
     async_wait();
     __syncthreads();  // tile T has landed, and the previous tile's readers are done with the other buffer
@@ -388,11 +391,11 @@ extern "C" __global__ void __launch_bounds__(QTHREADS, QMIN_BLOCKS)
     }
     if (more) load_tile(N, src, expert_stride, row_stride, flags, tiles_in[b ^ 1]);
     const unsigned char* tile = tiles_in[b];
-    if (flags & QF_ROWWISE) rowwise_tile(T, S, tile, row_data, row_scales);
+    if (flags & QF_ROWWISE) rowwise_tile(T, S, tile, row_data, row_scales, row_word);
     if (flags & QF_COLWISE) {
       columnwise_maxima(T, tile, partial);
       __syncthreads();
-      columnwise_scale(T, S, partial, rcps, col_scales, word);
+      columnwise_scale(T, S, partial, rcps, col_scales, col_word);
       __syncthreads();
       columnwise_convert(T, S, tile, rcps, col_data);
     }
