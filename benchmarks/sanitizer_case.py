@@ -108,14 +108,15 @@ def _inverse_launch(shape: str, scales: list[torch.Tensor]) -> None:
 def _quantize_cases() -> None:
     """The quantize kernel over a grouped source and a per-expert table (rows not a multiple of
     128, so the layouts' padding is written too), against the torch reference; the last source has
-    more tiles than an H200 holds blocks, so each block converts several (its double buffer)."""
+    more 128-row units than an H200 holds blocks, so blocks convert several units (the double
+    buffer continuing from one unit's last tile to the next unit's first)."""
     from mok.kernels.quantize import QuantizeLaunch, empty_outputs, run_reference
 
     g = torch.Generator().manual_seed(3)
     grouped = torch.randn(3, 96, 160, generator=g).to(torch.bfloat16).cuda()
     experts = [torch.randn(64, 96, generator=g).to(torch.bfloat16).cuda() for _ in range(2)]
-    many = torch.randn(8, 544, 2080, generator=g).to(torch.bfloat16).cuda()  # 8 x 17 x 9 tiles
-    for src, (e, r, c) in ((grouped, (3, 96, 160)), (experts, (2, 64, 96)), (many, (8, 544, 2080))):
+    many = torch.randn(16, 544, 2080, generator=g).to(torch.bfloat16).cuda()  # 16 x 5 x 9 units
+    for src, (e, r, c) in ((grouped, (3, 96, 160)), (experts, (2, 64, 96)), (many, (16, 544, 2080))):
         out, want = empty_outputs(e, r, c, "cuda"), empty_outputs(e, r, c, "cuda")
         for t in out:
             t.view(torch.uint8).fill_(0xAB)
