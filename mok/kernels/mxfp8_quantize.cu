@@ -20,11 +20,12 @@
 // (a rowwise thread writes its 32 bytes, a columnwise warp 256 contiguous bytes a row). Maxima are
 // taken two BF16 values at a time (max.xorsign.abs.bf16x2).
 // Scales in the 128x4 layout are stored as whole 4-byte groups (scales of 4 consecutive k blocks
-// of one row): a row's four rowwise codes meet by warp shuffles in one thread of the tile, and a
-// column's four columnwise codes (the unit's 4 tiles) in one register of the thread that makes
-// them, stored after the unit's last tile. Bytes that no scale maps to are the layout's padding;
-// the words carry zeros there, and zero words fill the rows past the matrix's last row, so every
-// byte of every output is written exactly once. Logical scales are stored byte by byte.
+// of one row), after the unit's last tile: a column's four columnwise codes (one a tile of the
+// unit) gather in a register of the thread that makes them; a row's four rowwise codes meet by warp
+// shuffles in the four lanes that made them, each of which keeps one tile's word, so four lanes
+// store a whole 16-byte line of the layout. Bytes that no scale maps to are the layout's padding:
+// the words carry zeros there (a block or tile past the matrix adds no code), so every byte of
+// every output is written exactly once. Logical scales are stored byte by byte.
 //
 // Constants of the launch ABI come from mok/kernels/quantize.py as macros (NVRTC options, or g++
 // -D in the CPU emulator, tests/emulator/emulate_quantize.py): none is defined here.

@@ -199,7 +199,7 @@ def compile_quantize(
 
 class Compiled(NamedTuple):
     """The kernel compiled for one device, and the most blocks of it the device holds at once
-    (the grid of a launch: each block converts tile after tile)."""
+    (the grid of a launch: each block converts unit after unit)."""
 
     kernel: Any
     resident: int
