@@ -81,7 +81,7 @@ def _compile_other(path: str) -> Any:
 
     Device(0).set_current()
     major, minor = torch.cuda.get_device_capability()
-    return Q.compile_quantize(f"sm_{major}{minor}", source=Path(path)).get_kernel(Q.KERNEL_NAME)
+    return Q.compile_quantize(f"sm_{major}{minor}", source=Path(path).read_text()).get_kernel(Q.KERNEL_NAME)
 
 
 def variants(

@@ -48,6 +48,18 @@ class LayerRefresh:
     storage of its weights, a call reruns the prepared launch after a bulk identity check."""
 
     def __init__(self, entries: Sequence[LayerEntry], *, backend: str | None = None) -> None:
+        self.entries = entries
+        self.backend = backend_argument(backend)
+        self.plan = RefreshPlan()
+
+    @property
+    def entries(self) -> tuple[LayerEntry, ...]:
+        """The ``(weights, cached view)`` pairs; assigning new ones (the same views with new
+        weights lists) makes the next call check those."""
+        return self._entries_and_rerun[0]
+
+    @entries.setter
+    def entries(self, entries: Sequence[LayerEntry]) -> None:
         if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
             raise TypeError(
                 f"entries: expected a sequence of (weights, cached view) pairs; found {type(entries).__name__}"
@@ -56,16 +68,16 @@ class LayerRefresh:
             if not isinstance(entry, tuple) or len(entry) != 2:
                 found = type(entry).__name__
                 raise TypeError(f"{_LABEL} entry {i}: expected a (weights, cached view) pair; found {found}")
-        self.entries = tuple(entries)
-        self.backend = backend_argument(backend)
-        self.plan = RefreshPlan()
-        self._rerun = LayerRerun(self.entries)
+        entries = tuple(entries)
+        # one store: a call racing the assignment sees the old pairs and their rerun, or the new
+        self._entries_and_rerun = (entries, LayerRerun(entries))
 
     def __call__(self) -> None:
         """Check every entry (nothing is written unless all pass), then launch once."""
-        if self.backend is None and self._rerun(self.plan):
+        entries, rerun = self._entries_and_rerun
+        if self.backend is None and rerun(self.plan):
             return
-        readers = [(_reader(i, w, view), view) for i, (w, view) in enumerate(self.entries)]
+        readers = [(_reader(i, w, view), view) for i, (w, view) in enumerate(entries)]
         refresh(self.plan, readers, self.backend, _LABEL)
 
 

@@ -284,7 +284,7 @@ def refresh(
 class LayerRerun:
     """A layer's refresh without building its readers, for ``entries``, ``(weights, view)``
     pairs: a split view's weights are its sequence of parameters, read as they are at each call
-    (a caller may put another parameter in its list)."""
+    (a caller may put another parameter in that list; new pairs need a new LayerRerun)."""
 
     def __init__(self, entries: Sequence[tuple[object, ExpertWeights]]) -> None:
         self.parts: tuple[Any, ...] = tuple(w if isinstance(v, SplitExpertWeights) else (w,) for w, v in entries)

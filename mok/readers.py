@@ -141,8 +141,7 @@ def _split_direction(
     names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
     found = block.scale_sources(d, buffers, rows, columns, names)
     flags = _swizzled_flags(reading)
-    buffers_, geometries = zip(*found, strict=True)
-    sources = tuple(map(ScaleSource, names, buffers_, geometries, flags))
+    sources = tuple(ScaleSource(n, b, g, f) for n, (b, g), f in zip(names, found, flags, strict=True))
     amax = _need(reading, block, str(d.amax)) if d.amax is not None else None
     return DirectionSource(d, block.format, data, sources, amax)
 

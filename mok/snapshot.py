@@ -78,8 +78,15 @@ class Reading:
         )
 
     def joined(self, other: Reading) -> Reading:
-        """This reading followed by ``other``, a reading of the same names on objects of the
-        same class: what a guard checks in one bulk read."""
+        """This reading followed by ``other``, a bulk reading of the same names and tensor
+        columns on objects of the same class: what a guard checks in one bulk read."""
+        mine = (type(self.objects[0]), self.names, self.tensor_columns, self.bulk)
+        theirs = (type(other.objects[0]), other.names, other.tensor_columns, other.bulk)
+        if mine != theirs or not self.bulk:
+            raise ValueError(
+                f"Reading.joined: expected a bulk reading of (class, names, tensor columns, bulk) {mine}; "
+                f"found {theirs}"
+            )
         return Reading(
             self.objects + other.objects,
             self.names,

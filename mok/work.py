@@ -50,7 +50,7 @@ class QuantizeWork(NamedTuple):
 
     def prepared(self, backend: Backend) -> Callable[[], None]:
         """The launch (the kernel on the cuda backend) that quantises again at every call."""
-        return prepare(self.src, self.out, kernel=backend is Backend.CUDA, rule=self.rule)
+        return prepare(self.src, self.out, use_kernel=backend is Backend.CUDA, rule=self.rule)
 
 
 _is_cuda = attrgetter("is_cuda")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import mok
-from mok import pipeline
+from mok import pipeline, snapshot
 from mok import weights as W
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
@@ -150,16 +150,68 @@ def test_a_layer_checks_its_entries_in_one_bulk_read_and_sees_a_change_in_any(
     v2 = mok.split_weight_view(fc2, rows=C, columns=R, use_mxfp8=True)
     layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
     layer()
+    plans = layer.plan.plans
     layer()
+    assert layer.plan.plans == plans  # unchanged: the prepared launch ran again
     prepared = layer.plan.prepared
     assert isinstance(prepared, pipeline.PreparedRefresh) and len(prepared.guard.readings) == 2
     assert prepared.guard._checks is not None and len(prepared.guard._checks) == 1
     ps, view, rows, cols = [(fc1, v1, R, C), (fc2, v2, C, R)][entry]
-    plans = layer.plan.plans
     ps[expert]._rowwise_scale_inv = _fresh(ps[expert]._rowwise_scale_inv, 3)
     layer()
     assert layer.plan.plans == plans + 1
     assert torch.equal(view.row_scales[expert], spec_layout(_rows(ps[expert]._rowwise_scale_inv, rows, cols // 32)))
+
+
+def test_neighbouring_readings_of_other_names_are_checked_apart(installed_te: Installer) -> None:
+    """A rowwise-only entry beside one of both directions (one class, other names) is not joined
+    with it: two checks, an unchanged layer reruns, and a change in either is still seen."""
+    installed_te("2.20.2")
+    fc1 = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
+    fc2 = [T.mxfp8_tensor("2.20.2", C, R, seed=10 + e, param=True) for e in range(2)]
+    v1 = mok.split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
+    v2 = mok.split_weight_view(fc2, rows=C, columns=R, use_mxfp8=True)
+    layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
+    layer()
+    plans = layer.plan.plans
+    layer()
+    prepared = layer.plan.prepared
+    assert isinstance(prepared, pipeline.PreparedRefresh) and prepared.guard._checks is not None
+    assert layer.plan.plans == plans and len(prepared.guard._checks) == 2
+    fc1[1]._rowwise_scale_inv = _fresh(fc1[1]._rowwise_scale_inv, 4)
+    layer()
+    assert layer.plan.plans == plans + 1
+    assert torch.equal(v1.row_scales[1], spec_layout(_rows(fc1[1]._rowwise_scale_inv)))
+
+
+def test_a_reading_joins_only_one_of_its_kind(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    tensors = [torch.zeros(4), torch.zeros(4)]
+    plain = snapshot.read_itself(tensors[:1])
+    other = snapshot.read_storage([T.mxfp8_tensor("2.20.2", R, C, seed=0)])
+    with pytest.raises(ValueError, match=r"^Reading.joined: expected a bulk reading of .*; found"):
+        plain.joined(other)
+    both = plain.joined(snapshot.read_itself(tensors[1:]))
+    assert both.objects == tuple(tensors) and both.addresses == tuple(t.data_ptr() for t in tensors)
+
+
+@pytest.mark.parametrize("how", ["refresh_layer", "entries assigned"])
+def test_a_layer_given_other_weights_for_its_views_checks_those(installed_te: Installer, how: str) -> None:
+    """The same views with new weights: the layer reads the new ones, and since the views' data
+    pointers would be stale it refuses, as a cached view given other weights does."""
+    installed_te("2.20.2")
+    fc1 = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
+    v1 = mok.split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
+    other = [T.mxfp8_tensor("2.20.2", R, C, seed=100 + e, param=True) for e in range(3)]
+    layer = mok.LayerRefresh([(fc1, v1)])
+    for _ in range(2):
+        mok.refresh_layer([(fc1, v1)]) if how == "refresh_layer" else layer()
+    with pytest.raises(mok.RefreshError, match=r"expert 0 rowwise data moved .* Build a new view"):
+        if how == "refresh_layer":
+            mok.refresh_layer([(other, v1)])
+        else:
+            layer.entries = ((other, v1),)
+            layer()
 
 
 def test_refreshes_racing_a_thread_that_moves_buffers_heal_afterwards(installed_te: Installer) -> None:

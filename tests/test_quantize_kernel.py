@@ -33,15 +33,16 @@ def test_kernel_compiles_with_nvrtc(arch: str) -> None:
 
 
 def test_another_source_compiles_with_the_same_options(tmp_path: Path) -> None:
-    """A benchmark compiles another version of the kernel (text or a file) as mok compiles its own."""
+    """A benchmark compiles another version of the kernel (its text) as mok compiles its own."""
     pytest.importorskip("cuda.core", reason="cuda.core is the 'cuda' extra (pip install te-compat[cuda])")
     own = bytes(Q.compile_quantize("sm_90").code)
-    assert bytes(Q.compile_quantize("sm_90", source=SOURCE).code) == own
+    assert bytes(Q.compile_quantize("sm_90", source=SOURCE.read_text()).code) == own
     renamed = SOURCE.read_text().replace(f" {Q.KERNEL_NAME}(", " other_quantize(")
+    cubin = bytes(Q.compile_quantize("sm_90", source=renamed).code)
+    assert b"\0other_quantize\0" in cubin and b"\0" + Q.KERNEL_NAME.encode() + b"\0" not in cubin
     (tmp_path / "other.cu").write_text(renamed)
-    for source in (renamed, tmp_path / "other.cu"):
-        cubin = bytes(Q.compile_quantize("sm_90", source=source).code)
-        assert b"\0other_quantize\0" in cubin and b"\0" + Q.KERNEL_NAME.encode() + b"\0" not in cubin
+    with pytest.raises(TypeError, match=r"^source: expected the kernel's text .*; found .*PosixPath"):
+        Q.compile_quantize("sm_90", source=tmp_path / "other.cu")  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -199,7 +200,7 @@ def test_a_launch_needs_cuda_tensors() -> None:
     with pytest.raises(LayoutError, match="expected CUDA tensors"):
         Q.QuantizeLaunch(x, Q.empty_outputs(1, 64, 64, "cpu"))
     with pytest.raises(LayoutError, match="expected CUDA tensors"):  # a resolved cuda backend asks for the kernel
-        Q.prepare(x, Q.empty_outputs(1, 64, 64, "cpu"), kernel=True)
+        Q.prepare(x, Q.empty_outputs(1, 64, 64, "cpu"), use_kernel=True)
     with pytest.raises(LayoutError, match="expected CUDA tensors"):
         QuantizeWork(x, Q.empty_outputs(1, 64, 64, "cpu")).prepared(Backend.CUDA)
 

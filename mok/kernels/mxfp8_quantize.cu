@@ -102,8 +102,12 @@ __device__ __forceinline__ float product_addend(int flags) { return flags & QF_F
 // NaN (all BF16 values), so a product is exact in BF16 wherever it is normal, as in fp32; one too
 // small for that (below 2^-126) is an E4M3 zero of the same sign either way, and the addend's
 // zero gives the same signed zeros (IEEE fma in both). The result is then widened to fp32 exactly.
-// It relies on BF16 fma keeping subnormal operands: a block holding +inf gets code 254, whose
-// reciprocal 2^-127 is a BF16 subnormal (tests/gpu's every-BF16-value case has such blocks).
+// It relies on BF16 fma keeping subnormal operands (the PTX ISA: supported by default, and bf16
+// has no .ftz form): a block holding +inf gets code 254, whose reciprocal 2^-127 is a BF16
+// subnormal (tests/gpu's every-BF16-value case has such blocks). A NaN product may come back as
+// any NaN (half-precision instructions return an unspecified NaN); the satfinite conversion
+// makes every NaN, of either sign, the one E4M3 NaN 0x7F, as from fp32. The sm_89 gate is the
+// e4m3x2 conversion's, which this path ends in.
 __device__ __forceinline__ unsigned convert2(unsigned w, float rcp_lo, float rcp_hi, float zero) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(MOK_EMULATE)
   const unsigned rcp2 = (__float_as_uint(rcp_hi) & 0xFFFF0000u) | __float_as_uint(rcp_lo) >> 16;

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntFlag
 from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import torch
 
+from mok.checks import describe
 from mok.errors import LayoutError
 from mok.kernels import include_path
 from mok.kernels.streams import CurrentStream
@@ -179,18 +178,18 @@ def kernel_source() -> str:
     return resources.files("mok.kernels").joinpath(SOURCE_NAME).read_text()
 
 
-def compile_quantize(
-    arch: str, config: QuantizeConfig = QuantizeConfig(), source: str | os.PathLike[str] | None = None
-) -> Any:
+def compile_quantize(arch: str, config: QuantizeConfig = QuantizeConfig(), source: str | None = None) -> Any:
     """Compile the kernel for ``arch`` (e.g. "sm_90") with NVRTC; cuda.core ObjectCode. Needs no GPU.
-    ``source``: other kernel text, or the path of another version's .cu (a benchmark compares
-    them), compiled with this ABI's macros and headers; default mok's own."""
+    ``source``: the text of another version of the kernel (a benchmark compares them), compiled
+    with this ABI's macros and headers; default mok's own."""
     from cuda.core import Program, ProgramOptions
 
     if source is None:
         source = kernel_source()
     elif not isinstance(source, str):
-        source = Path(source).read_text()
+        raise TypeError(
+            f"source: expected the kernel's text (a str, e.g. Path(f).read_text()); found {describe(source)}"
+        )
     options = ProgramOptions(
         std="c++17", arch=arch, name="mok_mxfp8_quantize", define_macro=config.macros(), include_path=include_path()
     )
@@ -315,8 +314,10 @@ class QuantizeLaunch:
         from cuda.core import LaunchConfig
 
         grid = self.grid if grid is None else grid
-        if isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid <= MAX_GRID:
-            raise ValueError(f"grid: expected a whole number of blocks from 1 to {MAX_GRID}; found {grid!r}")
+        if isinstance(grid, bool) or not isinstance(grid, int):
+            raise TypeError(f"grid: expected an int number of blocks; found {describe(grid)}")
+        if not 1 <= grid <= MAX_GRID:
+            raise ValueError(f"grid: expected a whole number of blocks from 1 to {MAX_GRID}; found {grid}")
         other = copy.copy(self)
         other.kernel, other.grid = kernel, grid
         other._launch_config = LaunchConfig(grid=grid, block=self._threads)
@@ -367,15 +368,17 @@ def prepare(
     src: torch.Tensor | Sequence[torch.Tensor],
     out: QuantizeOutputs,
     *,
-    kernel: bool | None = None,
+    use_kernel: bool | None = None,
     **options: Unpack[QuantizeOptions],
 ) -> Callable[[], None]:
     """The quantisation of ``src`` into ``out`` ready to run again and again: a QuantizeLaunch
-    (``kernel``; by default on CUDA tensors), else the torch reference (checked once here in both
-    cases). A resolved backend passes ``kernel``: the kernel needs CUDA tensors, the reference runs
-    anywhere."""
+    (``use_kernel``; by default on CUDA tensors), else the torch reference (checked once here in
+    both cases). A resolved backend passes ``use_kernel``: the kernel needs CUDA tensors, the
+    reference runs anywhere."""
     source = check_source(src)
-    if source.experts[0].device.type == "cuda" if kernel is None else kernel:
+    if use_kernel is None:
+        use_kernel = source.experts[0].device.type == "cuda"
+    if use_kernel:
         return QuantizeLaunch(src, out, **options)
     check_outputs(out, source, swizzled=options.get("swizzled", True))
     return functools.partial(run_reference, src, out, **options)
