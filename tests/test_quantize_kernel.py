@@ -4,6 +4,7 @@ take) and through nvcc without spills, its CPU emulation equals the torch refere
 
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
 import subprocess
@@ -63,6 +64,19 @@ def test_kernel_compiles_with_nvcc_without_spills(tmp_path: Path, arch: str) -> 
 def test_kernel_refuses_to_compile_without_the_abi_macros(tmp_path: Path) -> None:
     done = subprocess.run(["nvcc", "-c", str(SOURCE), "-o", str(tmp_path / "q.o")], capture_output=True, text=True)
     assert done.returncode != 0 and "QuantizeConfig.macros" in done.stderr
+
+
+@pytest.mark.parametrize(("experts", "rows", "cols"), [(1, 32, 32), (3, 288, 160), (2, 352, 512), (8, 7168, 2048)])
+def test_units_count_each_expert_s_128_row_groups_of_tile_columns(experts: int, rows: int, cols: int) -> None:
+    """A launch's grid is at most its units: every (expert, 128-row group, tile column) once."""
+    config = Q.QuantizeConfig()
+    groups = {
+        (e, r // 128, c // config.tile_cols)
+        for e in range(experts)
+        for r in range(0, rows, 32)
+        for c in range(0, cols, 32)
+    }
+    assert config.units(experts, rows, cols) == len(groups)
 
 
 def test_the_abi_macros_are_the_flags_and_the_shape() -> None:
@@ -144,6 +158,21 @@ def test_emulator_catches_an_unwritten_padding_byte(
     x = CASES[name](torch.Generator().manual_seed(1))
     with pytest.raises(AssertionError, match=f"{output} differs"):
         EQ.check(x, grid=grid, kernel_dir=tmp_path)
+
+
+@needs_gxx
+def test_emulator_fails_a_divergent_shuffle_instead_of_hanging(tmp_path: Path) -> None:
+    """A full-mask shuffle that only some lanes reach (a hang or undefined on the device) makes
+    the emulated launch fail within its wait limit."""
+    shuffle = "  gathered |= __shfl_xor_sync(0xFFFFFFFFu, gathered, 2);"
+    planted = SOURCE.read_text().replace(shuffle, "  if (g * 32 < T.width)" + shuffle[1:])
+    assert planted != SOURCE.read_text()
+    (tmp_path / Q.SOURCE_NAME).write_text(planted)
+    shutil.copy(SOURCE.with_name("async_copy.cuh"), tmp_path)
+    ctypes.c_int.in_dll(EQ.build(EQ.CONFIG, tmp_path), "emu_wait_ms").value = 200
+    x = CASES[PADDED](torch.Generator().manual_seed(1))
+    with pytest.raises(AssertionError, match="violations of the emulated hardware's rules"):
+        EQ.check(x, grid=1, kernel_dir=tmp_path)
 
 
 def test_reference_run_fills_every_byte_and_matches_megatron_s_shapes() -> None:

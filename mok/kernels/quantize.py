@@ -82,6 +82,11 @@ class QuantizeConfig:
         """Tiles (blocks of work) of ``experts`` matrices ``[rows, cols]``."""
         return experts * (rows // self.tile_rows) * -(-cols // self.tile_cols)
 
+    def units(self, experts: int, rows: int, cols: int) -> int:
+        """Units (what one block converts at a time: four tiles' rows, 128, of one expert) of
+        ``experts`` matrices ``[rows, cols]``; a launch needs no more blocks than these."""
+        return experts * -(-rows // (4 * self.tile_rows)) * -(-cols // self.tile_cols)
+
 
 class QuantizeOutputs(NamedTuple):
     """The four output buffers: payloads ``[E, R, C]`` (``torch.float8_e4m3fn``) and uint8 scales,
@@ -298,7 +303,8 @@ class QuantizeLaunch:
         args = kernel_arguments(self.source, self.out, self.flags, self.table, config)
         kinds = (np.uint64, np.int64, np.int64, np.uint64, np.uint64, np.uint64, np.uint64)
         self._args = (*(k(a) for k, a in zip(kinds, args, strict=False)), *map(np.int32, args[7:]))
-        self.grid = max(1, min(args[10], compiled.resident))
+        (rows, cols), experts = self.source.experts[0].shape, len(self.source.experts)
+        self.grid = max(1, min(config.units(experts, rows, cols), compiled.resident))
         self._launch = launch
         self._threads = config.threads
         self._launch_config = LaunchConfig(grid=self.grid, block=config.threads)

@@ -77,7 +77,7 @@ def run(
     grid: int = 0,
     kernel_dir: Path = KERNEL_DIR,
 ) -> None:
-    """One emulated launch of ``grid`` blocks (0: one a tile) with a QuantizeLaunch's arguments."""
+    """One emulated launch of ``grid`` blocks (0: one a unit) with a QuantizeLaunch's arguments."""
     config = CONFIG
     source = check_source(src)
     out = check_outputs(out, source, swizzled=swizzled)
@@ -85,12 +85,13 @@ def run(
     table = address_table(source, torch.device("cpu")) if pointers else None
     flags = flags_for(rule=rule, swizzled=swizzled, pointers=pointers, product=product)
     args = kernel_arguments(source, out, flags, table, config)
-    tiles = args[-1]
+    (rows, cols), experts = source.experts[0].shape, len(source.experts)
+    units = config.units(experts, rows, cols)
     readable = torch.tensor([a for x in source.experts for a in _span(x)], dtype=torch.int64)
     writable = torch.tensor([a for t in out for a in _span(t)], dtype=torch.int64)
     words = torch.tensor(args, dtype=torch.int64)
     lib = build(config, kernel_dir)
-    blocks = tiles if grid == 0 else min(grid, tiles)
+    blocks = units if grid == 0 else min(grid, units)
     errors = lib.mok_emulate_quantize(
         words.data_ptr(), blocks, readable.data_ptr(), len(source.experts), writable.data_ptr(), len(out)
     )

@@ -1,5 +1,5 @@
 // Host shim that runs mxfp8_swizzle.cu on the CPU (tests/emulator/emulate.py): one std::thread per
-// CUDA thread, std::barrier for __syncthreads, static (block-wide) storage for __shared__
+// CUDA thread, a barrier that fails after a timeout (EmuBarrier) for __syncthreads, static (block-wide) storage for __shared__
 // variables; cp.async copies are checked (16-byte aligned, inside shared memory) and land at the
 // issuing thread's wait. Source-tensor reads (__ldg, cp.async; not the descriptor tables) are checked
 // against the launch's source tensors, the inverse kernel's writes (store_global) against its
@@ -9,11 +9,15 @@
 #pragma once
 #include <algorithm>
 #include <atomic>
-#include <barrier>
+#include <bit>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -46,6 +50,66 @@ std::atomic<int> emu_errors{0};
 inline void emu_fail(const char* what) {  // counted; the first few printed
   if (emu_errors++ < 20) std::fprintf(stderr, "emulator: %s\n", what);
 }
+// A barrier that fails instead of hanging. A thread that waits more than emu_wait_ms for the
+// others (some thread skipped a __syncthreads or a full-mask shuffle: a hang or undefined
+// behaviour on the device) counts an error and breaks every barrier of the launch, so the launch
+// returns and its test fails. A test that plants such a kernel shortens the wait (ctypes).
+extern "C" {
+int emu_wait_ms = 20000;
+}
+std::atomic<bool> emu_broken{false};
+class EmuBarrier {
+ public:
+  explicit EmuBarrier(int n) : n_(n) {}
+  void reset() { arrived_ = 0; }
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    if (emu_broken) return;
+    const unsigned long generation = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(emu_wait_ms);
+    while (generation_ == generation && !emu_broken) {
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      if (generation_ == generation && std::chrono::steady_clock::now() > deadline) {
+        if (!emu_broken.exchange(true)) emu_fail("a barrier timed out: some thread of the block never arrived");
+        return;
+      }
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0;
+  unsigned long generation_ = 0;
+};
+
+// Warp shuffles with a full mask: the lanes of a warp (threads 32w..32w+31) meet at a barrier of
+// their own, so every lane must take part, as the hardware requires (a lane that does not breaks
+// the launch, above). Any 4-byte type, moved as its bits (as the device's shuffles of int,
+// unsigned and float).
+struct EmuWarp {
+  EmuBarrier met{32};
+  unsigned values[32];
+};
+EmuWarp emu_warps[32];  // up to 1024 threads a block
+template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  static_assert(sizeof(T) == 4 && std::is_trivially_copyable_v<T>, "emulated shuffles move 4-byte values");
+  if (mask != 0xFFFFFFFFu) emu_fail("warp shuffle with a partial mask");
+  EmuWarp& w = emu_warps[threadIdx.x / 32];
+  const unsigned lane = threadIdx.x % 32, src = lane ^ static_cast<unsigned>(lane_mask);
+  w.values[lane] = std::bit_cast<unsigned>(v);
+  w.met.arrive_and_wait();
+  const unsigned out = src < 32 ? w.values[src] : std::bit_cast<unsigned>(v);
+  w.met.arrive_and_wait();  // every lane has read before any lane's next shuffle writes
+  return std::bit_cast<T>(out);
+}
+
 // The source bytes a launch may read, [lo, hi) each (registered by emulate.py through
 // mok_emulate): a read outside them would be outside the tensors the kernel was given, which on
 // the device may be unallocated memory.
@@ -74,6 +138,8 @@ template <class T> inline void store_global(unsigned char* p, const T v) {
 // write (what the checks above compare each access with).
 inline void emu_begin(const long long* readable, int n, const long long* writable, int m) {
   emu_errors = 0;
+  emu_broken = false;
+  for (EmuWarp& w : emu_warps) w.met.reset();
   emu_readable.clear();
   for (int i = 0; i < n; ++i)
     emu_readable.emplace_back(reinterpret_cast<const unsigned char*>(readable[2 * i]),
@@ -91,36 +157,10 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 
-// Warp shuffles with a full mask: the lanes of a warp (threads 32w..32w+31) meet at a barrier of
-// their own, so every lane must take part, as the hardware requires; a lane that does not leaves
-// the others waiting (the emulated launch hangs, it does not pass).
-struct EmuWarp {
-  std::barrier<> met{32};
-  unsigned values[32];
-};
-EmuWarp emu_warps[32];  // up to 1024 threads a block
-// The value lane `from(lane)` of this thread's warp offers (this thread's own where from >= 32).
-template <class From> inline unsigned emu_shuffle(unsigned mask, unsigned v, From from) {
-  if (mask != 0xFFFFFFFFu) emu_fail("warp shuffle with a partial mask");
-  EmuWarp& w = emu_warps[threadIdx.x / 32];
-  const unsigned lane = threadIdx.x % 32, src = from(lane);
-  w.values[lane] = v;
-  w.met.arrive_and_wait();
-  const unsigned out = src < 32 ? w.values[src] : v;
-  w.met.arrive_and_wait();  // every lane has read before any lane's next shuffle writes
-  return out;
-}
-inline unsigned __shfl_down_sync(unsigned mask, unsigned v, unsigned delta) {
-  return emu_shuffle(mask, v, [=](unsigned lane) { return lane + delta; });
-}
-inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, unsigned lane_mask) {
-  return emu_shuffle(mask, v, [=](unsigned lane) { return lane ^ lane_mask; });
-}
-
-std::barrier<>* emu_sync = nullptr;
+EmuBarrier* emu_sync = nullptr;
 #define __syncthreads() emu_sync->arrive_and_wait()
-// Named barriers 1..n (bar.sync id, count): one std::barrier per part of the block.
-std::vector<std::barrier<>*> emu_named;
+// Named barriers 1..n (bar.sync id, count): one EmuBarrier per part of the block.
+std::vector<EmuBarrier*> emu_named;
 int emu_named_count = 0;
 inline void emu_named_sync(int id, int count) {
   if (id < 1 || id > (int)emu_named.size() || count != emu_named_count) {

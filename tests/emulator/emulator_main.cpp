@@ -20,11 +20,11 @@ extern "C" int mok_emulate(const Job* jobs, int njobs, long long total, int grid
                            const long long* writable, int m, int inverse) {
   emu_begin(readable, n, writable, m);
   gridDim.x = grid;
-  std::barrier<> sync(THREADS);
+  EmuBarrier sync(THREADS);
   emu_sync = &sync;
-  std::vector<std::unique_ptr<std::barrier<>>> parts;  // named barriers 1..PARTS
+  std::vector<std::unique_ptr<EmuBarrier>> parts;  // named barriers 1..PARTS
   emu_named.clear();
-  for (int i = 0; i < PARTS; ++i) emu_named.push_back(parts.emplace_back(new std::barrier<>(PART_THREADS)).get());
+  for (int i = 0; i < PARTS; ++i) emu_named.push_back(parts.emplace_back(new EmuBarrier(PART_THREADS)).get());
   emu_named_count = PART_THREADS;
   std::vector<std::thread> threads;  // one block's threads, which run every block in turn
   for (int t = 0; t < THREADS; ++t)

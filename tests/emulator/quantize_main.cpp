@@ -40,7 +40,7 @@ extern "C" int mok_emulate_quantize(const long long* args, int grid, const long 
                                     const long long* writable, int m) {
   emu_begin(readable, n, writable, m);
   gridDim.x = grid;
-  std::barrier<> sync(QTHREADS);
+  EmuBarrier sync(QTHREADS);
   emu_sync = &sync;
   auto out = [&](int i) { return reinterpret_cast<unsigned char*>(args[i]); };
   std::vector<std::thread> threads;  // one block's threads, which run every block in turn

@@ -141,7 +141,7 @@ def test_the_same_launch_runs_another_compiled_kernel_on_any_grid() -> None:
     major, minor = torch.cuda.get_device_capability()
     other = Q.compile_quantize(f"sm_{major}{minor}", source=source).get_kernel("other_quantize")
     want = _reference(x, True, ReciprocalRule.EXACT)
-    for grid in (None, 1, 7, 64):  # 27 tiles: one block, several tiles a block, idle blocks
+    for grid in (None, 1, 7, 64):  # 9 units (27 tiles): one block, several units a block, idle blocks
         relaunch = launch.with_kernel(other, grid)
         assert (relaunch.kernel, relaunch.grid) == (other, launch.grid if grid is None else grid)
         _check_launch(relaunch, want, f"other kernel, grid {grid}")
