@@ -18,6 +18,8 @@ Kinds and their files:
   host-te         a bench_host.py JSON: eager rowwise calls against TE's swizzles, same run
   readme-device   a bench_swizzle.py JSON: the README's few device rows
   readme-host     a bench_host.py JSON: the README's few host rows
+  vs-host         vs_baseline.py JSONs (--only host): this tree over the baseline's, per round, the
+                  median of every file's rounds pooled, [each file's median]
 
 Needs no GPU and no torch (tests/test_docs.py runs the check).
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from itertools import pairwise
@@ -71,8 +74,10 @@ def _device_run(meta: dict[str, Any]) -> str:
 
 def caption(kind: str, files: list[str], paths: list[Path]) -> str:
     """The line above a table: the run (machine, date, versions), the command and the files."""
-    meta = _meta(paths[0])
     label = ("Files: " if len(files) > 1 else "File: ") + " and ".join(f"`{f}`" for f in files) + "."
+    if kind == "vs-host":
+        return _vs_caption(paths, label)
+    meta = _meta(paths[0])
     if kind.startswith("host") or kind == "readme-host":
         run = f"host of the {meta['gpu']} machine, {meta['date']}, torch {meta['torch']}, Python {meta['python']}"
         twice = ", run twice (two processes)" if len(files) > 1 else ""
@@ -224,6 +229,67 @@ def host(path: Path, second: Path | None = None) -> list[str]:
     return _table(header + ([f"E={experts[-1]}, second process"] if other else []), body)
 
 
+VS_HOST_COLUMNS = [  # header, then the (case suffix, bench_host key) of each value in its cells
+    ("checked refresh, row+col (split)", [("row+col", "split refresh")]),
+    ("grouped refresh", [("row+col", "grouped refresh")]),
+    (
+        "mok.weights split / grouped refresh",
+        [("row+col", "split refresh, mok.weights"), ("row+col", "grouped refresh, mok.weights")],
+    ),
+    ("layer refresh", [("row+col", "layer refresh")]),
+    ("first view, split row+col / row", [("row+col", "split first view"), ("row", "split first view")]),
+    ("first view, grouped row+col / row", [("row+col", "grouped first view"), ("row", "grouped first view")]),
+    ("TE discrete / TE multi", [("row", "TE discrete"), ("row", "TE multi")]),
+]
+
+
+def _vs_runs(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """A vs_baseline.py file's bench_host runs: "this" and "baseline", round by round."""
+    runs = json.loads(path.read_text())["runs"]
+    return {tree: runs[tree]["host"] for tree in ("this", "baseline")}
+
+
+def _round_ratios(path: Path) -> dict[tuple[str, str], list[float]]:
+    """(case, key) -> this tree's value over the baseline's, one ratio a round."""
+    found: dict[tuple[str, str], list[float]] = {}
+    runs = _vs_runs(path)
+    for this, base in zip(runs["this"], runs["baseline"], strict=True):
+        old = {r["case"]: r for r in base["results"]}
+        for row in this["results"]:
+            for key, value in row.items():
+                was = old.get(row["case"], {}).get(key)
+                if isinstance(value, (int, float)) and isinstance(was, (int, float)) and was:
+                    found.setdefault((row["case"], key), []).append(value / was)
+    return found
+
+
+def _vs_caption(paths: list[Path], label: str) -> str:
+    runs = [_vs_runs(p) for p in paths]
+    meta = runs[0]["this"][0]["meta"]
+    tes = " and ".join(dict.fromkeys(str(r["this"][0]["meta"]["te"]) for r in runs))
+    rounds = " and ".join(str(len(r["this"])) for r in runs)
+    run = f"host of the {meta['gpu']} machine, {meta['date']}, torch {meta['torch']}, Python {meta['python']}"
+    command = f"`vs_baseline.py --baseline DIR --only host --rounds N` (N = {rounds})"
+    return f"Run: {run}, TE {tes}. Command: {command}. {label}"
+
+
+def vs_host(*paths: Path) -> list[str]:
+    per_file = [_round_ratios(p) for p in paths]
+    first = _vs_runs(paths[0])["this"][0]["results"]
+    experts = sorted({int(r["case"].split()[0].removeprefix("E=")) for r in first})
+    shape_ = first[0]["case"].split()[1]
+
+    def cell(e: int, suffix: str, key: str) -> str:
+        found = [r[(f"E={e} {shape_} {suffix}", key)] for r in per_file if (f"E={e} {shape_} {suffix}", key) in r]
+        if not found:
+            return "-"
+        pooled = statistics.median([x for ratios in found for x in ratios])
+        return f"{pooled:.2f} [" + ", ".join(f"{statistics.median(ratios):.2f}" for ratios in found) + "]"
+
+    body = [[str(e), *(" / ".join(cell(e, *part) for part in parts) for _, parts in VS_HOST_COLUMNS)] for e in experts]
+    return _table(["E", *(header for header, _ in VS_HOST_COLUMNS)], body)
+
+
 def host_te(path: Path) -> list[str]:
     results = _host_results(path)
     body = []
@@ -302,6 +368,7 @@ KINDS: dict[str, Callable[..., list[str]]] = {
     "host-te": host_te,
     "readme-device": readme_device,
     "readme-host": readme_host,
+    "vs-host": vs_host,
 }
 
 
