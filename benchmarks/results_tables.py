@@ -18,6 +18,7 @@ Kinds and their files:
   host-te         a bench_host.py JSON: eager rowwise calls against TE's swizzles, same run
   readme-device   a bench_swizzle.py JSON: the README's few device rows
   readme-host     a bench_host.py JSON: the README's few host rows
+  quantize        a bench_quantize.py JSON: every column against the same run's copy of the same bytes
   vs-host         vs_baseline.py JSONs (--only host): this tree over the baseline's, per round, the
                   median of every file's rounds pooled, [each file's median]
 
@@ -89,6 +90,8 @@ def caption(kind: str, files: list[str], paths: list[Path]) -> str:
         variants = ",".join(dict.fromkeys(c.split("@")[1] for c in header.split()[3:]))
         flags = f"--runs {runs.group(1) if runs else '?'} --variants {variants}"
         return f"Run: {_device_run(meta)}. Command: `probe_layer_parts.py {flags}`. {label}"
+    if kind == "quantize":
+        return f"Run: {_device_run(meta)}. Command: `bench_quantize.py {_quantize_flags(paths[0], meta)}`. {label}"
     option = "--shapes" if "shapes" in meta else "--variants"  # bench_swizzle.py's option since one kernel
     flags = f"--runs {meta['runs']} --repeats {meta['repeats']} {option} {meta.get('shapes', meta.get('variants'))}"
     flags += " --no-te" if meta.get("te") in (None, "None") else ""
@@ -290,6 +293,40 @@ def vs_host(*paths: Path) -> list[str]:
     return _table(["E", *(header for header, _ in VS_HOST_COLUMNS)], body)
 
 
+QUANTIZE_COLUMNS = {  # bench_quantize.py column -> the table's header
+    "g:fused": "fused, graph",
+    "fused": "fused, eager",
+    "g:fused/exp": "per-expert table",
+    "g:mok 2": "two steps (mok)",
+    "g:other": "`--other` kernel",
+    "TE q": "TE quantizer",
+    "TE q+swz": "TE quantizer + swizzle",
+}
+
+
+def _quantize_columns(path: Path) -> list[str]:
+    """The columns some row of the run measured."""
+    rows = _rows(path)
+    return [c for c in QUANTIZE_COLUMNS if any(r["median_us"].get(c) is not None for r in rows)]
+
+
+def _quantize_flags(path: Path, meta: dict[str, Any]) -> str:
+    flags = f"--runs {meta['runs']} --repeats {meta['repeats']} --experts {' '.join(map(str, meta['experts']))}"
+    columns = _quantize_columns(path)
+    flags += "" if "TE q" in columns else " --no-te"
+    return flags + (" --other OTHER.cu" if "g:other" in columns else "")
+
+
+def quantize(path: Path) -> list[str]:
+    columns = _quantize_columns(path)
+    body = []
+    for r in _rows(path):
+        copy = f"{_us(r['median_us']['g:copy'])} ({r['copy_GBps'] / 1000:.2f} TB/s)"
+        ratios = r["ratio_to_copy"]
+        body.append([r["case"], copy, *(f"{ratios[c]:.2f}" if ratios.get(c) is not None else "-" for c in columns)])
+    return _table(["case", "copy, us", *(QUANTIZE_COLUMNS[c] for c in columns)], body)
+
+
 def host_te(path: Path) -> list[str]:
     results = _host_results(path)
     body = []
@@ -369,6 +406,7 @@ KINDS: dict[str, Callable[..., list[str]]] = {
     "readme-device": readme_device,
     "readme-host": readme_host,
     "vs-host": vs_host,
+    "quantize": quantize,
 }
 
 

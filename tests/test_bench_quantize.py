@@ -3,11 +3,13 @@ sets up every column a GPU run times, checks the fused result, and writes the JS
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,3 +28,19 @@ def test_bench_quantize_dry_run_writes_every_column(tmp_path: Path) -> None:
     assert row["equal"] == {"fused == mok 2": True, "expert 0 == reference": True}
     n = 2 * 64 * 96
     assert row["bytes_moved"] == 2 * n + 2 * n + 2 * (2 * 128 * 4)  # BF16 in, FP8 twice out, two layouts
+    _check_table(out, row)
+
+
+def _check_table(out: Path, row: dict[str, Any]) -> None:
+    """results_tables' `quantize` kind shows every measured column as its ratio to the copy."""
+    spec = importlib.util.spec_from_file_location("results_tables", ROOT / "benchmarks" / "results_tables.py")
+    assert spec is not None and spec.loader is not None
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    header, _, line = tables.quantize(out)
+    assert header.split(" | ")[2:] == ["fused, graph", "fused, eager", "per-expert table", "two steps (mok) |"]
+    us = row["median_us"]
+    want = [f"{us[c] / us['g:copy']:.2f}" for c in ("g:fused", "fused", "g:fused/exp", "g:mok 2")]
+    assert line.strip("| ").split(" | ")[2:] == want
+    flags = tables._quantize_flags(out, json.loads(out.read_text())["meta"])
+    assert flags.endswith("--no-te") and "--runs 2" in flags
