@@ -136,6 +136,14 @@ def test_emulated_kernel_with_partial_128_row_units(name: str, swizzled: bool, g
 # Lines of the kernel that write the layout's padding, each with a change that skips it, the output
 # that then differs from the reference, and the case and grid that show it (1: a block converts
 # every unit, so a word not cleared after a full unit leaves its codes in a partial unit's padding).
+def _plant(folder: Path, line: str, change: str) -> None:
+    """The kernel's source with ``line`` changed, in ``folder`` beside the header it includes."""
+    planted = SOURCE.read_text().replace(line, change)
+    assert planted != SOURCE.read_text()
+    (folder / Q.SOURCE_NAME).write_text(planted)
+    shutil.copy(SOURCE.with_name("async_copy.cuh"), folder)
+
+
 PADDED = "grouped E=2 96x544 (rows and columns pad, partial tile)"
 PLANTS = [
     ("j >= ((T.width + 127) & ~127)", "j >= T.width", "col_scales", PADDED, 0),  # columns past the matrix
@@ -151,10 +159,7 @@ def test_emulator_catches_an_unwritten_padding_byte(
     tmp_path: Path, line: str, change: str, output: str, name: str, grid: int
 ) -> None:
     """The comparison can fail: a kernel that skips part of the layout's padding is caught."""
-    planted = SOURCE.read_text().replace(line, change)
-    assert planted != SOURCE.read_text()
-    (tmp_path / Q.SOURCE_NAME).write_text(planted)
-    shutil.copy(SOURCE.with_name("async_copy.cuh"), tmp_path)
+    _plant(tmp_path, line, change)
     x = CASES[name](torch.Generator().manual_seed(1))
     with pytest.raises(AssertionError, match=f"{output} differs"):
         EQ.check(x, grid=grid, kernel_dir=tmp_path)
@@ -165,10 +170,7 @@ def test_emulator_fails_a_divergent_shuffle_instead_of_hanging(tmp_path: Path) -
     """A full-mask shuffle that only some lanes reach (a hang or undefined on the device) makes
     the emulated launch fail within its wait limit."""
     shuffle = "  gathered |= __shfl_xor_sync(0xFFFFFFFFu, gathered, 2);"
-    planted = SOURCE.read_text().replace(shuffle, "  if (g * 32 < T.width)" + shuffle[1:])
-    assert planted != SOURCE.read_text()
-    (tmp_path / Q.SOURCE_NAME).write_text(planted)
-    shutil.copy(SOURCE.with_name("async_copy.cuh"), tmp_path)
+    _plant(tmp_path, shuffle, "  if (g * 32 < T.width)" + shuffle[1:])
     ctypes.c_int.in_dll(EQ.build(EQ.CONFIG, tmp_path), "emu_wait_ms").value = 200
     x = CASES[PADDED](torch.Generator().manual_seed(1))
     with pytest.raises(AssertionError, match="violations of the emulated hardware's rules"):

@@ -1,10 +1,10 @@
 // Host shim that runs mxfp8_swizzle.cu on the CPU (tests/emulator/emulate.py): one std::thread per
-// CUDA thread, a barrier that fails after a timeout (EmuBarrier) for __syncthreads, static (block-wide) storage for __shared__
-// variables; cp.async copies are checked (16-byte aligned, inside shared memory) and land at the
-// issuing thread's wait. Source-tensor reads (__ldg, cp.async; not the descriptor tables) are checked
-// against the launch's source tensors, the inverse kernel's writes (store_global) against its
-// output tensors, and every access for alignment (-fsanitize=alignment, handled in
-// emulator_main.cpp).
+// CUDA thread, a barrier that fails after a timeout (EmuBarrier) for __syncthreads, static
+// (block-wide) storage for __shared__ variables; cp.async copies are checked (16-byte aligned,
+// inside shared memory) and land at the issuing thread's wait. Source-tensor reads (__ldg,
+// cp.async; not the descriptor tables) are checked against the launch's source tensors, the
+// inverse kernel's writes (store_global) against its output tensors, and every access for
+// alignment (-fsanitize=alignment, handled in emulator_main.cpp).
 // It tests the addressing, planning and staging logic; not timing, not the hardware.
 #pragma once
 #include <algorithm>
@@ -73,7 +73,7 @@ class EmuBarrier {
       return;
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(emu_wait_ms);
-    while (generation_ == generation && !emu_broken) {
+    while (generation_ == generation && !emu_broken) {  // polled: another barrier may break the launch
       cv_.wait_for(lock, std::chrono::milliseconds(50));
       if (generation_ == generation && std::chrono::steady_clock::now() > deadline) {
         if (!emu_broken.exchange(true)) emu_fail("a barrier timed out: some thread of the block never arrived");
