@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -32,22 +33,34 @@ class Reading:
 
     ``bulk``: read by the objects' one class's C-level reader (te_compat.storage_reader), which a
     guard reads again the same way; else name by name (te_compat.storage_values: the ``.data``
-    fallback, mixed classes). ``tensor_columns``: the names holding a tensor on every object,
-    where every other name holds none on any (None where some name mixes them). ``addresses``:
-    every tensor value's ``data_ptr()``, object by object, taken with the read; ``storages``:
-    their memory, kept alive so an equal address later is still that memory (TE's ``clear()``
-    swaps a tensor's storage under the same object). ``absent``: names of a direction the reader
-    found no object storing; the guard drops them (:meth:`watched`), a first view does not."""
+    fallback, mixed classes). ``addresses``: every tensor value's ``data_ptr()``, object by
+    object, taken with the read; ``storages``: their memory, kept alive so an equal address later
+    is still that memory (TE's ``clear()`` swaps a tensor's storage under the same object).
+    ``absent``: names of a direction the reader found no object storing; the guard drops them
+    (:meth:`watched`), a first view does not."""
 
     objects: tuple[object, ...]
     names: tuple[str, ...]
     values: tuple[tuple[Any, ...], ...]
     bulk: bool
     requested: tuple[str, ...] | None  # the names asked for (None: each object's kind's own)
-    tensor_columns: tuple[int, ...] | None
     addresses: tuple[int, ...]
     storages: tuple[torch.UntypedStorage, ...]
     absent: tuple[str, ...] = ()
+
+    @cached_property
+    def tensor_columns(self) -> tuple[int, ...] | None:
+        """The indices of the names holding a tensor on every object, where every other name
+        holds none on any; None where some name mixes them. Worked out when a guard first needs
+        it (the values never change): a view that is never refreshed never pays for it."""
+        return _tensor_columns(self.values, len(self.names))
+
+    @cached_property
+    def _columns(self) -> dict[str, tuple[Any, ...]]:
+        """Every name's values, object by object: one transposition, then each column a lookup."""
+        if not self.values:
+            return {}
+        return dict(zip(self.names, zip(*self.values, strict=True), strict=True))
 
     def watched(self) -> Reading:
         """The same reading less the ``absent`` columns where no object holds anything (a
@@ -61,7 +74,7 @@ class Reading:
         names_ = tuple(self.names[i] for i in keep)
         rows = tuple(map(_picker(keep), self.values))
         columns = None if self.tensor_columns is None else tuple(keep.index(i) for i in self.tensor_columns)
-        return Reading(self.objects, names_, rows, self.bulk, names_, columns, self.addresses, self.storages)
+        return _known(Reading(self.objects, names_, rows, self.bulk, names_, self.addresses, self.storages), columns)
 
     def with_absent(self, absent: tuple[str, ...]) -> Reading:
         """The same reading with ``absent`` set (a plain construction: a first view pays it)."""
@@ -71,7 +84,6 @@ class Reading:
             self.values,
             self.bulk,
             self.requested,
-            self.tensor_columns,
             self.addresses,
             self.storages,
             absent,
@@ -87,16 +99,16 @@ class Reading:
                 f"Reading.joined: expected a bulk reading of (class, names, tensor columns, bulk) {mine}; "
                 f"found {theirs}"
             )
-        return Reading(
+        joined = Reading(
             self.objects + other.objects,
             self.names,
             self.values + other.values,
             self.bulk,
             self.requested,
-            self.tensor_columns,
             self.addresses + other.addresses,
             self.storages + other.storages,
         )
+        return _known(joined, self.tensor_columns)
 
     def flat(self, columns: Sequence[int]) -> list[Any]:
         """The values of ``columns`` (indices into ``names``), object by object, as one list."""
@@ -104,9 +116,14 @@ class Reading:
 
     def column(self, name: str) -> tuple[Any, ...]:
         """The value of ``name`` on every object (None where the release has no such storage)."""
-        if name not in self.names:
-            return (None,) * len(self.objects)
-        return tuple(map(itemgetter(self.names.index(name)), self.values))
+        found = self._columns.get(name)
+        return found if found is not None else (None,) * len(self.objects)
+
+
+def _known(reading: Reading, columns: tuple[int, ...] | None) -> Reading:
+    """``reading`` with its tensor columns known already (those of the reading it was made from)."""
+    reading.__dict__["tensor_columns"] = columns  # what the cached property would store
+    return reading
 
 
 def _picker(indices: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -125,14 +142,23 @@ def read_storage(objects: Sequence[object], names: tuple[str, ...] | None = None
     """Read the storage ``names`` (default: all the kind has) of every object once: in bulk where
     they share a class and hold it themselves, else name by name."""
     objects = tuple(objects)
-    if len(set(map(type, objects))) == 1:
-        reader = storage_reader(objects[0], names)
-        try:
-            rows = tuple(map(reader.read, objects))
-        except AttributeError:  # storage kept on .data only: read below, name by name
-            pass
-        else:
-            return _reading(objects, reader.names, rows, True, names)
+    found = read_one_class(objects, names) if len(set(map(type, objects))) == 1 else None
+    return found if found is not None else read_by_name(objects, names)
+
+
+def read_one_class(objects: tuple[object, ...], names: tuple[str, ...] | None) -> Reading | None:
+    """:func:`read_storage` of objects known to share one class, in bulk; None where they keep
+    their storage on ``.data`` only (then :func:`read_by_name` reads it)."""
+    reader = storage_reader(objects[0], names)
+    try:
+        rows = tuple(map(reader.read, objects))
+    except AttributeError:
+        return None
+    return _reading(objects, reader.names, rows, True, names)
+
+
+def read_by_name(objects: tuple[object, ...], names: tuple[str, ...] | None) -> Reading:
+    """:func:`read_storage` object by object, name by name (the ``.data`` fallback, mixed classes)."""
     found = [storage_values(o, names) for o in objects]
     kept = tuple(dict.fromkeys(n for values in found for n in values))
     rows = tuple(tuple(values.get(n) for n in kept) for values in found)
@@ -161,14 +187,10 @@ def _reading(
     bulk: bool,
     requested: tuple[str, ...] | None,
 ) -> Reading:
-    columns = _tensor_columns(rows, len(names))
-    if columns is not None:  # the usual case: C-level, no test per value
-        tensors: list[torch.Tensor] = _flat(rows, columns)
-    else:
-        tensors = [v for v in chain.from_iterable(rows) if _is_tensor(v)]
+    tensors = list(filter(_is_tensor, chain.from_iterable(rows)))  # object by object, C-level
     addresses = tuple(map(torch.Tensor.data_ptr, tensors))
     storages = tuple(map(torch.Tensor.untyped_storage, tensors))
-    return Reading(objects, names, rows, bulk, requested, columns, addresses, storages)
+    return Reading(objects, names, rows, bulk, requested, addresses, storages)
 
 
 class Recorder:
