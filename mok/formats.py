@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
+from operator import attrgetter, methodcaller
 from typing import Any
 
 import torch
@@ -28,6 +29,8 @@ import torch
 from mok.errors import ExpertWeightError, LayoutError
 from mok.layout import Geometry, logical_view, roundup
 from te_compat import StorageName, TensorKind, mxfp8_storage, nvfp4_storage
+
+_shape, _stride, _dtype = attrgetter("shape"), methodcaller("stride"), attrgetter("dtype")
 
 
 class Format(str, Enum):
@@ -118,15 +121,43 @@ class BlockFormat:
     ) -> list[tuple[torch.Tensor, Geometry]]:
         """Each buffer as uint8 with the geometry (sizes, strides) of its logical ``[E, R, C]``
         scale matrices, from its own offset; each distinct buffer geometry checked once."""
+        found, geometries = self._scale_columns_one_by_one(d, buffers, rows, columns, names)
+        return list(zip(found, geometries, strict=True))
+
+    def scale_columns(
+        self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
+    ) -> tuple[Sequence[torch.Tensor], list[Geometry]]:
+        """:meth:`scale_sources` as two columns: the uint8 buffers and their geometries. Each
+        distinct (shape, strides, dtype) is checked once, in the order the buffers come; they are
+        read in C-level passes (one buffer after another where one is no tensor)."""
+        try:
+            keys = list(zip(map(_shape, buffers), map(_stride, buffers), map(_dtype, buffers), strict=True))
+        except (AttributeError, TypeError):  # not a tensor: one by one, raising where the first is
+            return self._scale_columns_one_by_one(d, buffers, rows, columns, names)
+        if len(names) != len(keys):
+            raise ValueError(f"scale_sources: {len(keys)} buffers but {len(names)} names")
         geometry: dict[tuple[Any, ...], Geometry] = {}
-        found = []
+        for key in dict.fromkeys(keys):
+            e = keys.index(key)
+            geometry[key] = self._scale_geometry(d, buffers[e], rows, columns, names[e])
+        geometries = list(map(geometry.__getitem__, keys))
+        if all(key[2] == torch.uint8 for key in geometry):
+            return buffers, geometries
+        return [b if b.dtype == torch.uint8 else b.view(torch.uint8) for b in buffers], geometries
+
+    def _scale_columns_one_by_one(
+        self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
+    ) -> tuple[list[torch.Tensor], list[Geometry]]:
+        geometry: dict[tuple[Any, ...], Geometry] = {}
+        found, geometries = [], []
         for buffer, name in zip(buffers, names, strict=True):
             key = (buffer.shape, buffer.stride(), buffer.dtype)
             g = geometry.get(key)
             if g is None:
                 g = geometry[key] = self._scale_geometry(d, buffer, rows, columns, name)
-            found.append((buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8), g))
-        return found
+            found.append(buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8))
+            geometries.append(g)
+        return found, geometries
 
     def _scale_geometry(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> Geometry:
         """(size, strides) of the logical ``[E, R, C]`` view of ``buffer``, after checking it."""

@@ -14,7 +14,6 @@ plans, allocates or launches (mok.pipeline does). Everything TE-specific comes f
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter, is_
 from typing import Any, NamedTuple
@@ -25,7 +24,17 @@ from mok.checks import describe
 from mok.errors import ExpertWeightError
 from mok.formats import FORMAT_OF_KIND, MXFP8, BlockFormat, Direction, Format
 from mok.layout import grouped_scales
-from mok.snapshot import DirectionSource, Reading, Recorder, ScaleSource, Snapshot, read_itself, read_storage
+from mok.snapshot import (
+    DirectionSource,
+    Reading,
+    Recorder,
+    ScaleSource,
+    Snapshot,
+    read_by_name,
+    read_itself,
+    read_one_class,
+    read_storage,
+)
 from mok.views import (
     ExpertWeights,
     GroupedExpertWeights,
@@ -99,7 +108,9 @@ def _read_experts(
     if not fine or list(map(_shape, owners)).count(dims) != len(owners):
         for e, p in enumerate(owners):
             _check_expert(e, p, block, *dims)
-    return read_storage(owners, names)
+        return read_storage(owners, names)
+    found = read_one_class(owners, names)  # their one class is known already
+    return found if found is not None else read_by_name(owners, names)
 
 
 def _need(reading: Reading, block: BlockFormat, name: str) -> tuple[Any, ...]:
@@ -130,24 +141,23 @@ def _split_direction(
 ) -> DirectionSource | None:
     """One direction of every expert (None where no expert stores it)."""
     payloads = reading.column(str(d.data))
-    present = [t is not None for t in payloads]
-    if not any(present):
+    missing = list(map(is_, payloads, repeat(None)))
+    if all(missing):
         return None
-    if not all(present):
-        raise ExpertWeightError(f"expert {present.index(False)} has no {d.name} data; the others do")
+    if any(missing):
+        raise ExpertWeightError(f"expert {missing.index(True)} has no {d.name} data; the others do")
     shape = block.payload_shape(d, rows, columns)
     data = storage_views(payloads, shape, dtype=block.payload_dtype, name=lambda e: f"expert {e} {d.name} data")
     buffers = _need(reading, block, str(d.scales))
-    names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
-    found = block.scale_sources(d, buffers, rows, columns, names)
-    flags = _swizzled_flags(reading)
-    sources = tuple(ScaleSource(n, b, g, f) for n, (b, g), f in zip(names, found, flags, strict=True))
+    names = list(map(f"expert {{}} {d.name} scales".format, range(len(buffers))))
+    found, geometries = block.scale_columns(d, buffers, rows, columns, names)
+    flags = _swizzled_flags(reading)  # as many as experts: columns of one reading
+    sources = tuple(map(ScaleSource, names, found, geometries, flags))
     amax = _need(reading, block, str(d.amax)) if d.amax is not None else None
     return DirectionSource(d, block.format, data, sources, amax)
 
 
-@dataclass(frozen=True)
-class _Stored:
+class _Stored(NamedTuple):
     """Objects storing some directions of every expert in one block format: the parameters
     themselves, or each expert's sub-storage of one direction (hybrid weights)."""
 
@@ -159,12 +169,14 @@ class _Stored:
 class SplitReader(NamedTuple):
     """Reads one Parameter per expert, each ``(rows, columns)``, in ``format`` (MXFP8, NVFP4, or
     HYBRID: each direction in its own sub-storage and block format). A named tuple: a refresh
-    makes one, and pays a C-level construction."""
+    makes one, and pays a C-level construction. ``tensors_checked``: the caller found every
+    parameter a tensor already (a new view's, just checked), so a read need not check again."""
 
     params: tuple[object, ...]
     format: Format
     rows: int
     columns: int
+    tensors_checked: bool = False
 
     @property
     def view_type(self) -> type[SplitExpertWeights]:
@@ -184,7 +196,8 @@ class SplitReader(NamedTuple):
 
     def read(self, cached: ExpertWeights | None = None) -> Snapshot:
         """Every direction TE stores of the experts (a refresh: those ``cached`` has), rowwise first."""
-        param_list(self.params)  # tensors, each named if not
+        if not self.tensors_checked:
+            param_list(self.params)  # tensors, each named if not
         recorder = Recorder()
         sources: list[DirectionSource] = []
         for stored in self._stored(recorder, cached):
