@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -90,6 +91,9 @@ class ScaleSlots:
     zero_copy: bool
 
 
+_swizzled, _te_buffer, _geometry = attrgetter("swizzled"), attrgetter("te_buffer"), attrgetter("geometry")
+
+
 def _te_layout(source: ScaleSource, shape: tuple[int, ...]) -> torch.Tensor:
     return te_swizzled_layout(source.te_buffer, shape, source.name)
 
@@ -110,9 +114,12 @@ def plan_scales(
     _, r, c = sources[0].shape
     aligned = (r, c) == padded_shape(r, c)
     if slots is None:
-        if aligned and all(s.swizzled for s in sources):
+        if aligned and all(map(_swizzled, sources)):
             return ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.shape[0])) for s in sources), True), []
         outs, checked = _allocate(sources, r, c), True
+        if not any(map(_swizzled, sources)):  # the usual case: each source converted into its new buffer
+            converted = map(ScaleWork, map(_te_buffer, sources), outs, repeat(False), map(_geometry, sources))
+            return ScaleSlots(outs, False), list(converted)
     else:
         if len(slots.tensors) != len(sources):
             raise RefreshError(f"{what}: the cached view has {len(slots.tensors)} scale buffers; found {len(sources)}")
