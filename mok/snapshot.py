@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain
-from operator import itemgetter
+from itertools import chain, repeat
+from operator import is_, itemgetter
 from typing import Any, NamedTuple
 
 import torch
@@ -67,7 +67,7 @@ class Reading:
         direction TE does not store): nothing a view of the rest depends on. Their tensors were
         none, so the addresses stay as they were taken."""
         names = self.absent
-        drop = {i for i, n in enumerate(self.names) if n in names and not any(self.column(n))}
+        drop = {i for i, n in enumerate(self.names) if n in names and all(map(is_, self.column(n), repeat(None)))}
         if not drop:
             return self
         keep = [i for i in range(len(self.names)) if i not in drop]
