@@ -92,6 +92,23 @@ class BlockFormat:
         """The te_compat logical names a view of this format reads."""
         return self.names_of(self.directions())
 
+    @cached_property
+    def _alone(self) -> dict[str, tuple[str, ...]]:
+        return {d.name: self.names_of((d,)) for d in self.directions()}
+
+    @cached_property
+    def own_names(self) -> dict[str, tuple[str, ...]]:
+        """The payload, scales and amax of each direction (TE's flag left out), by its name."""
+        return {name: names[1:] for name, names in self._alone.items()}
+
+    def names_for(self, directions: Sequence[Direction]) -> tuple[str, ...]:
+        """:meth:`names_of` this format's ``directions`` (both, or one alone), worked out once."""
+        if directions == self.directions():  # the same objects: compared by identity
+            return self.storage_names
+        if len(directions) == 1 and (directions[0] is self.rowwise or directions[0] is self.columnwise):
+            return self._alone[directions[0].name]
+        return self.names_of(directions)
+
     @staticmethod
     def names_of(directions: Sequence[Direction]) -> tuple[str, ...]:
         """TE's swizzled flag, and the payload, scales and amax of each of ``directions``."""

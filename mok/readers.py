@@ -55,7 +55,7 @@ from te_compat import (
     tensor_kind,
 )
 
-_shape = attrgetter("shape")
+_shape, _name = attrgetter("shape"), attrgetter("name")
 _HYBRID_NAMES = (str(StorageName.ROWWISE_STORAGE), str(StorageName.COLUMNWISE_STORAGE))
 
 
@@ -97,20 +97,21 @@ def _check_expert(e: int, p: object, block: BlockFormat, rows: int, columns: int
         raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {shape}")
 
 
-def _read_experts(
-    owners: tuple[object, ...], block: BlockFormat, names: tuple[str, ...], dims: tuple[int, int]
-) -> Reading:
+def _read_experts(stored: _Stored, names: tuple[str, ...], dims: tuple[int, int]) -> Reading:
     """Every expert's storage, read once. Experts of one class, the expected kind and shape pass a
     class check and a shape comparison; anything else is checked expert by expert, which raises
-    naming the first expert that is wrong."""
+    naming the first expert that is wrong. A direction no expert stores is no part of the view,
+    so its refresh need not watch it (the reading's ``optional`` names)."""
+    owners, block = stored.owners, stored.block
+    optional = tuple(map(block.own_names.__getitem__, map(_name, stored.directions)))
     first = owners[0]
     fine = len(set(map(type, owners))) == 1 and tensor_kind(first) is block.kind and hasattr(first, "shape")
     if not fine or list(map(_shape, owners)).count(dims) != len(owners):
         for e, p in enumerate(owners):
             _check_expert(e, p, block, *dims)
-        return read_storage(owners, names)
-    found = read_one_class(owners, names)  # their one class is known already
-    return found if found is not None else read_by_name(owners, names)
+        return read_storage(owners, names, optional)
+    found = read_one_class(owners, names, optional)  # their one class is known already
+    return found if found is not None else read_by_name(owners, names, optional)
 
 
 def _need(reading: Reading, block: BlockFormat, name: str) -> tuple[Any, ...]:
@@ -149,7 +150,7 @@ def _split_direction(
     shape = block.payload_shape(d, rows, columns)
     data = storage_views(payloads, shape, dtype=block.payload_dtype, name=lambda e: f"expert {e} {d.name} data")
     buffers = _need(reading, block, str(d.scales))
-    names = list(map(f"expert {{}} {d.name} scales".format, range(len(buffers))))
+    names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
     found, geometries = block.scale_columns(d, buffers, rows, columns, names)
     flags = _swizzled_flags(reading)  # as many as experts: columns of one reading
     sources = tuple(map(ScaleSource, names, found, geometries, flags))
@@ -202,9 +203,8 @@ class SplitReader(NamedTuple):
         sources: list[DirectionSource] = []
         for stored in self._stored(recorder, cached):
             stored.block.check_dims(self.rows, self.columns, f"{self.format} weights")
-            names = stored.block.names_of(stored.directions)
-            reading = _read_experts(stored.owners, stored.block, names, (self.rows, self.columns))
-            absent: list[str] = []
+            names = stored.block.names_for(stored.directions)
+            reading = recorder.add(_read_experts(stored, names, (self.rows, self.columns)))
             for d in stored.directions:
                 source = _split_direction(reading, stored.block, d, self.rows, self.columns)
                 if source is None and self.format is Format.HYBRID:
@@ -212,9 +212,6 @@ class SplitReader(NamedTuple):
                 if source is None and d.name == "rowwise":
                     _need(reading, stored.block, str(d.data))  # raises, naming the attribute and release
                 sources += [source] if source is not None else []
-                absent += [] if source is not None else stored.block.names_of((d,))[1:]
-            # what the view does not read, its refresh need not watch (the guard drops it)
-            recorder.add(reading.with_absent(tuple(absent)) if absent else reading)
         same_device(sources[0].data)
         return Snapshot(tuple(recorder.readings), tuple(sources))
 

@@ -36,8 +36,8 @@ class Reading:
     fallback, mixed classes). ``addresses``: every tensor value's ``data_ptr()``, object by
     object, taken with the read; ``storages``: their memory, kept alive so an equal address later
     is still that memory (TE's ``clear()`` swaps a tensor's storage under the same object).
-    ``absent``: names of a direction the reader found no object storing; the guard drops them
-    (:meth:`watched`), a first view does not."""
+    ``optional``: the names of each direction read (its payload first); where no object stores
+    the payload, the view has no such direction and the guard drops its names (:meth:`watched`)."""
 
     objects: tuple[object, ...]
     names: tuple[str, ...]
@@ -46,7 +46,7 @@ class Reading:
     requested: tuple[str, ...] | None  # the names asked for (None: each object's kind's own)
     addresses: tuple[int, ...]
     storages: tuple[torch.UntypedStorage, ...]
-    absent: tuple[str, ...] = ()
+    optional: tuple[tuple[str, ...], ...] = ()
 
     @cached_property
     def tensor_columns(self) -> tuple[int, ...] | None:
@@ -63,11 +63,11 @@ class Reading:
         return dict(zip(self.names, zip(*self.values, strict=True), strict=True))
 
     def watched(self) -> Reading:
-        """The same reading less the ``absent`` columns where no object holds anything (a
-        direction TE does not store): nothing a view of the rest depends on. Their tensors were
-        none, so the addresses stay as they were taken."""
-        names = self.absent
-        drop = {i for i, n in enumerate(self.names) if n in names and all(map(is_, self.column(n), repeat(None)))}
+        """The same reading less the columns of a direction TE does not store (no payload on any
+        object) where no object holds anything: nothing a view of the rest depends on. Their
+        tensors were none, so the addresses stay as they were taken."""
+        names = {n for group in self.optional if self._none(group[0]) for n in group}
+        drop = {i for i, n in enumerate(self.names) if n in names and self._none(n)}
         if not drop:
             return self
         keep = [i for i in range(len(self.names)) if i not in drop]
@@ -76,18 +76,9 @@ class Reading:
         columns = None if self.tensor_columns is None else tuple(keep.index(i) for i in self.tensor_columns)
         return _known(Reading(self.objects, names_, rows, self.bulk, names_, self.addresses, self.storages), columns)
 
-    def with_absent(self, absent: tuple[str, ...]) -> Reading:
-        """The same reading with ``absent`` set (a plain construction: a first view pays it)."""
-        return Reading(
-            self.objects,
-            self.names,
-            self.values,
-            self.bulk,
-            self.requested,
-            self.addresses,
-            self.storages,
-            absent,
-        )
+    def _none(self, name: str) -> bool:
+        """No object holds anything under ``name``."""
+        return all(map(is_, self.column(name), repeat(None)))
 
     def joined(self, other: Reading) -> Reading:
         """This reading followed by ``other``, a bulk reading of the same names and tensor
@@ -138,15 +129,20 @@ def _flat(rows: Sequence[tuple[Any, ...]], columns: Sequence[int]) -> list[Any]:
     return list(chain.from_iterable(map(_picker(columns), rows)))
 
 
-def read_storage(objects: Sequence[object], names: tuple[str, ...] | None = None) -> Reading:
+def read_storage(
+    objects: Sequence[object], names: tuple[str, ...] | None = None, optional: tuple[tuple[str, ...], ...] = ()
+) -> Reading:
     """Read the storage ``names`` (default: all the kind has) of every object once: in bulk where
-    they share a class and hold it themselves, else name by name."""
+    they share a class and hold it themselves, else name by name. ``optional``: as for
+    :class:`Reading`."""
     objects = tuple(objects)
-    found = read_one_class(objects, names) if len(set(map(type, objects))) == 1 else None
-    return found if found is not None else read_by_name(objects, names)
+    found = read_one_class(objects, names, optional) if len(set(map(type, objects))) == 1 else None
+    return found if found is not None else read_by_name(objects, names, optional)
 
 
-def read_one_class(objects: tuple[object, ...], names: tuple[str, ...] | None) -> Reading | None:
+def read_one_class(
+    objects: tuple[object, ...], names: tuple[str, ...] | None, optional: tuple[tuple[str, ...], ...] = ()
+) -> Reading | None:
     """:func:`read_storage` of objects known to share one class, in bulk; None where they keep
     their storage on ``.data`` only (then :func:`read_by_name` reads it)."""
     reader = storage_reader(objects[0], names)
@@ -154,15 +150,17 @@ def read_one_class(objects: tuple[object, ...], names: tuple[str, ...] | None) -
         rows = tuple(map(reader.read, objects))
     except AttributeError:
         return None
-    return _reading(objects, reader.names, rows, True, names)
+    return _reading(objects, reader.names, rows, True, names, optional)
 
 
-def read_by_name(objects: tuple[object, ...], names: tuple[str, ...] | None) -> Reading:
+def read_by_name(
+    objects: tuple[object, ...], names: tuple[str, ...] | None, optional: tuple[tuple[str, ...], ...] = ()
+) -> Reading:
     """:func:`read_storage` object by object, name by name (the ``.data`` fallback, mixed classes)."""
     found = [storage_values(o, names) for o in objects]
     kept = tuple(dict.fromkeys(n for values in found for n in values))
     rows = tuple(tuple(values.get(n) for n in kept) for values in found)
-    return _reading(objects, kept, rows, False, names)
+    return _reading(objects, kept, rows, False, names, optional)
 
 
 def read_itself(tensors: Sequence[torch.Tensor]) -> Reading:
@@ -186,11 +184,12 @@ def _reading(
     rows: tuple[tuple[Any, ...], ...],
     bulk: bool,
     requested: tuple[str, ...] | None,
+    optional: tuple[tuple[str, ...], ...] = (),
 ) -> Reading:
     tensors = list(filter(_is_tensor, chain.from_iterable(rows)))  # object by object, C-level
     addresses = tuple(map(torch.Tensor.data_ptr, tensors))
     storages = tuple(map(torch.Tensor.untyped_storage, tensors))
-    return Reading(objects, names, rows, bulk, requested, addresses, storages)
+    return Reading(objects, names, rows, bulk, requested, addresses, storages, optional)
 
 
 class Recorder:
