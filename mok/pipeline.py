@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import attrgetter
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -65,8 +64,7 @@ class Reader(Protocol[V_co]):
     def read(self, cached: ExpertWeights | None = None) -> Snapshot: ...
 
 
-@dataclass(frozen=True, eq=False)
-class PreparedRefresh:
+class PreparedRefresh(NamedTuple):
     """What a refresh may rerun: the launch, for these views, on this backend, while the guard
     finds the storage it was planned from unchanged. Replaced whole when planned again."""
 
@@ -82,8 +80,7 @@ class PreparedRefresh:
 # ------------------------------------------------------------------------------ planning
 
 
-@dataclass(frozen=True)
-class ScaleSlots:
+class ScaleSlots(NamedTuple):
     """The layout buffers of one direction of a view, one per source. ``zero_copy``: they are
     TE's own swizzled buffers (aligned shapes), so a refresh has nothing to convert."""
 

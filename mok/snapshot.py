@@ -252,10 +252,10 @@ class ScaleSource(NamedTuple):
         return logical_view(self.te_buffer, self.geometry)
 
 
-@dataclass(frozen=True)
-class DirectionSource:
+class DirectionSource(NamedTuple):
     """One direction of the weights as read off TE: how TE stores it, its format, the payload
-    views (one per expert, or one over all), the scales to bring into the layout, TE's amax."""
+    views (one per expert, or one over all), the scales to bring into the layout, TE's amax. A
+    named tuple, as the other records a first view makes: cheap to make, immutable."""
 
     direction: Direction
     format: Format
@@ -264,8 +264,7 @@ class DirectionSource:
     amax: tuple[torch.Tensor, ...] | None
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """Everything one read of the weights found: the readings (what the refresh guard compares,
     the caller's objects read first) and the directions planned from them, rowwise first; or,
     for BF16 weights mok quantises, ``quantize``: the BF16 payload (one ``[E, R, C]`` view, or
