@@ -14,8 +14,9 @@ plans, allocates or launches (mok.pipeline does). Everything TE-specific comes f
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from itertools import repeat
-from operator import attrgetter, is_
+from operator import attrgetter, is_, methodcaller
 from typing import Any, NamedTuple
 
 import torch
@@ -55,7 +56,7 @@ from te_compat import (
     tensor_kind,
 )
 
-_shape, _name = attrgetter("shape"), attrgetter("name")
+_shape, _name, _data_ptr = attrgetter("shape"), attrgetter("name"), methodcaller("data_ptr")
 _HYBRID_NAMES = (str(StorageName.ROWWISE_STORAGE), str(StorageName.COLUMNWISE_STORAGE))
 
 
@@ -261,6 +262,8 @@ def check_group_shape(gs: GroupedStorage, dims: tuple[int, int, int]) -> None:
     experts, rows, columns = dims
     if gs.num_tensors != experts:
         raise ExpertWeightError(f"grouped weight: expected {experts} experts; found {gs.num_tensors}")
+    if gs.tensor_shapes.count((rows, columns)) == len(gs.tensor_shapes):  # one C-level pass
+        return
     for e, shape in enumerate(gs.tensor_shapes):
         if tuple(shape) != (rows, columns):
             raise ExpertWeightError(
@@ -294,21 +297,42 @@ def _check_packing(gs: GroupedStorage, d: Direction, flat: torch.Tensor, per_exp
     """Each member's scales must be a view at offset e*per_expert of the grouped buffer (what the
     group's offsets say, and where its members' scales are: a consistency check, not something
     the launch reads, so not recorded for the guard)."""
-    offsets = gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets
-    for e, off in enumerate((offsets or ())[: gs.num_tensors]):
-        if off != e * per_expert:
-            raise ExpertWeightError(
-                f"grouped weight: {d.name} scale offsets are not expert-major: expert {e} starts "
-                f"at byte {off}, expected {e * per_expert}"
-            )
+    offsets = (gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets) or ()
+    expert_major = range(0, gs.num_tensors * per_expert, per_expert) if per_expert > 0 else None
+    if expert_major is None or tuple(offsets[: gs.num_tensors]) != tuple(expert_major[: len(offsets)]):
+        _check_offsets(offsets[: gs.num_tensors], d, per_expert)
     if not gs.members:
         return
     if len(gs.members) != gs.num_tensors:
         raise ExpertWeightError(  # upstream's words: "expected E grouped members, got n"
             f"grouped weight: expected {gs.num_tensors} grouped members, got {len(gs.members)}"
         )
+    base, scales = flat.data_ptr(), _members_scales(gs.members, d)
+    if expert_major is not None and _addresses(scales) == list(range(base, base + expert_major.stop, per_expert)):
+        return  # every member's scales where expert-major packing puts them: one C-level pass
+    _check_members(scales, d, flat, per_expert)
+
+
+def _addresses(tensors: list[Any]) -> list[int] | None:
+    """Every tensor's ``data_ptr()``; None where one is no tensor (then checked one by one)."""
+    try:
+        return list(map(_data_ptr, tensors))
+    except (AttributeError, TypeError):
+        return None
+
+
+def _check_offsets(offsets: Sequence[int], d: Direction, per_expert: int) -> None:
+    for e, off in enumerate(offsets):
+        if off != e * per_expert:
+            raise ExpertWeightError(
+                f"grouped weight: {d.name} scale offsets are not expert-major: expert {e} starts "
+                f"at byte {off}, expected {e * per_expert}"
+            )
+
+
+def _check_members(members_scales: list[Any], d: Direction, flat: torch.Tensor, per_expert: int) -> None:
     base = flat.data_ptr()
-    for e, scales in enumerate(_members_scales(gs.members, d)):
+    for e, scales in enumerate(members_scales):
         if scales is None:
             raise ExpertWeightError(f"grouped weight: expert {e} has no {d.name} scales")
         where = scales.data_ptr() - base
