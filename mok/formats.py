@@ -144,23 +144,18 @@ class BlockFormat:
     def scale_columns(
         self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
     ) -> tuple[Sequence[torch.Tensor], list[Geometry]]:
-        """:meth:`scale_sources` as two columns: the uint8 buffers and their geometries. Each
-        distinct (shape, strides, dtype) is checked once, in the order the buffers come; they are
-        read in C-level passes (one buffer after another where one is no tensor)."""
+        """:meth:`scale_sources` as two columns: the uint8 buffers and their geometries. Buffers of
+        one (shape, strides, dtype), what TE gives every expert, are read in C-level passes and
+        checked once; anything else buffer by buffer, raising where the first bad one is."""
         try:
-            keys = list(zip(map(_shape, buffers), map(_stride, buffers), map(_dtype, buffers), strict=True))
-        except (AttributeError, TypeError):  # not a tensor: one by one, raising where the first is
+            shapes, strides, dtypes = set(map(_shape, buffers)), set(map(_stride, buffers)), set(map(_dtype, buffers))
+        except (AttributeError, TypeError):  # no tensor: buffer by buffer
             return self._scale_columns_one_by_one(d, buffers, rows, columns, names)
-        if len(names) != len(keys):
-            raise ValueError(f"scale_sources: {len(keys)} buffers but {len(names)} names")
-        geometry: dict[tuple[Any, ...], Geometry] = {}
-        for key in dict.fromkeys(keys):
-            e = keys.index(key)
-            geometry[key] = self._scale_geometry(d, buffers[e], rows, columns, names[e])
-        geometries = list(map(geometry.__getitem__, keys))
-        if all(key[2] == torch.uint8 for key in geometry):
-            return buffers, geometries
-        return [b if b.dtype == torch.uint8 else b.view(torch.uint8) for b in buffers], geometries
+        if len(shapes) != 1 or len(strides) != 1 or len(dtypes) != 1 or len(names) != len(buffers):
+            return self._scale_columns_one_by_one(d, buffers, rows, columns, names)
+        geometry = self._scale_geometry(d, buffers[0], rows, columns, names[0])
+        found = buffers if dtypes == {torch.uint8} else [b.view(torch.uint8) for b in buffers]
+        return found, [geometry] * len(buffers)
 
     def _scale_columns_one_by_one(
         self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
