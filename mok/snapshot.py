@@ -57,10 +57,8 @@ class Reading:
 
     @cached_property
     def _columns(self) -> dict[str, tuple[Any, ...]]:
-        """Every name's values, object by object: one transposition, then each column a lookup."""
-        if not self.values:
-            return {}
-        return dict(zip(self.names, zip(*self.values, strict=True), strict=True))
+        """The columns asked for so far (a reader asks for some more than once)."""
+        return {}
 
     def watched(self) -> Reading:
         """The same reading less the columns of a direction TE does not store (no payload on any
@@ -108,7 +106,11 @@ class Reading:
     def column(self, name: str) -> tuple[Any, ...]:
         """The value of ``name`` on every object (None where the release has no such storage)."""
         found = self._columns.get(name)
-        return found if found is not None else (None,) * len(self.objects)
+        if found is None:
+            if name not in self.names:
+                return (None,) * len(self.objects)
+            found = self._columns[name] = tuple(map(itemgetter(self.names.index(name)), self.values))
+        return found
 
 
 def _known(reading: Reading, columns: tuple[int, ...] | None) -> Reading:
