@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from itertools import chain, repeat
+from itertools import chain
 from operator import attrgetter
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -34,7 +34,7 @@ from mok.kernels.quantize import QuantizeOutputs, empty_outputs
 from mok.layout import check_out, empty_layout, layout_shape, padded_shape, te_swizzled_layout
 from mok.overlap import check_no_overlap
 from mok.refresh import StorageGuard
-from mok.snapshot import DirectionSource, Reading, ScaleSource, Snapshot
+from mok.snapshot import DirectionSource, Reading, ScaleSource, Snapshot, records
 from mok.views import ExpertWeights, RefreshPlan, SplitExpertWeights, ViewDirection, ptr_table
 from mok.work import PreparedWork, QuantizeWork, ScaleWork
 from te_compat import TECompatError
@@ -97,7 +97,7 @@ def _te_layout(source: ScaleSource, shape: tuple[int, ...]) -> torch.Tensor:
 
 def _allocate(sources: Sequence[ScaleSource], r: int, c: int) -> tuple[torch.Tensor, ...]:
     """One buffer for every source's layout, split per source (expert-major)."""
-    counts = [s.shape[0] for s in sources]
+    counts = [geometry[0][0] for geometry in map(_geometry, sources)]  # each source's experts
     whole = empty_layout(r, c, sum(counts), sources[0].te_buffer.device, sources[0].name)
     per_expert_tiles = layout_shape(r, c)[0]
     return tuple(torch.split(whole, [n * per_expert_tiles for n in counts]))
@@ -115,8 +115,9 @@ def plan_scales(
             return ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.shape[0])) for s in sources), True), []
         outs, checked = _allocate(sources, r, c), True
         if not any(map(_swizzled, sources)):  # the usual case: each source converted into its new buffer
-            converted = map(ScaleWork, map(_te_buffer, sources), outs, repeat(False), map(_geometry, sources))
-            return ScaleSlots(outs, False), list(converted)
+            nothing = [False] * len(sources)  # neither copies nor inverse conversions
+            buffers, geometries = map(_te_buffer, sources), map(_geometry, sources)
+            return ScaleSlots(outs, False), records(ScaleWork, buffers, outs, nothing, geometries, nothing)
     else:
         if len(slots.tensors) != len(sources):
             raise RefreshError(f"{what}: the cached view has {len(slots.tensors)} scale buffers; found {len(sources)}")

@@ -35,6 +35,7 @@ from mok.snapshot import (
     read_itself,
     read_one_class,
     read_storage,
+    records,
 )
 from mok.views import (
     ExpertWeights,
@@ -154,7 +155,7 @@ def _split_direction(
     names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
     found, geometries = block.scale_columns(d, buffers, rows, columns, names)
     flags = _swizzled_flags(reading)  # as many as experts: columns of one reading
-    sources = tuple(map(ScaleSource, names, found, geometries, flags))
+    sources = tuple(records(ScaleSource, names, found, geometries, flags))
     amax = _need(reading, block, str(d.amax)) if d.amax is not None else None
     return DirectionSource(d, block.format, data, sources, amax)
 

@@ -233,6 +233,7 @@ def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dt
 
 _dtype, _shape, _requires_grad = attrgetter("dtype"), attrgetter("shape"), attrgetter("requires_grad")
 _device, _data_ptr = attrgetter("device"), methodcaller("data_ptr")
+_is_tensor = torch.Tensor.__instancecheck__
 
 
 def storage_views(
@@ -241,7 +242,7 @@ def storage_views(
     """:func:`storage_view` of many storages (one per expert, ``name(e)`` naming each), checked
     in bulk: the checks run per distinct dtype and numel, not per expert. Any storage the bulk
     checks do not pass goes through storage_view, which raises naming it."""
-    if not all(isinstance(t, torch.Tensor) for t in storages):
+    if not all(map(_is_tensor, storages)):
         return tuple(storage_view(t, shape, dtype=dtype, name=name(e)) for e, t in enumerate(storages))  # type: ignore[arg-type]
     tensors: Sequence[torch.Tensor] = storages  # type: ignore[assignment]
     dtypes = set(map(_dtype, tensors))
