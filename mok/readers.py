@@ -13,7 +13,6 @@ plans, allocates or launches (mok.pipeline does). Everything TE-specific comes f
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from itertools import repeat
 from operator import attrgetter, is_, methodcaller
@@ -289,8 +288,10 @@ def _members_scales(members: tuple[object, ...], d: Direction) -> list[Any]:
     milliseconds on a first view), else member by member."""
     reader = storage_reader(members[0], (str(d.scales),))
     if len(set(map(type, members))) == 1 and reader.read_one is not None:
-        with contextlib.suppress(AttributeError):  # storage kept on .data only: read below
+        try:
             return list(map(reader.read_one, members))
+        except AttributeError:  # storage kept on .data only: read below
+            pass
     return [storage_field(m, d.scales) for m in members]
 
 

@@ -212,8 +212,11 @@ class Recorder:
 
     def __call__(self, obj: object) -> dict[str, Any]:
         for reading in self.readings[self._indexed :]:
-            for i, found in enumerate(reading.objects):
-                self._rows.setdefault(id(found), (reading, i))  # the first reading of an object answers
+            objects = reading.objects
+            # the first reading of an object answers, and in it the object's first row
+            rows = zip(repeat(reading), range(len(objects) - 1, -1, -1))
+            later = dict(zip(map(id, reversed(objects)), rows, strict=True))
+            self._rows = later | self._rows
         self._indexed = len(self.readings)
         if id(obj) not in self._rows:
             reading = self.add(read_storage(self._with_siblings(obj)))
@@ -226,7 +229,7 @@ class Recorder:
         of a reading that holds it."""
         for reading in self.readings:
             for value in chain.from_iterable(reading.values):
-                if isinstance(value, list | tuple) and any(v is obj for v in value):
+                if isinstance(value, (list, tuple)) and any(map(is_, value, repeat(obj))):
                     cls, read = type(obj), self._rows
                     return (obj, *(v for v in value if type(v) is cls and v is not obj and id(v) not in read))
         return (obj,)
