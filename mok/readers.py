@@ -299,20 +299,20 @@ def _check_packing(gs: GroupedStorage, d: Direction, flat: torch.Tensor, per_exp
     """Each member's scales must be a view at offset e*per_expert of the grouped buffer (what the
     group's offsets say, and where its members' scales are: a consistency check, not something
     the launch reads, so not recorded for the guard)."""
-    offsets = (gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets) or ()
-    expert_major = range(0, gs.num_tensors * per_expert, per_expert) if per_expert > 0 else None
-    if expert_major is None or tuple(offsets[: gs.num_tensors]) != tuple(expert_major[: len(offsets)]):
-        _check_offsets(offsets[: gs.num_tensors], d, per_expert)
+    n = gs.num_tensors
+    offsets = ((gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets) or ())[:n]
+    starts = range(0, n * per_expert, per_expert) if per_expert else (0,) * n  # expert e's: e * per_expert
+    if tuple(offsets) != tuple(starts[: len(offsets)]):  # compared whole; named expert by expert
+        _check_offsets(offsets, d, per_expert)
     if not gs.members:
         return
-    if len(gs.members) != gs.num_tensors:
+    if len(gs.members) != n:
         raise ExpertWeightError(  # upstream's words: "expected E grouped members, got n"
-            f"grouped weight: expected {gs.num_tensors} grouped members, got {len(gs.members)}"
+            f"grouped weight: expected {n} grouped members, got {len(gs.members)}"
         )
-    base, scales = flat.data_ptr(), _members_scales(gs.members, d)
-    if expert_major is not None and _addresses(scales) == list(range(base, base + expert_major.stop, per_expert)):
-        return  # every member's scales where expert-major packing puts them: one C-level pass
-    _check_members(scales, d, flat, per_expert)
+    scales = _members_scales(gs.members, d)
+    if _addresses(scales) != list(map(flat.data_ptr().__add__, starts)):
+        _check_members(scales, d, flat, per_expert)
 
 
 def _addresses(tensors: list[Any]) -> list[int] | None:

@@ -240,8 +240,8 @@ R = TypeVar("R", bound=tuple[Any, ...])
 
 def records(cls: type[R], *columns: Iterable[Any]) -> list[R]:
     """``[cls(*row) for row in zip(*columns, strict=True)]`` for a named tuple ``cls`` (one
-    column a field, every field given), made in C: a view of 256 experts makes hundreds of them, and a named
-    tuple's own constructor is a Python function."""
+    column a field, every field given), made in C: a view of 256 experts makes hundreds of them,
+    and a named tuple's own constructor is a Python function."""
     return list(map(tuple.__new__, repeat(cls), zip(*columns, strict=True)))
 
 
