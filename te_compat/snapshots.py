@@ -254,9 +254,10 @@ def float8_storage(param: object) -> Float8Storage:
 
 
 def _int_tuples(shapes: Any) -> tuple[tuple[int, ...], ...]:
-    """Each shape as a tuple of ints, in C-level passes (a group holds hundreds); dims that are
-    ints already need no conversion."""
-    if set(map(type, chain.from_iterable(shapes))) == {int}:
+    """Each shape as a tuple of ints, in C-level passes (a group holds hundreds); tuples or
+    lists of ints need no conversion."""
+    shapes = list(shapes)
+    if set(map(type, shapes)) <= {tuple, list} and set(map(type, chain.from_iterable(shapes))) == {int}:
         return tuple(map(tuple, shapes))
     return tuple(map(tuple, map(map, repeat(int), shapes)))
 
