@@ -28,6 +28,9 @@ class Backend(str, Enum):
         return self.value
 
 
+_BY_NAME = {backend.value: backend for backend in Backend}  # a dict: an Enum call costs a Python frame
+
+
 @dataclass(frozen=True)
 class BackendChoice:
     name: str  # "cuda" or "torch"
@@ -66,7 +69,7 @@ def backend_for(device: object, backend: str | None) -> Backend:
         if pref == "cuda":
             raise LayoutError(f"backend 'cuda' needs CUDA tensors; found scales on {device}")
         return Backend.TORCH
-    return Backend(kernel_backend(pref).name)
+    return _BY_NAME[kernel_backend(pref).name]
 
 
 def kernel_backend(backend: str | None = None) -> BackendChoice:

@@ -41,9 +41,12 @@ def _range_text(minimum: int, maximum: int | None) -> str:
 
 def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None = None) -> int:
     """``value`` as an int in ``[minimum, maximum]``; bool, float, str and the rest are refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, numbers.Integral)):
+    if type(value) is int:  # the usual case, asked many times a view
+        number = value
+    elif isinstance(value, bool) or not isinstance(value, (int, numbers.Integral)):
         raise TypeError(f"{name}: expected an int {_range_text(minimum, maximum)}; found {describe(value)}")
-    number = int(value)
+    else:
+        number = int(value)
     if number < minimum or (maximum is not None and number > maximum):
         raise ValueError(f"{name}: expected an int {_range_text(minimum, maximum)}; found {number}")
     return number

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
+from operator import attrgetter, methodcaller
 from typing import Any
 
 import torch
@@ -28,6 +29,8 @@ import torch
 from mok.errors import ExpertWeightError, LayoutError
 from mok.layout import Geometry, logical_view, roundup
 from te_compat import StorageName, TensorKind, mxfp8_storage, nvfp4_storage
+
+_shape, _stride, _dtype = attrgetter("shape"), methodcaller("stride"), attrgetter("dtype")
 
 
 class Format(str, Enum):
@@ -89,6 +92,23 @@ class BlockFormat:
         """The te_compat logical names a view of this format reads."""
         return self.names_of(self.directions())
 
+    @cached_property
+    def _alone(self) -> dict[str, tuple[str, ...]]:
+        return {d.name: self.names_of((d,)) for d in self.directions()}
+
+    @cached_property
+    def own_names(self) -> dict[str, tuple[str, ...]]:
+        """The payload, scales and amax of each direction (TE's flag left out), by its name."""
+        return {name: names[1:] for name, names in self._alone.items()}
+
+    def names_for(self, directions: Sequence[Direction]) -> tuple[str, ...]:
+        """:meth:`names_of` this format's ``directions`` (both, or one alone), worked out once."""
+        if directions == self.directions():  # the same objects: compared by identity
+            return self.storage_names
+        if len(directions) == 1 and (directions[0] is self.rowwise or directions[0] is self.columnwise):
+            return self._alone[directions[0].name]
+        return self.names_of(directions)
+
     @staticmethod
     def names_of(directions: Sequence[Direction]) -> tuple[str, ...]:
         """TE's swizzled flag, and the payload, scales and amax of each of ``directions``."""
@@ -118,15 +138,38 @@ class BlockFormat:
     ) -> list[tuple[torch.Tensor, Geometry]]:
         """Each buffer as uint8 with the geometry (sizes, strides) of its logical ``[E, R, C]``
         scale matrices, from its own offset; each distinct buffer geometry checked once."""
+        found, geometries = self._scale_columns_one_by_one(d, buffers, rows, columns, names)
+        return list(zip(found, geometries, strict=True))
+
+    def scale_columns(
+        self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
+    ) -> tuple[Sequence[torch.Tensor], list[Geometry]]:
+        """:meth:`scale_sources` as two columns: the uint8 buffers and their geometries. Buffers of
+        one (shape, strides, dtype), what TE gives every expert, are read in C-level passes and
+        checked once; anything else buffer by buffer, raising where the first bad one is."""
+        try:
+            shapes, strides, dtypes = set(map(_shape, buffers)), set(map(_stride, buffers)), set(map(_dtype, buffers))
+        except (AttributeError, TypeError):  # no tensor: buffer by buffer
+            return self._scale_columns_one_by_one(d, buffers, rows, columns, names)
+        if len(shapes) != 1 or len(strides) != 1 or len(dtypes) != 1 or len(names) != len(buffers):
+            return self._scale_columns_one_by_one(d, buffers, rows, columns, names)
+        geometry = self._scale_geometry(d, buffers[0], rows, columns, names[0])
+        found = buffers if dtypes == {torch.uint8} else [b.view(torch.uint8) for b in buffers]
+        return found, [geometry] * len(buffers)
+
+    def _scale_columns_one_by_one(
+        self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
+    ) -> tuple[list[torch.Tensor], list[Geometry]]:
         geometry: dict[tuple[Any, ...], Geometry] = {}
-        found = []
+        found, geometries = [], []
         for buffer, name in zip(buffers, names, strict=True):
             key = (buffer.shape, buffer.stride(), buffer.dtype)
             g = geometry.get(key)
             if g is None:
                 g = geometry[key] = self._scale_geometry(d, buffer, rows, columns, name)
-            found.append((buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8), g))
-        return found
+            found.append(buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8))
+            geometries.append(g)
+        return found, geometries
 
     def _scale_geometry(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> Geometry:
         """(size, strides) of the logical ``[E, R, C]`` view of ``buffer``, after checking it."""

@@ -66,7 +66,8 @@ def split_weight_view(
     """
     fmt = format_named(format, use_mxfp8)
     rows, columns = check_sizes(rows=rows, columns=columns)
-    experts = param_list(params, tensors=fmt is Format.BF16)  # a refresh of the same objects needs no item check
+    # a refresh of the same objects needs no item check; a new view checks them once, here
+    experts = param_list(params, tensors=fmt is Format.BF16 or cached is None)
     backend = backend_argument(backend)
     if fmt is Format.BF16:
         preference(backend)  # checked on every path, though a BF16 view converts nothing
@@ -75,7 +76,7 @@ def split_weight_view(
     if fmt is Format.MXFP8 and on_the_fly:
         reader = QuantizingReader(tuple(experts), False, (len(experts), rows, columns))
         return cast(SplitExpertWeights, view_or_refresh(reader, cached, backend))  # the reader's split view
-    return view_or_refresh(SplitReader(tuple(experts), fmt, rows, columns), cached, backend)
+    return view_or_refresh(SplitReader(tuple(experts), fmt, rows, columns, cached is None), cached, backend)
 
 
 def _plain(param: object) -> bool:

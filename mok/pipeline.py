@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Protocol, TypeVar
+from operator import attrgetter
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -34,7 +34,7 @@ from mok.kernels.quantize import QuantizeOutputs, empty_outputs
 from mok.layout import check_out, empty_layout, layout_shape, padded_shape, te_swizzled_layout
 from mok.overlap import check_no_overlap
 from mok.refresh import StorageGuard
-from mok.snapshot import DirectionSource, Reading, ScaleSource, Snapshot
+from mok.snapshot import DirectionSource, Reading, ScaleSource, Snapshot, records
 from mok.views import ExpertWeights, RefreshPlan, SplitExpertWeights, ViewDirection, ptr_table
 from mok.work import PreparedWork, QuantizeWork, ScaleWork
 from te_compat import TECompatError
@@ -64,8 +64,7 @@ class Reader(Protocol[V_co]):
     def read(self, cached: ExpertWeights | None = None) -> Snapshot: ...
 
 
-@dataclass(frozen=True, eq=False)
-class PreparedRefresh:
+class PreparedRefresh(NamedTuple):
     """What a refresh may rerun: the launch, for these views, on this backend, while the guard
     finds the storage it was planned from unchanged. Replaced whole when planned again."""
 
@@ -81,13 +80,15 @@ class PreparedRefresh:
 # ------------------------------------------------------------------------------ planning
 
 
-@dataclass(frozen=True)
-class ScaleSlots:
+class ScaleSlots(NamedTuple):
     """The layout buffers of one direction of a view, one per source. ``zero_copy``: they are
     TE's own swizzled buffers (aligned shapes), so a refresh has nothing to convert."""
 
     tensors: tuple[torch.Tensor, ...]
     zero_copy: bool
+
+
+_swizzled, _te_buffer, _geometry = attrgetter("swizzled"), attrgetter("te_buffer"), attrgetter("geometry")
 
 
 def _te_layout(source: ScaleSource, shape: tuple[int, ...]) -> torch.Tensor:
@@ -96,7 +97,7 @@ def _te_layout(source: ScaleSource, shape: tuple[int, ...]) -> torch.Tensor:
 
 def _allocate(sources: Sequence[ScaleSource], r: int, c: int) -> tuple[torch.Tensor, ...]:
     """One buffer for every source's layout, split per source (expert-major)."""
-    counts = [s.shape[0] for s in sources]
+    counts = [geometry[0][0] for geometry in map(_geometry, sources)]  # each source's experts
     whole = empty_layout(r, c, sum(counts), sources[0].te_buffer.device, sources[0].name)
     per_expert_tiles = layout_shape(r, c)[0]
     return tuple(torch.split(whole, [n * per_expert_tiles for n in counts]))
@@ -110,9 +111,13 @@ def plan_scales(
     _, r, c = sources[0].shape
     aligned = (r, c) == padded_shape(r, c)
     if slots is None:
-        if aligned and all(s.swizzled for s in sources):
+        if aligned and all(map(_swizzled, sources)):
             return ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.shape[0])) for s in sources), True), []
         outs, checked = _allocate(sources, r, c), True
+        if not any(map(_swizzled, sources)):  # the usual case: each source converted into its new buffer
+            nothing = [False] * len(sources)  # neither copies nor inverse conversions
+            buffers, geometries = map(_te_buffer, sources), map(_geometry, sources)
+            return ScaleSlots(outs, False), records(ScaleWork, buffers, outs, nothing, geometries, nothing)
     else:
         if len(slots.tensors) != len(sources):
             raise RefreshError(f"{what}: the cached view has {len(slots.tensors)} scale buffers; found {len(sources)}")

@@ -13,10 +13,9 @@ plans, allocates or launches (mok.pipeline does). Everything TE-specific comes f
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
+from collections.abc import Sequence
 from itertools import repeat
-from operator import attrgetter, is_
+from operator import attrgetter, is_, methodcaller
 from typing import Any, NamedTuple
 
 import torch
@@ -25,7 +24,18 @@ from mok.checks import describe
 from mok.errors import ExpertWeightError
 from mok.formats import FORMAT_OF_KIND, MXFP8, BlockFormat, Direction, Format
 from mok.layout import grouped_scales
-from mok.snapshot import DirectionSource, Reading, Recorder, ScaleSource, Snapshot, read_itself, read_storage
+from mok.snapshot import (
+    DirectionSource,
+    Reading,
+    Recorder,
+    ScaleSource,
+    Snapshot,
+    read_by_name,
+    read_itself,
+    read_one_class,
+    read_storage,
+    records,
+)
 from mok.views import (
     ExpertWeights,
     GroupedExpertWeights,
@@ -46,7 +56,7 @@ from te_compat import (
     tensor_kind,
 )
 
-_shape = attrgetter("shape")
+_shape, _name, _data_ptr = attrgetter("shape"), attrgetter("name"), methodcaller("data_ptr")
 _HYBRID_NAMES = (str(StorageName.ROWWISE_STORAGE), str(StorageName.COLUMNWISE_STORAGE))
 
 
@@ -88,18 +98,21 @@ def _check_expert(e: int, p: object, block: BlockFormat, rows: int, columns: int
         raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {shape}")
 
 
-def _read_experts(
-    owners: tuple[object, ...], block: BlockFormat, names: tuple[str, ...], dims: tuple[int, int]
-) -> Reading:
+def _read_experts(stored: _Stored, names: tuple[str, ...], dims: tuple[int, int]) -> Reading:
     """Every expert's storage, read once. Experts of one class, the expected kind and shape pass a
     class check and a shape comparison; anything else is checked expert by expert, which raises
-    naming the first expert that is wrong."""
+    naming the first expert that is wrong. A direction no expert stores is no part of the view,
+    so its refresh need not watch it (the reading's ``optional`` names)."""
+    owners, block = stored.owners, stored.block
+    optional = tuple(map(block.own_names.__getitem__, map(_name, stored.directions)))
     first = owners[0]
     fine = len(set(map(type, owners))) == 1 and tensor_kind(first) is block.kind and hasattr(first, "shape")
     if not fine or list(map(_shape, owners)).count(dims) != len(owners):
         for e, p in enumerate(owners):
             _check_expert(e, p, block, *dims)
-    return read_storage(owners, names)
+        return read_storage(owners, names, optional)
+    found = read_one_class(owners, names, optional)  # their one class is known already
+    return found if found is not None else read_by_name(owners, names, optional)
 
 
 def _need(reading: Reading, block: BlockFormat, name: str) -> tuple[Any, ...]:
@@ -130,24 +143,23 @@ def _split_direction(
 ) -> DirectionSource | None:
     """One direction of every expert (None where no expert stores it)."""
     payloads = reading.column(str(d.data))
-    present = [t is not None for t in payloads]
-    if not any(present):
+    missing = list(map(is_, payloads, repeat(None)))
+    if all(missing):
         return None
-    if not all(present):
-        raise ExpertWeightError(f"expert {present.index(False)} has no {d.name} data; the others do")
+    if any(missing):
+        raise ExpertWeightError(f"expert {missing.index(True)} has no {d.name} data; the others do")
     shape = block.payload_shape(d, rows, columns)
     data = storage_views(payloads, shape, dtype=block.payload_dtype, name=lambda e: f"expert {e} {d.name} data")
     buffers = _need(reading, block, str(d.scales))
     names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
-    found = block.scale_sources(d, buffers, rows, columns, names)
-    flags = _swizzled_flags(reading)
-    sources = tuple(ScaleSource(n, b, g, f) for n, (b, g), f in zip(names, found, flags, strict=True))
+    found, geometries = block.scale_columns(d, buffers, rows, columns, names)
+    flags = _swizzled_flags(reading)  # as many as experts: columns of one reading
+    sources = tuple(records(ScaleSource, names, found, geometries, flags))
     amax = _need(reading, block, str(d.amax)) if d.amax is not None else None
     return DirectionSource(d, block.format, data, sources, amax)
 
 
-@dataclass(frozen=True)
-class _Stored:
+class _Stored(NamedTuple):
     """Objects storing some directions of every expert in one block format: the parameters
     themselves, or each expert's sub-storage of one direction (hybrid weights)."""
 
@@ -159,12 +171,14 @@ class _Stored:
 class SplitReader(NamedTuple):
     """Reads one Parameter per expert, each ``(rows, columns)``, in ``format`` (MXFP8, NVFP4, or
     HYBRID: each direction in its own sub-storage and block format). A named tuple: a refresh
-    makes one, and pays a C-level construction."""
+    makes one, and pays a C-level construction. ``tensors_checked``: the caller found every
+    parameter a tensor already (a new view's, just checked), so a read need not check again."""
 
     params: tuple[object, ...]
     format: Format
     rows: int
     columns: int
+    tensors_checked: bool = False
 
     @property
     def view_type(self) -> type[SplitExpertWeights]:
@@ -184,14 +198,14 @@ class SplitReader(NamedTuple):
 
     def read(self, cached: ExpertWeights | None = None) -> Snapshot:
         """Every direction TE stores of the experts (a refresh: those ``cached`` has), rowwise first."""
-        param_list(self.params)  # tensors, each named if not
+        if not self.tensors_checked:
+            param_list(self.params)  # tensors, each named if not
         recorder = Recorder()
         sources: list[DirectionSource] = []
         for stored in self._stored(recorder, cached):
             stored.block.check_dims(self.rows, self.columns, f"{self.format} weights")
-            names = stored.block.names_of(stored.directions)
-            reading = _read_experts(stored.owners, stored.block, names, (self.rows, self.columns))
-            absent: list[str] = []
+            names = stored.block.names_for(stored.directions)
+            reading = recorder.add(_read_experts(stored, names, (self.rows, self.columns)))
             for d in stored.directions:
                 source = _split_direction(reading, stored.block, d, self.rows, self.columns)
                 if source is None and self.format is Format.HYBRID:
@@ -199,9 +213,6 @@ class SplitReader(NamedTuple):
                 if source is None and d.name == "rowwise":
                     _need(reading, stored.block, str(d.data))  # raises, naming the attribute and release
                 sources += [source] if source is not None else []
-                absent += [] if source is not None else stored.block.names_of((d,))[1:]
-            # what the view does not read, its refresh need not watch (the guard drops it)
-            recorder.add(reading.with_absent(tuple(absent)) if absent else reading)
         same_device(sources[0].data)
         return Snapshot(tuple(recorder.readings), tuple(sources))
 
@@ -251,6 +262,8 @@ def check_group_shape(gs: GroupedStorage, dims: tuple[int, int, int]) -> None:
     experts, rows, columns = dims
     if gs.num_tensors != experts:
         raise ExpertWeightError(f"grouped weight: expected {experts} experts; found {gs.num_tensors}")
+    if gs.tensor_shapes.count((rows, columns)) == len(gs.tensor_shapes):  # one C-level pass
+        return
     for e, shape in enumerate(gs.tensor_shapes):
         if tuple(shape) != (rows, columns):
             raise ExpertWeightError(
@@ -275,8 +288,10 @@ def _members_scales(members: tuple[object, ...], d: Direction) -> list[Any]:
     milliseconds on a first view), else member by member."""
     reader = storage_reader(members[0], (str(d.scales),))
     if len(set(map(type, members))) == 1 and reader.read_one is not None:
-        with contextlib.suppress(AttributeError):  # storage kept on .data only: read below
+        try:
             return list(map(reader.read_one, members))
+        except AttributeError:  # storage kept on .data only: read below
+            pass
     return [storage_field(m, d.scales) for m in members]
 
 
@@ -284,21 +299,42 @@ def _check_packing(gs: GroupedStorage, d: Direction, flat: torch.Tensor, per_exp
     """Each member's scales must be a view at offset e*per_expert of the grouped buffer (what the
     group's offsets say, and where its members' scales are: a consistency check, not something
     the launch reads, so not recorded for the guard)."""
-    offsets = gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets
-    for e, off in enumerate((offsets or ())[: gs.num_tensors]):
+    n = gs.num_tensors
+    offsets = ((gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets) or ())[:n]
+    starts = range(0, n * per_expert, per_expert) if per_expert else (0,) * n  # expert e's: e * per_expert
+    if tuple(offsets) != tuple(starts[: len(offsets)]):  # compared whole; named expert by expert
+        _check_offsets(offsets, d, per_expert)
+    if not gs.members:
+        return
+    if len(gs.members) != n:
+        raise ExpertWeightError(  # upstream's words: "expected E grouped members, got n"
+            f"grouped weight: expected {n} grouped members, got {len(gs.members)}"
+        )
+    scales = _members_scales(gs.members, d)
+    if _addresses(scales) != list(map(flat.data_ptr().__add__, starts)):
+        _check_members(scales, d, flat, per_expert)
+
+
+def _addresses(tensors: list[Any]) -> list[int] | None:
+    """Every tensor's ``data_ptr()``; None where one is no tensor (then checked one by one)."""
+    try:
+        return list(map(_data_ptr, tensors))
+    except (AttributeError, TypeError):
+        return None
+
+
+def _check_offsets(offsets: Sequence[int], d: Direction, per_expert: int) -> None:
+    for e, off in enumerate(offsets):
         if off != e * per_expert:
             raise ExpertWeightError(
                 f"grouped weight: {d.name} scale offsets are not expert-major: expert {e} starts "
                 f"at byte {off}, expected {e * per_expert}"
             )
-    if not gs.members:
-        return
-    if len(gs.members) != gs.num_tensors:
-        raise ExpertWeightError(  # upstream's words: "expected E grouped members, got n"
-            f"grouped weight: expected {gs.num_tensors} grouped members, got {len(gs.members)}"
-        )
+
+
+def _check_members(members_scales: list[Any], d: Direction, flat: torch.Tensor, per_expert: int) -> None:
     base = flat.data_ptr()
-    for e, scales in enumerate(_members_scales(gs.members, d)):
+    for e, scales in enumerate(members_scales):
         if scales is None:
             raise ExpertWeightError(f"grouped weight: expert {e} has no {d.name} scales")
         where = scales.data_ptr() - base

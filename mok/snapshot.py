@@ -10,11 +10,12 @@ buffer's address, the next refresh sees the new one, and plans again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain
-from operator import itemgetter
-from typing import Any, NamedTuple
+from functools import cached_property
+from itertools import chain, repeat
+from operator import is_, itemgetter
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -32,50 +33,50 @@ class Reading:
 
     ``bulk``: read by the objects' one class's C-level reader (te_compat.storage_reader), which a
     guard reads again the same way; else name by name (te_compat.storage_values: the ``.data``
-    fallback, mixed classes). ``tensor_columns``: the names holding a tensor on every object,
-    where every other name holds none on any (None where some name mixes them). ``addresses``:
-    every tensor value's ``data_ptr()``, object by object, taken with the read; ``storages``:
-    their memory, kept alive so an equal address later is still that memory (TE's ``clear()``
-    swaps a tensor's storage under the same object). ``absent``: names of a direction the reader
-    found no object storing; the guard drops them (:meth:`watched`), a first view does not."""
+    fallback, mixed classes). ``addresses``: every tensor value's ``data_ptr()``, object by
+    object, taken with the read; ``storages``: their memory, kept alive so an equal address later
+    is still that memory (TE's ``clear()`` swaps a tensor's storage under the same object).
+    ``optional``: the names of each direction read (its payload first); where no object stores
+    the payload, the view has no such direction and the guard drops its names (:meth:`watched`)."""
 
     objects: tuple[object, ...]
     names: tuple[str, ...]
     values: tuple[tuple[Any, ...], ...]
     bulk: bool
     requested: tuple[str, ...] | None  # the names asked for (None: each object's kind's own)
-    tensor_columns: tuple[int, ...] | None
     addresses: tuple[int, ...]
     storages: tuple[torch.UntypedStorage, ...]
-    absent: tuple[str, ...] = ()
+    optional: tuple[tuple[str, ...], ...] = ()
+
+    @cached_property
+    def tensor_columns(self) -> tuple[int, ...] | None:
+        """The indices of the names holding a tensor on every object, where every other name
+        holds none on any; None where some name mixes them. Worked out when a guard first needs
+        it (the values never change): a view that is never refreshed never pays for it."""
+        return _tensor_columns(self.values, len(self.names))
+
+    @cached_property
+    def _columns(self) -> dict[str, tuple[Any, ...]]:
+        """The columns asked for so far (a reader asks for some more than once)."""
+        return {}
 
     def watched(self) -> Reading:
-        """The same reading less the ``absent`` columns where no object holds anything (a
-        direction TE does not store): nothing a view of the rest depends on. Their tensors were
-        none, so the addresses stay as they were taken."""
-        names = self.absent
-        drop = {i for i, n in enumerate(self.names) if n in names and not any(self.column(n))}
+        """The same reading less the columns of a direction TE does not store (no payload on any
+        object) where no object holds anything: nothing a view of the rest depends on. Their
+        tensors were none, so the addresses stay as they were taken."""
+        names = {n for group in self.optional if self._none(group[0]) for n in group}
+        drop = {i for i, n in enumerate(self.names) if n in names and self._none(n)}
         if not drop:
             return self
         keep = [i for i in range(len(self.names)) if i not in drop]
         names_ = tuple(self.names[i] for i in keep)
         rows = tuple(map(_picker(keep), self.values))
         columns = None if self.tensor_columns is None else tuple(keep.index(i) for i in self.tensor_columns)
-        return Reading(self.objects, names_, rows, self.bulk, names_, columns, self.addresses, self.storages)
+        return _known(Reading(self.objects, names_, rows, self.bulk, names_, self.addresses, self.storages), columns)
 
-    def with_absent(self, absent: tuple[str, ...]) -> Reading:
-        """The same reading with ``absent`` set (a plain construction: a first view pays it)."""
-        return Reading(
-            self.objects,
-            self.names,
-            self.values,
-            self.bulk,
-            self.requested,
-            self.tensor_columns,
-            self.addresses,
-            self.storages,
-            absent,
-        )
+    def _none(self, name: str) -> bool:
+        """No object holds anything under ``name``."""
+        return all(map(is_, self.column(name), repeat(None)))
 
     def joined(self, other: Reading) -> Reading:
         """This reading followed by ``other``, a bulk reading of the same names and tensor
@@ -87,16 +88,16 @@ class Reading:
                 f"Reading.joined: expected a bulk reading of (class, names, tensor columns, bulk) {mine}; "
                 f"found {theirs}"
             )
-        return Reading(
+        joined = Reading(
             self.objects + other.objects,
             self.names,
             self.values + other.values,
             self.bulk,
             self.requested,
-            self.tensor_columns,
             self.addresses + other.addresses,
             self.storages + other.storages,
         )
+        return _known(joined, self.tensor_columns)
 
     def flat(self, columns: Sequence[int]) -> list[Any]:
         """The values of ``columns`` (indices into ``names``), object by object, as one list."""
@@ -104,9 +105,18 @@ class Reading:
 
     def column(self, name: str) -> tuple[Any, ...]:
         """The value of ``name`` on every object (None where the release has no such storage)."""
-        if name not in self.names:
-            return (None,) * len(self.objects)
-        return tuple(map(itemgetter(self.names.index(name)), self.values))
+        found = self._columns.get(name)
+        if found is None:
+            if name not in self.names:
+                return (None,) * len(self.objects)
+            found = self._columns[name] = tuple(map(itemgetter(self.names.index(name)), self.values))
+        return found
+
+
+def _known(reading: Reading, columns: tuple[int, ...] | None) -> Reading:
+    """``reading`` with its tensor columns known already (those of the reading it was made from)."""
+    reading.__dict__["tensor_columns"] = columns  # what the cached property would store
+    return reading
 
 
 def _picker(indices: Sequence[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -121,22 +131,38 @@ def _flat(rows: Sequence[tuple[Any, ...]], columns: Sequence[int]) -> list[Any]:
     return list(chain.from_iterable(map(_picker(columns), rows)))
 
 
-def read_storage(objects: Sequence[object], names: tuple[str, ...] | None = None) -> Reading:
+def read_storage(
+    objects: Sequence[object], names: tuple[str, ...] | None = None, optional: tuple[tuple[str, ...], ...] = ()
+) -> Reading:
     """Read the storage ``names`` (default: all the kind has) of every object once: in bulk where
-    they share a class and hold it themselves, else name by name."""
+    they share a class and hold it themselves, else name by name. ``optional``: as for
+    :class:`Reading`."""
     objects = tuple(objects)
-    if len(set(map(type, objects))) == 1:
-        reader = storage_reader(objects[0], names)
-        try:
-            rows = tuple(map(reader.read, objects))
-        except AttributeError:  # storage kept on .data only: read below, name by name
-            pass
-        else:
-            return _reading(objects, reader.names, rows, True, names)
+    found = read_one_class(objects, names, optional) if len(set(map(type, objects))) == 1 else None
+    return found if found is not None else read_by_name(objects, names, optional)
+
+
+def read_one_class(
+    objects: tuple[object, ...], names: tuple[str, ...] | None, optional: tuple[tuple[str, ...], ...] = ()
+) -> Reading | None:
+    """:func:`read_storage` of objects known to share one class, in bulk; None where they keep
+    their storage on ``.data`` only (then :func:`read_by_name` reads it)."""
+    reader = storage_reader(objects[0], names)
+    try:
+        rows = tuple(map(reader.read, objects))
+    except AttributeError:
+        return None
+    return _reading(objects, reader.names, rows, True, names, optional)
+
+
+def read_by_name(
+    objects: tuple[object, ...], names: tuple[str, ...] | None, optional: tuple[tuple[str, ...], ...] = ()
+) -> Reading:
+    """:func:`read_storage` object by object, name by name (the ``.data`` fallback, mixed classes)."""
     found = [storage_values(o, names) for o in objects]
     kept = tuple(dict.fromkeys(n for values in found for n in values))
     rows = tuple(tuple(values.get(n) for n in kept) for values in found)
-    return _reading(objects, kept, rows, False, names)
+    return _reading(objects, kept, rows, False, names, optional)
 
 
 def read_itself(tensors: Sequence[torch.Tensor]) -> Reading:
@@ -160,15 +186,12 @@ def _reading(
     rows: tuple[tuple[Any, ...], ...],
     bulk: bool,
     requested: tuple[str, ...] | None,
+    optional: tuple[tuple[str, ...], ...] = (),
 ) -> Reading:
-    columns = _tensor_columns(rows, len(names))
-    if columns is not None:  # the usual case: C-level, no test per value
-        tensors: list[torch.Tensor] = _flat(rows, columns)
-    else:
-        tensors = [v for v in chain.from_iterable(rows) if _is_tensor(v)]
+    tensors = list(filter(_is_tensor, chain.from_iterable(rows)))  # object by object, C-level
     addresses = tuple(map(torch.Tensor.data_ptr, tensors))
     storages = tuple(map(torch.Tensor.untyped_storage, tensors))
-    return Reading(objects, names, rows, bulk, requested, columns, addresses, storages)
+    return Reading(objects, names, rows, bulk, requested, addresses, storages, optional)
 
 
 class Recorder:
@@ -189,8 +212,11 @@ class Recorder:
 
     def __call__(self, obj: object) -> dict[str, Any]:
         for reading in self.readings[self._indexed :]:
-            for i, found in enumerate(reading.objects):
-                self._rows.setdefault(id(found), (reading, i))  # the first reading of an object answers
+            objects = reading.objects
+            # the first reading of an object answers, and in it the object's first row
+            rows = zip(repeat(reading), range(len(objects) - 1, -1, -1))
+            later = dict(zip(map(id, reversed(objects)), rows, strict=True))
+            self._rows = later | self._rows
         self._indexed = len(self.readings)
         if id(obj) not in self._rows:
             reading = self.add(read_storage(self._with_siblings(obj)))
@@ -203,10 +229,20 @@ class Recorder:
         of a reading that holds it."""
         for reading in self.readings:
             for value in chain.from_iterable(reading.values):
-                if isinstance(value, list | tuple) and any(v is obj for v in value):
+                if isinstance(value, (list, tuple)) and any(map(is_, value, repeat(obj))):
                     cls, read = type(obj), self._rows
                     return (obj, *(v for v in value if type(v) is cls and v is not obj and id(v) not in read))
         return (obj,)
+
+
+R = TypeVar("R", bound=tuple[Any, ...])
+
+
+def records(cls: type[R], *columns: Iterable[Any]) -> list[R]:
+    """``[cls(*row) for row in zip(*columns, strict=True)]`` for a named tuple ``cls`` (one
+    column a field, every field given), made in C: a view of 256 experts makes hundreds of them,
+    and a named tuple's own constructor is a Python function."""
+    return list(map(tuple.__new__, repeat(cls), zip(*columns, strict=True)))
 
 
 class ScaleSource(NamedTuple):
@@ -231,10 +267,10 @@ class ScaleSource(NamedTuple):
         return logical_view(self.te_buffer, self.geometry)
 
 
-@dataclass(frozen=True)
-class DirectionSource:
+class DirectionSource(NamedTuple):
     """One direction of the weights as read off TE: how TE stores it, its format, the payload
-    views (one per expert, or one over all), the scales to bring into the layout, TE's amax."""
+    views (one per expert, or one over all), the scales to bring into the layout, TE's amax. A
+    named tuple, as the other records a first view makes: cheap to make, immutable."""
 
     direction: Direction
     format: Format
@@ -243,8 +279,7 @@ class DirectionSource:
     amax: tuple[torch.Tensor, ...] | None
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """Everything one read of the weights found: the readings (what the refresh guard compares,
     the caller's objects read first) and the directions planned from them, rowwise first; or,
     for BF16 weights mok quantises, ``quantize``: the BF16 payload (one ``[E, R, C]`` view, or

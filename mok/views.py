@@ -232,6 +232,8 @@ def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dt
 
 
 _dtype, _shape, _requires_grad = attrgetter("dtype"), attrgetter("shape"), attrgetter("requires_grad")
+_device, _data_ptr = attrgetter("device"), methodcaller("data_ptr")
+_is_tensor = torch.Tensor.__instancecheck__
 
 
 def storage_views(
@@ -240,14 +242,15 @@ def storage_views(
     """:func:`storage_view` of many storages (one per expert, ``name(e)`` naming each), checked
     in bulk: the checks run per distinct dtype and numel, not per expert. Any storage the bulk
     checks do not pass goes through storage_view, which raises naming it."""
-    if not all(isinstance(t, torch.Tensor) for t in storages):
+    if not all(map(_is_tensor, storages)):
         return tuple(storage_view(t, shape, dtype=dtype, name=name(e)) for e, t in enumerate(storages))  # type: ignore[arg-type]
     tensors: Sequence[torch.Tensor] = storages  # type: ignore[assignment]
     dtypes = set(map(_dtype, tensors))
+    shaped = set(map(_shape, tensors)) == {shape}  # then every numel is prod(shape) too
     fine = (
         dtypes <= {dtype, torch.uint8}
         and (dtypes == {dtype} or dtype.itemsize == 1)
-        and set(map(torch.Tensor.numel, tensors)) == {math.prod(shape)}
+        and (shaped or set(map(torch.Tensor.numel, tensors)) == {math.prod(shape)})
         and all(map(torch.Tensor.is_contiguous, tensors))
         and not any(map(_requires_grad, tensors))
     )
@@ -256,14 +259,14 @@ def storage_views(
     views: Any = tensors
     if dtypes != {dtype}:
         views = map(methodcaller("view", dtype), views)
-    if set(map(_shape, tensors)) != {shape}:
+    if not shaped:
         views = map(methodcaller("view", shape), views)
     return tuple(views)
 
 
 def ptr_table(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The int64 device pointer table of ``tensors`` (one address each), on ``device``."""
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+    return torch.tensor(list(map(_data_ptr, tensors)), dtype=torch.int64, device=device)
 
 
 def check_sizes(**values: object) -> tuple[int, ...]:
@@ -272,6 +275,8 @@ def check_sizes(**values: object) -> tuple[int, ...]:
 
 def same_device(tensors: Sequence[torch.Tensor]) -> torch.device:
     device = tensors[0].device
+    if len(set(map(_device, tensors))) == 1:  # the usual case: one pass in C
+        return device
     for e, t in enumerate(tensors):
         if t.device != device:
             raise ExpertWeightError(f"expert {e} is on {t.device}; expected every expert on {device}")

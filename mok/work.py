@@ -53,7 +53,18 @@ class QuantizeWork(NamedTuple):
         return prepare(self.src, self.out, use_kernel=backend is Backend.CUDA, rule=self.rule)
 
 
-_is_cuda = attrgetter("is_cuda")
+_is_cuda, _device = attrgetter("is_cuda"), attrgetter("device")
+_src, _dst, _inverse = attrgetter("src"), attrgetter("dst"), attrgetter("inverse")
+
+
+def _refuse_devices(work: Sequence[ScaleWork], device: torch.device) -> None:
+    """Raise naming the first item with a tensor off ``device``."""
+    for i, item in enumerate(work):
+        if item.src.device != device or item.dst.device != device:
+            raise LayoutError(
+                f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
+                f"expected every tensor on {device}"
+            )
 
 
 class PreparedWork:
@@ -62,29 +73,30 @@ class PreparedWork:
 
     def __init__(self, work: Sequence[ScaleWork | QuantizeWork], backend: Backend | str | None = None) -> None:
         """``backend``: a resolved :class:`Backend` (a view's), or a request to resolve here."""
-        self.work = [item for item in work if isinstance(item, ScaleWork)]
         self._launch: Callable[[], None] | None = None
         self._quantize: list[Callable[[], None]] = []
-        quantize = [item for item in work if isinstance(item, QuantizeWork)]
+        self.work: list[ScaleWork]
+        quantize: list[QuantizeWork]
+        if set(map(type, work)) <= {ScaleWork}:  # the usual case: one C-level pass
+            self.work, quantize = list(work), []  # type: ignore[arg-type]  # every item is a ScaleWork
+        else:
+            self.work = [item for item in work if isinstance(item, ScaleWork)]
+            quantize = [item for item in work if isinstance(item, QuantizeWork)]
         if quantize:
             device = quantize[0].out.row_data.device
             resolved = backend if isinstance(backend, Backend) else backend_for(device, backend)
             self._quantize = [item.prepared(resolved) for item in quantize]
         if not self.work:
             return
-        directions = {item.inverse for item in self.work}
+        directions = set(map(_inverse, self.work))
         if len(directions) > 1:  # one kernel a launch; the reference keeps the same rule
             raise LayoutError(f"scale work mixes inverse items with conversions or copies: {MIXED_DIRECTIONS}")
         device = self.work[0].dst.device
-        tensors = [t for item in self.work for t in item[:2]]  # src and dst
+        tensors = [*map(_src, self.work), *map(_dst, self.work)]
         if len(set(map(torch.Tensor.get_device, tensors))) != 1 or not all(map(_is_cuda, tensors)):
             # off CUDA (or mixed) the index says too little: compare the devices themselves
-            for i, item in enumerate(self.work):
-                if item.src.device != device or item.dst.device != device:
-                    raise LayoutError(
-                        f"scale work item {i} has tensors on {item.src.device} and {item.dst.device}; "
-                        f"expected every tensor on {device}"
-                    )
+            if set(map(_device, tensors)) != {device}:
+                _refuse_devices(self.work, device)
         if not isinstance(backend, Backend):
             backend = backend_for(device, backend)
         elif backend is Backend.CUDA and device.type != "cuda":

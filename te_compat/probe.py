@@ -137,7 +137,8 @@ def tensor_kind(obj: object) -> TensorKind:
     Only classes already imported are looked at (TE is never imported here). A TE quantized
     class the table does not cover is ``OTHER_QUANTIZED``; a non-tensor raises.
     """
-    return tensor_kind_of_class(type(obj))
+    kind = _kind_cache.get(type(obj))  # a class seen before: one lookup (a view asks per expert)
+    return kind if kind is not None else tensor_kind_of_class(type(obj))
 
 
 def _installed_release(kind: TensorKind, cls: type) -> Version:

@@ -16,6 +16,7 @@ import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from te_compat.errors import StorageNotFoundError, StorageValueError, UnknownStorageNameError, UnsupportedTensorError
@@ -252,12 +253,21 @@ def float8_storage(param: object) -> Float8Storage:
     )
 
 
+def _int_tuples(shapes: Any) -> tuple[tuple[int, ...], ...]:
+    """Each shape as a tuple of ints, in C-level passes (a group holds hundreds); tuples or
+    lists of ints need no conversion."""
+    shapes = list(shapes)
+    if set(map(type, shapes)) <= {tuple, list} and set(map(type, chain.from_iterable(shapes))) == {int}:
+        return tuple(map(tuple, shapes))
+    return tuple(map(tuple, map(map, repeat(int), shapes)))
+
+
 def _offsets(value: Any) -> tuple[int, ...] | None:
     if value is None:
         return None
     if hasattr(value, "tolist"):
         value = value.tolist()
-    return tuple(int(v) for v in value)
+    return tuple(map(int, value))
 
 
 def _group_swizzled(v: _Values, members: tuple[object, ...] | None, read: StorageRead | None) -> bool:
@@ -281,7 +291,7 @@ def grouped_storage(param: object, *, read: StorageRead | None = None) -> Groupe
     return GroupedStorage(
         owner=param,
         num_tensors=v.needed(v.count("num_tensors"), "num_tensors"),
-        tensor_shapes=tuple(tuple(int(d) for d in s) for s in v.needed(v.raw("tensor_shapes"), "tensor_shapes")),
+        tensor_shapes=_int_tuples(v.needed(v.raw("tensor_shapes"), "tensor_shapes")),
         rowwise_data=row,
         columnwise_data=col,
         rowwise_scale_inv=v.tensor("rowwise_scale_inv"),

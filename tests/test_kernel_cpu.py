@@ -113,6 +113,29 @@ def test_jobs_of_a_view_equal_a_job_per_item(shape: tuple[int, ...], strides: tu
         assert len({j.vec for j in want[:-1]}) > 1
 
 
+@pytest.mark.parametrize("case", ["aligned", "one at offset 4", "a copy too", "equal geometries", "one expert"])
+def test_jobs_of_a_split_view_in_one_pass_equal_those_item_by_item(case: str) -> None:
+    """A split view's work (one geometry, every address 16-byte aligned) becomes one JobGroup in
+    C-level passes; whatever differs goes item by item. Either way the jobs are convert_job's."""
+    experts, geometry = 6, ((1, 256, 8), (4096, 16, 1))
+    outs = torch.empty(mok.layout_shape(256, 8, experts), dtype=torch.uint8).split(mok.layout_shape(256, 8)[0])
+    offsets = [0, 4096, 8192, 4 if case == "one at offset 4" else 12288, 16384, 20480][:experts]
+    srcs = [torch.zeros(4096 * 8, dtype=torch.uint8)[o:] for o in offsets]
+    same = [geometry if case != "equal geometries" else ((1, 256, 8), (4096, 16, 1)) for _ in range(experts)]
+    work = [ScaleWork(src, out, geometry=g) for src, out, g in zip(srcs, outs, same, strict=True)]
+    work = work[:1] if case == "one expert" else work
+    if case == "a copy too":
+        work.append(ScaleWork(outs[0].flatten(), outs[1].flatten(), copy=True))
+    got = jobs_of(work)
+    assert got == mok.kernels.jobs._jobs_one_by_one(work)
+    want = [convert_job(mok.layout.logical_view(w.src, geometry), w.dst) for w in work if not w.copy]
+    want += [copy_job(w.src, w.dst) for w in work if w.copy]
+    expanded = [j for g in got for j in (g.expand() if isinstance(g, JobGroup) else [g])]
+    assert sorted(expanded) == sorted(want)
+    assert len(got) == (2 if case in ("one at offset 4", "a copy too") else 1) and isinstance(got[0], JobGroup)
+    assert (mok.kernels.jobs._one_group(work) is not None) == (case in ("aligned", "equal geometries"))
+
+
 def _table_pairs(table: DescriptorTable) -> tuple[object, ...]:
     """A descriptor table up to the order of the experts in an indirect row's address arrays."""
     pairs = [sorted(zip(a[: len(a) // 2], a[len(a) // 2 :], strict=True)) for a in table.arrays]

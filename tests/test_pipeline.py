@@ -195,6 +195,38 @@ def test_a_reading_joins_only_one_of_its_kind(installed_te: Installer) -> None:
     assert both.objects == tuple(tensors) and both.addresses == tuple(t.data_ptr() for t in tensors)
 
 
+def test_a_reading_answers_with_what_it_read_whenever_asked(installed_te: Installer) -> None:
+    """Which names hold tensors, and each name's values, are worked out when first asked (a guard
+    asks at the first refresh): from the values read, never from what TE holds by then."""
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
+    names = ("scales_swizzled", "rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
+    reading = snapshot.read_storage(ps, names)
+    old_scales = [p._rowwise_scale_inv for p in ps]
+    for p in ps:  # after the read, before anything asked: TE drops a direction, moves a buffer
+        p._columnwise_data = None
+        p._rowwise_scale_inv = _fresh(p._rowwise_scale_inv, 3)
+    assert reading.names == names and reading.tensor_columns == (1, 2, 3, 4)
+    assert all(a is b for a, b in zip(reading.column("rowwise_scale_inv"), old_scales, strict=True))
+    assert not mok.refresh.StorageGuard(ps, [reading]).unchanged(ps)
+
+
+def test_a_direction_without_data_but_with_a_scale_buffer_is_watched(installed_te: Installer) -> None:
+    """TE dropped the columnwise data and left its scale buffer: the view reads the rowwise
+    direction, and its refresh still watches the buffer left (a tensor, never tested for truth)."""
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
+    for p in ps:
+        p._columnwise_data = None
+    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    assert view.columnwise is None and view.refresh_plan.plans == 1
+    ps[1]._columnwise_scale_inv = _fresh(ps[1]._columnwise_scale_inv, 4)  # the buffer left, alone
+    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    assert view.refresh_plan.plans == 2
+    assert torch.equal(view.row_scales[1], spec_layout(_rows(ps[1]._rowwise_scale_inv)))
+
+
 @pytest.mark.parametrize("how", ["refresh_layer", "entries assigned"])
 def test_a_layer_given_other_weights_for_its_views_checks_those(installed_te: Installer, how: str) -> None:
     """The same views with new weights: the layer reads the new ones, and since the views' data

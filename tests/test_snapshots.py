@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -124,6 +125,28 @@ def test_grouped_storage(release: str, installed_te: Installer) -> None:
     assert s.quantized and s.members is not None and len(s.members) == 3
     assert s.rowwise_scale_inv_offsets == tuple(e * 256 * 4 for e in range(4))
     assert s.rowwise_data.numel() == 3 * 256 * 96 and not s.scales_swizzled
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [(256, 96), (256, 96)],
+        [[256, 96], [256, 96]],
+        [torch.Size([256, 96])] * 2,
+        [(np.int64(256), 96), (256, np.int32(96))],
+        torch.tensor([[256, 96], [256, 96]]),
+        ((256, 96) for _ in range(2)),
+    ],
+    ids=["tuples", "lists", "torch.Size", "numpy ints", "a tensor", "a generator"],
+)
+def test_grouped_shapes_are_tuples_of_ints(shapes: object, installed_te: Installer) -> None:
+    """However TE holds a group's shapes, the snapshot has tuples of Python ints."""
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, 256, 96, mxfp8=True)
+    g.tensor_shapes = shapes
+    found = te_compat.grouped_storage(g).tensor_shapes
+    assert found == ((256, 96), (256, 96)) and {type(d) for s in found for d in s} == {int}
+    assert {type(s) for s in found} == {tuple}
 
 
 def test_grouped_bf16(installed_te: Installer) -> None:

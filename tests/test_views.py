@@ -128,6 +128,44 @@ def test_grouped_members_not_packed(installed_te: Installer) -> None:
         grouped_weight_view(g, num_experts=3, rows=128, columns=128, use_mxfp8=True)
 
 
+@pytest.mark.parametrize(
+    ("move", "message"),
+    [
+        ("none", "expert 1 has no rowwise scales"),
+        (
+            "swap",
+            r"member 1 scale is not packed expert-major .rowwise scales in the grouped buffer.: expected "
+            r"byte 512, found byte 1024 of it",
+        ),
+    ],
+)
+def test_grouped_members_out_of_place_are_named(move: str, message: str, installed_te: Installer) -> None:
+    """Every member's scales where expert-major packing puts them pass in one pass; the first one
+    elsewhere (or missing) is named, with where it is."""
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 3, 128, 128, mxfp8=True)
+    members = g.quantized_tensors
+    if move == "none":
+        members[1]._rowwise_scale_inv = None
+    else:  # members 1 and 2 hold each other's slice of the grouped buffer
+        members[1]._rowwise_scale_inv, members[2]._rowwise_scale_inv = (
+            members[2]._rowwise_scale_inv,
+            members[1]._rowwise_scale_inv,
+        )
+    with pytest.raises(ExpertWeightError, match=message):
+        grouped_weight_view(g, num_experts=3, rows=128, columns=128, use_mxfp8=True)
+
+
+def test_grouped_shapes_name_the_first_expert_that_differs(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 3, 128, 128, mxfp8=True)
+    g.tensor_shapes = [(128, 128), (128, 128), (64, 128)]
+    with pytest.raises(
+        ExpertWeightError, match=r"expected every expert of shape \(128, 128\); expert 2 has \(64, 128\)"
+    ):
+        grouped_weight_view(g, num_experts=3, rows=128, columns=128, use_mxfp8=True)
+
+
 def test_grouped_offsets_not_expert_major(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 3, 128, 128, mxfp8=True)

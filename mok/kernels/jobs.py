@@ -12,6 +12,8 @@ kernels: conversions and copies (``mxfp8_swizzle_jobs``) or inverse jobs
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
+from operator import and_, attrgetter, methodcaller, or_
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mok.errors import LayoutError
@@ -201,6 +203,36 @@ def jobs_of(work: Sequence[Any]) -> list[Job | JobGroup]:
     own (the table then merges the groups of one geometry into one pointer-table row at the
     narrowest load width).
     Inverse items and the others are refused together (one kernel a launch)."""
+    one = _one_group(work)
+    return one if one is not None else _jobs_one_by_one(work)
+
+
+_copy, _geometry, _inverse = attrgetter("copy"), attrgetter("geometry"), attrgetter("inverse")
+_src, _dst, _data_ptr = attrgetter("src"), attrgetter("dst"), methodcaller("data_ptr")
+
+
+def _one_group(work: Sequence[Any]) -> list[Job | JobGroup] | None:
+    """:func:`jobs_of` the usual work in C-level passes: conversions of single matrices of one
+    geometry (every expert of a split view), every address allowing the widest loads, as one
+    :class:`JobGroup`. None for anything else, which is looked at item by item."""
+    if len(work) < 2 or any(map(_copy, work)) or set(map(_inverse, work)) != {False}:
+        return None
+    geometries = list(map(_geometry, work))
+    if geometries[0] is None or geometries.count(geometries[0]) != len(geometries):  # one geometry
+        return None
+    try:
+        srcs, dsts = list(map(_data_ptr, map(_src, work))), list(map(_data_ptr, map(_dst, work)))
+    except (AttributeError, TypeError):  # not tensors: the loop names the first
+        return None
+    shape, strides = geometries[0]
+    job = _convert_job(srcs[0], shape, strides, dsts[0])  # checks the first item as the loop does
+    if job.experts != 1 or job.vec != 16 or any(map(and_, map(or_, srcs, dsts), repeat(15))):
+        return None
+    return [JobGroup(job, tuple(srcs), tuple(dsts))]
+
+
+def _jobs_one_by_one(work: Sequence[Any]) -> list[Job | JobGroup]:
+    """:func:`jobs_of`, item by item."""
     jobs: list[Any] = []
     groups: dict[tuple[Any, ...], tuple[Job, list[int], list[int]]] = {}
     first: dict[bool, int] = {}  # each direction's first item
