@@ -137,6 +137,21 @@ def test_a_layer_and_the_drop_in_heal_the_same_way(
     assert torch.equal(drop_in.transposed_scale_tensors[1], spec_layout(col))
 
 
+def _layer_run_twice(fc1: list[Any], fc2: list[Any]) -> tuple[Any, Any, mok.LayerRefresh, int, Any]:
+    """Views of ``fc1`` ``[R, C]`` and ``fc2`` ``[C, R]``, and their layer refreshed twice, the
+    second time by rerunning what the first prepared: ``(v1, v2, layer, plans, prepared)``."""
+    v1 = mok.split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
+    v2 = mok.split_weight_view(fc2, rows=C, columns=R, use_mxfp8=True)
+    layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
+    layer()
+    plans = layer.plan.plans
+    layer()
+    assert layer.plan.plans == plans  # unchanged: the prepared launch ran again
+    prepared = layer.plan.prepared
+    assert isinstance(prepared, pipeline.PreparedRefresh) and prepared.guard._checks is not None
+    return v1, v2, layer, plans, prepared
+
+
 @pytest.mark.parametrize(("entry", "expert"), [(0, 0), (0, 2), (1, 0), (1, 2)])
 def test_a_layer_checks_its_entries_in_one_bulk_read_and_sees_a_change_in_any(
     installed_te: Installer, entry: int, expert: int
@@ -146,16 +161,8 @@ def test_a_layer_checks_its_entries_in_one_bulk_read_and_sees_a_change_in_any(
     installed_te("2.20.2")
     fc1 = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
     fc2 = [T.mxfp8_tensor("2.20.2", C, R, seed=10 + e, param=True) for e in range(3)]
-    v1 = mok.split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
-    v2 = mok.split_weight_view(fc2, rows=C, columns=R, use_mxfp8=True)
-    layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
-    layer()
-    plans = layer.plan.plans
-    layer()
-    assert layer.plan.plans == plans  # unchanged: the prepared launch ran again
-    prepared = layer.plan.prepared
-    assert isinstance(prepared, pipeline.PreparedRefresh) and len(prepared.guard.readings) == 2
-    assert prepared.guard._checks is not None and len(prepared.guard._checks) == 1
+    v1, v2, layer, plans, prepared = _layer_run_twice(fc1, fc2)
+    assert len(prepared.guard.readings) == 2 and len(prepared.guard._checks) == 1
     ps, view, rows, cols = [(fc1, v1, R, C), (fc2, v2, C, R)][entry]
     ps[expert]._rowwise_scale_inv = _fresh(ps[expert]._rowwise_scale_inv, 3)
     layer()
@@ -169,15 +176,8 @@ def test_neighbouring_readings_of_other_names_are_checked_apart(installed_te: In
     installed_te("2.20.2")
     fc1 = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
     fc2 = [T.mxfp8_tensor("2.20.2", C, R, seed=10 + e, param=True) for e in range(2)]
-    v1 = mok.split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
-    v2 = mok.split_weight_view(fc2, rows=C, columns=R, use_mxfp8=True)
-    layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
-    layer()
-    plans = layer.plan.plans
-    layer()
-    prepared = layer.plan.prepared
-    assert isinstance(prepared, pipeline.PreparedRefresh) and prepared.guard._checks is not None
-    assert layer.plan.plans == plans and len(prepared.guard._checks) == 2
+    v1, _, layer, plans, prepared = _layer_run_twice(fc1, fc2)
+    assert len(prepared.guard._checks) == 2
     fc1[1]._rowwise_scale_inv = _fresh(fc1[1]._rowwise_scale_inv, 4)
     layer()
     assert layer.plan.plans == plans + 1

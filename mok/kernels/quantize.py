@@ -127,6 +127,12 @@ class Source(NamedTuple):
     row_stride: int  # elements
     expert_stride: int  # elements (grouped only)
 
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        """``(experts, rows, cols)``: what every size of a launch follows from."""
+        rows, cols = self.experts[0].shape
+        return len(self.experts), rows, cols
+
 
 def _check_expert(x: torch.Tensor, name: str) -> None:
     if x.stride(-1) != 1 or x.stride(-2) < x.shape[-1] or x.stride(-2) % 8:
@@ -166,8 +172,8 @@ def check_outputs(out: QuantizeOutputs, source: Source, *, swizzled: bool) -> Qu
     from each other and from the source."""
     if not isinstance(out, QuantizeOutputs):
         raise LayoutError(f"out: expected a QuantizeOutputs; found {type(out).__name__}")
-    (rows, cols), experts, device = source.experts[0].shape, len(source.experts), source.experts[0].device
-    wants = output_shapes(experts, rows, cols, swizzled=swizzled)
+    device = source.experts[0].device
+    wants = output_shapes(*source.dims, swizzled=swizzled)
     for name, t, shape, dtype in zip(QuantizeOutputs._fields, out, wants, DTYPES, strict=True):
         found = (tuple(t.shape), t.dtype, t.device, t.is_contiguous()) if isinstance(t, torch.Tensor) else None
         if found != (tuple(shape), dtype, device, True) or t.data_ptr() % ALIGN:
@@ -253,7 +259,7 @@ def kernel_arguments(
 ) -> tuple[int, ...]:
     """The kernel's arguments after ``src``-table resolution, as plain ints (the launch wraps them
     in numpy scalars; the CPU emulator passes them through ctypes)."""
-    (rows, cols), experts = source.experts[0].shape, len(source.experts)
+    experts, rows, cols = source.dims
     src = table.data_ptr() if table is not None else source.experts[0].data_ptr()
     pointers = (out.row_data.data_ptr(), out.row_scales.data_ptr(), out.col_data.data_ptr(), out.col_scales.data_ptr())
     tiles = config.tiles(experts, rows, cols)
@@ -303,8 +309,7 @@ class QuantizeLaunch:
         args = kernel_arguments(self.source, self.out, self.flags, self.table, config)
         kinds = (np.uint64, np.int64, np.int64, np.uint64, np.uint64, np.uint64, np.uint64)
         self._args = (*(k(a) for k, a in zip(kinds, args, strict=False)), *map(np.int32, args[7:]))
-        (rows, cols), experts = self.source.experts[0].shape, len(self.source.experts)
-        self.grid = max(1, min(config.units(experts, rows, cols), compiled.resident))
+        self.grid = max(1, min(config.units(*self.source.dims), compiled.resident))
         self._launch = launch
         self._threads = config.threads
         self._launch_config = LaunchConfig(grid=self.grid, block=config.threads)

@@ -85,8 +85,7 @@ def run(
     table = address_table(source, torch.device("cpu")) if pointers else None
     flags = flags_for(rule=rule, swizzled=swizzled, pointers=pointers, product=product)
     args = kernel_arguments(source, out, flags, table, config)
-    (rows, cols), experts = source.experts[0].shape, len(source.experts)
-    units = config.units(experts, rows, cols)
+    units = config.units(*source.dims)
     readable = torch.tensor([a for x in source.experts for a in _span(x)], dtype=torch.int64)
     writable = torch.tensor([a for t in out for a in _span(t)], dtype=torch.int64)
     words = torch.tensor(args, dtype=torch.int64)
@@ -132,9 +131,8 @@ def check(
 ) -> None:
     """The emulated kernel and the reference, each into its own poisoned buffers, compared whole."""
     source = check_source(src)
-    (rows, cols), experts = source.experts[0].shape, len(source.experts)
-    got = poisoned(experts, rows, cols, swizzled=swizzled)
-    want = poisoned(experts, rows, cols, swizzled=swizzled)
+    got = poisoned(*source.dims, swizzled=swizzled)
+    want = poisoned(*source.dims, swizzled=swizzled)
     run(src, got, rule=rule, product=product, swizzled=swizzled, grid=grid, kernel_dir=kernel_dir)
     run_reference(src, want, rule=rule, product=product, swizzled=swizzled)
     scales = "layout" if swizzled else "logical"
