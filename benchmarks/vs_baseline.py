@@ -10,6 +10,8 @@ runs first), and the spread of TE's own calls between the trees (the same code i
 machine's noise in that run): bench_swizzle's graph
 columns as ratios to the same-run copy (so a ratio near 1.00 means the same device time per copied
 byte), bench_host's microseconds.
+``--cpus 2,3`` runs every benchmark process on those CPUs only (Linux): both trees then share
+the same cores, whose clocks and caches differ less between runs than the scheduler's choices do.
 Writes every run of both trees into one JSON. ``--dry-run`` runs bench_swizzle's CPU check and
 bench_host on stand-ins: it checks the script, it measures nothing that matters.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,17 +32,30 @@ HERE = Path(__file__).resolve().parent.parent
 SWIZZLE_COLUMNS = ("g:kernel@default", "g:exp@default", "g:kcopy", "g:exp-kcopy", "kernel/exp@default")
 
 
-def _run(tree: Path, script: str, args: list[str]) -> dict[str, Any]:
+def _run(tree: Path, script: str, args: list[str], cpus: set[int] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         cmd = [sys.executable, str(tree / "benchmarks" / script), *args, "--out", str(out)]
-        done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+        done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, preexec_fn=pin)
         if done.returncode != 0:
             raise SystemExit(
                 f"{tree.name}/{script} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
             )
         result: dict[str, Any] = json.loads(out.read_text())
         return result
+
+
+def _cpu_set(text: str) -> set[int]:
+    """``2,3`` as {2, 3}: CPUs this machine has."""
+    try:
+        cpus = {int(part) for part in text.split(",")}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CPU numbers joined by commas (2,3); found {text!r}") from None
+    available = os.sched_getaffinity(0)
+    if not cpus <= available:
+        raise argparse.ArgumentTypeError(f"expected CPUs among {sorted(available)}; found {sorted(cpus - available)}")
+    return cpus
 
 
 def _cells(kind: str, result: dict[str, Any]) -> dict[tuple[str, str], float]:
@@ -77,6 +93,7 @@ def main() -> int:
     parser.add_argument("--host-source", default="te", choices=("te", "standins"))
     parser.add_argument("--out", type=Path)
     parser.add_argument("--only", choices=("swizzle", "host"), help="run one of the two benchmarks")
+    parser.add_argument("--cpus", type=_cpu_set, help="run every benchmark on these CPUs, e.g. 2,3")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     trees = {"this": HERE, "baseline": args.baseline.resolve()}
@@ -89,7 +106,7 @@ def main() -> int:
         order = list(trees.items())
         for name, tree in order[:: 1 if round_ % 2 == 0 else -1]:  # A B, B A, ...: no tree always first
             for kind in kinds:
-                runs[name][kind].append(_run(tree, *scripts[kind]))
+                runs[name][kind].append(_run(tree, *scripts[kind], args.cpus))
     lines = [
         "| bench | case | column | this (min) | baseline (min) | this / baseline: min | median of the rounds |",
         "|---|---|---|---|---|---|---|",
@@ -110,7 +127,8 @@ def main() -> int:
             f"{max(controls):.3f} (this / baseline); ratios inside that spread are the machine's, not the code's"
         )
     if args.out:
-        args.out.write_text(json.dumps({"baseline": str(args.baseline), "runs": runs}, indent=1))
+        cpus = sorted(args.cpus) if args.cpus is not None else None
+        args.out.write_text(json.dumps({"baseline": str(args.baseline), "cpus": cpus, "runs": runs}, indent=1))
     return 0
 
 
