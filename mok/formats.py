@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from mok.checks import describe
 from mok.errors import ExpertWeightError, LayoutError
 from mok.layout import Geometry, logical_view, roundup
 from te_compat import StorageName, TensorKind, mxfp8_storage, nvfp4_storage
@@ -103,7 +104,7 @@ class BlockFormat:
 
     def names_for(self, directions: Sequence[Direction]) -> tuple[str, ...]:
         """:meth:`names_of` this format's ``directions`` (both, or one alone), worked out once."""
-        if directions == self.directions():  # the same objects: compared by identity
+        if directions == self.directions():  # equal directions (a Direction compares by value)
             return self.storage_names
         if len(directions) == 1 and (directions[0] is self.rowwise or directions[0] is self.columnwise):
             return self._alone[directions[0].name]
@@ -163,6 +164,8 @@ class BlockFormat:
         geometry: dict[tuple[Any, ...], Geometry] = {}
         found, geometries = [], []
         for buffer, name in zip(buffers, names, strict=True):
+            if not isinstance(buffer, torch.Tensor):
+                raise LayoutError(f"{name}: expected a tensor of 1-byte scales; found {describe(buffer)}")
             key = (buffer.shape, buffer.stride(), buffer.dtype)
             g = geometry.get(key)
             if g is None:
