@@ -132,22 +132,22 @@ class BlockFormat:
     def logical_scales(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> torch.Tensor:
         """The logical scale matrices ``[E, R, C]`` (uint8, no copy) of ``buffer``: one TE-padded
         ``[Rpad, Cpad]`` matrix, or ``[E, Rpad, Cpad]``. One strided view, no per-step views."""
-        return logical_view(*self.scale_sources(d, (buffer,), rows, columns, (name,))[0])
+        return logical_view(*self.scale_source(d, buffer, rows, columns, name))
 
-    def scale_sources(
-        self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
-    ) -> list[tuple[torch.Tensor, Geometry]]:
-        """Each buffer as uint8 with the geometry (sizes, strides) of its logical ``[E, R, C]``
-        scale matrices, from its own offset; each distinct buffer geometry checked once."""
-        found, geometries = self._scale_columns_one_by_one(d, buffers, rows, columns, names)
-        return list(zip(found, geometries, strict=True))
+    def scale_source(
+        self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str
+    ) -> tuple[torch.Tensor, Geometry]:
+        """``buffer`` as uint8 with the geometry (sizes, strides) of its logical ``[E, R, C]``
+        scale matrices, from its own offset, after checking it."""
+        (found,), (geometry,) = self._scale_columns_one_by_one(d, (buffer,), rows, columns, (name,))
+        return found, geometry
 
     def scale_columns(
         self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
     ) -> tuple[Sequence[torch.Tensor], list[Geometry]]:
-        """:meth:`scale_sources` as two columns: the uint8 buffers and their geometries. Buffers of
-        one (shape, strides, dtype), what TE gives every expert, are read in C-level passes and
-        checked once; anything else buffer by buffer, raising where the first bad one is."""
+        """:meth:`scale_source` of many buffers, as two columns: the buffers and their geometries.
+        Buffers of one (shape, strides, dtype), what TE gives every expert, are read in C-level
+        passes and checked once; anything else buffer by buffer, raising where the first bad one is."""
         try:
             shapes, strides, dtypes = set(map(_shape, buffers)), set(map(_stride, buffers)), set(map(_dtype, buffers))
         except (AttributeError, TypeError):  # no tensor: buffer by buffer

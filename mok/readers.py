@@ -382,7 +382,7 @@ def _group_direction(
     flat = gs.need(d.scales)
     padded = grouped_scales(flat, experts, pr, pc, f"{name} scales")
     _check_packing(gs, d, flat, pr * pc)
-    ((buffer, geometry),) = block.scale_sources(d, (padded,), rows, columns, (f"{name} scales",))
+    buffer, geometry = block.scale_source(d, padded, rows, columns, f"{name} scales")
     source = ScaleSource(f"{name} scales", buffer, geometry, gs.scales_swizzled)
     amax = None if d.amax is None else getattr(gs, d.amax.value)
     return DirectionSource(d, block.format, (payload,), (source,), (amax,) if isinstance(amax, torch.Tensor) else None)
