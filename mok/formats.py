@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from mok.checks import describe
 from mok.errors import ExpertWeightError, LayoutError
 from mok.layout import Geometry, logical_view, roundup
 from te_compat import StorageName, TensorKind, mxfp8_storage, nvfp4_storage
@@ -103,7 +104,7 @@ class BlockFormat:
 
     def names_for(self, directions: Sequence[Direction]) -> tuple[str, ...]:
         """:meth:`names_of` this format's ``directions`` (both, or one alone), worked out once."""
-        if directions == self.directions():  # the same objects: compared by identity
+        if directions == self.directions():  # equal directions (a Direction compares by value)
             return self.storage_names
         if len(directions) == 1 and (directions[0] is self.rowwise or directions[0] is self.columnwise):
             return self._alone[directions[0].name]
@@ -131,22 +132,22 @@ class BlockFormat:
     def logical_scales(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> torch.Tensor:
         """The logical scale matrices ``[E, R, C]`` (uint8, no copy) of ``buffer``: one TE-padded
         ``[Rpad, Cpad]`` matrix, or ``[E, Rpad, Cpad]``. One strided view, no per-step views."""
-        return logical_view(*self.scale_sources(d, (buffer,), rows, columns, (name,))[0])
+        return logical_view(*self.scale_source(d, buffer, rows, columns, name))
 
-    def scale_sources(
-        self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
-    ) -> list[tuple[torch.Tensor, Geometry]]:
-        """Each buffer as uint8 with the geometry (sizes, strides) of its logical ``[E, R, C]``
-        scale matrices, from its own offset; each distinct buffer geometry checked once."""
-        found, geometries = self._scale_columns_one_by_one(d, buffers, rows, columns, names)
-        return list(zip(found, geometries, strict=True))
+    def scale_source(
+        self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str
+    ) -> tuple[torch.Tensor, Geometry]:
+        """``buffer`` as uint8 with the geometry (sizes, strides) of its logical ``[E, R, C]``
+        scale matrices, from its own offset, after checking it."""
+        (found,), (geometry,) = self._scale_columns_one_by_one(d, (buffer,), rows, columns, (name,))
+        return found, geometry
 
     def scale_columns(
         self, d: Direction, buffers: Sequence[torch.Tensor], rows: int, columns: int, names: Sequence[str]
     ) -> tuple[Sequence[torch.Tensor], list[Geometry]]:
-        """:meth:`scale_sources` as two columns: the uint8 buffers and their geometries. Buffers of
-        one (shape, strides, dtype), what TE gives every expert, are read in C-level passes and
-        checked once; anything else buffer by buffer, raising where the first bad one is."""
+        """:meth:`scale_source` of many buffers, as two columns: the buffers and their geometries.
+        Buffers of one (shape, strides, dtype), what TE gives every expert, are read in C-level
+        passes and checked once; anything else buffer by buffer, raising where the first bad one is."""
         try:
             shapes, strides, dtypes = set(map(_shape, buffers)), set(map(_stride, buffers)), set(map(_dtype, buffers))
         except (AttributeError, TypeError):  # no tensor: buffer by buffer
@@ -163,6 +164,8 @@ class BlockFormat:
         geometry: dict[tuple[Any, ...], Geometry] = {}
         found, geometries = [], []
         for buffer, name in zip(buffers, names, strict=True):
+            if not isinstance(buffer, torch.Tensor):
+                raise LayoutError(f"{name}: expected a tensor of 1-byte scales; found {describe(buffer)}")
             key = (buffer.shape, buffer.stride(), buffer.dtype)
             g = geometry.get(key)
             if g is None:

@@ -73,9 +73,6 @@ class PreparedRefresh(NamedTuple):
     work: PreparedWork
     backend: Backend
 
-    def run(self) -> None:
-        self.work.run()
-
 
 # ------------------------------------------------------------------------------ planning
 
@@ -309,7 +306,7 @@ def _reran(prepared: object, views: tuple[int, ...], top: tuple[object, ...], ba
         return False
     if not prepared.guard.unchanged(top):
         return False
-    prepared.run()
+    prepared.work.run()
     return True
 
 

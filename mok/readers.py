@@ -57,6 +57,7 @@ from te_compat import (
 )
 
 _shape, _name, _data_ptr = attrgetter("shape"), attrgetter("name"), methodcaller("data_ptr")
+_device, _te_buffer = attrgetter("device"), attrgetter("te_buffer")
 _HYBRID_NAMES = (str(StorageName.ROWWISE_STORAGE), str(StorageName.COLUMNWISE_STORAGE))
 
 
@@ -159,6 +160,19 @@ def _split_direction(
     return DirectionSource(d, block.format, data, sources, amax)
 
 
+def _check_device(device: torch.device, source: DirectionSource) -> None:
+    """Every payload and scale buffer of ``source`` on ``device`` (the first expert's data): one
+    launch reads them all. One pass in C where they are; else raises naming the first that is not."""
+    buffers = list(map(_te_buffer, source.sources))
+    if set(map(_device, source.data)) | set(map(_device, buffers)) == {device}:
+        return
+    named = [(f"expert {e} {source.direction.name} data", t) for e, t in enumerate(source.data)]
+    named += [(s.name, s.te_buffer) for s in source.sources]
+    for name, tensor in named:
+        if tensor.device != device:
+            raise ExpertWeightError(f"{name} is on {tensor.device}; expected it on {device}, with expert 0's data")
+
+
 class _Stored(NamedTuple):
     """Objects storing some directions of every expert in one block format: the parameters
     themselves, or each expert's sub-storage of one direction (hybrid weights)."""
@@ -213,7 +227,9 @@ class SplitReader(NamedTuple):
                 if source is None and d.name == "rowwise":
                     _need(reading, stored.block, str(d.data))  # raises, naming the attribute and release
                 sources += [source] if source is not None else []
-        same_device(sources[0].data)
+        device = same_device(sources[0].data)
+        for source in sources:
+            _check_device(device, source)
         return Snapshot(tuple(recorder.readings), tuple(sources))
 
     def _stored(self, recorder: Recorder, cached: ExpertWeights | None) -> list[_Stored]:
@@ -262,6 +278,10 @@ def check_group_shape(gs: GroupedStorage, dims: tuple[int, int, int]) -> None:
     experts, rows, columns = dims
     if gs.num_tensors != experts:
         raise ExpertWeightError(f"grouped weight: expected {experts} experts; found {gs.num_tensors}")
+    if len(gs.tensor_shapes) != experts:
+        raise ExpertWeightError(
+            f"grouped weight: expected a shape for each of its {experts} experts; found {len(gs.tensor_shapes)}"
+        )
     if gs.tensor_shapes.count((rows, columns)) == len(gs.tensor_shapes):  # one C-level pass
         return
     for e, shape in enumerate(gs.tensor_shapes):
@@ -300,7 +320,8 @@ def _check_packing(gs: GroupedStorage, d: Direction, flat: torch.Tensor, per_exp
     group's offsets say, and where its members' scales are: a consistency check, not something
     the launch reads, so not recorded for the guard)."""
     n = gs.num_tensors
-    offsets = ((gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets) or ())[:n]
+    found = gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets
+    offsets = (found or ())[:n]
     starts = range(0, n * per_expert, per_expert) if per_expert else (0,) * n  # expert e's: e * per_expert
     if tuple(offsets) != tuple(starts[: len(offsets)]):  # compared whole; named expert by expert
         _check_offsets(offsets, d, per_expert)
@@ -361,7 +382,7 @@ def _group_direction(
     flat = gs.need(d.scales)
     padded = grouped_scales(flat, experts, pr, pc, f"{name} scales")
     _check_packing(gs, d, flat, pr * pc)
-    ((buffer, geometry),) = block.scale_sources(d, (padded,), rows, columns, (f"{name} scales",))
+    buffer, geometry = block.scale_source(d, padded, rows, columns, f"{name} scales")
     source = ScaleSource(f"{name} scales", buffer, geometry, gs.scales_swizzled)
     amax = None if d.amax is None else getattr(gs, d.amax.value)
     return DirectionSource(d, block.format, (payload,), (source,), (amax,) if isinstance(amax, torch.Tensor) else None)

@@ -242,6 +242,9 @@ def records(cls: type[R], *columns: Iterable[Any]) -> list[R]:
     """``[cls(*row) for row in zip(*columns, strict=True)]`` for a named tuple ``cls`` (one
     column a field, every field given), made in C: a view of 256 experts makes hundreds of them,
     and a named tuple's own constructor is a Python function."""
+    fields = cls._fields  # type: ignore[attr-defined]  # R is a named tuple
+    if len(columns) != len(fields):  # tuple.__new__ checks no arity: a short record would pass
+        raise TypeError(f"records: expected a column for each field of {cls.__name__} {fields}; found {len(columns)}")
     return list(map(tuple.__new__, repeat(cls), zip(*columns, strict=True)))
 
 

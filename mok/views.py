@@ -46,10 +46,15 @@ def _repr(obj: object) -> str:
     return f"{type(obj).__name__}({parts})"
 
 
-class Prepared(Protocol):
-    """A prepared refresh (mok.pipeline.PreparedRefresh): it can run its launch again."""
-
+class _Runs(Protocol):
     def run(self) -> None: ...
+
+
+class Prepared(Protocol):
+    """A prepared refresh (mok.pipeline.PreparedRefresh): its ``work`` runs the launch again."""
+
+    @property
+    def work(self) -> _Runs: ...
 
 
 class RefreshPlan:
@@ -69,7 +74,7 @@ class RefreshPlan:
         prepared = self.prepared
         if prepared is None:
             raise RefreshError("run_unchecked: nothing prepared yet; build the view (or refresh it) first")
-        prepared.run()
+        prepared.work.run()
 
 
 @dataclass(frozen=True, eq=False, repr=False)

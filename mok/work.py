@@ -108,6 +108,7 @@ class PreparedWork:
             self._launch = Launch(jobs_of(self.work), device)
 
     def run(self) -> None:
+        """Run the work: its quantize launches, then its one scale launch (or the reference)."""
         for quantize in self._quantize:
             quantize()
         if self._launch is not None:

@@ -12,6 +12,7 @@ from its first payload otherwise (:func:`_logical_shape`).
 
 from __future__ import annotations
 
+import operator
 import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -157,12 +158,37 @@ class _Values:
             raise _not_found(self.obj, names[0])
         return found
 
+    def shapes(self, name: str) -> tuple[tuple[int, ...], ...]:
+        """TE's list of per-tensor shapes as tuples of ints, in C-level passes (a group holds
+        hundreds); raises where the group has none, or anything but whole numbers."""
+        value = self.needed(self.raw(name), name)
+        try:
+            shapes = list(value)
+            if set(map(type, shapes)) <= {tuple, list} and set(map(type, chain.from_iterable(shapes))) == {int}:
+                return tuple(map(tuple, shapes))
+            return tuple(map(tuple, map(map, repeat(operator.index), shapes)))
+        except TypeError:
+            raise self._refused(name, value, "a list of shapes, each a sequence of ints") from None
+
+    def offsets(self, name: str) -> tuple[int, ...] | None:
+        """TE's byte offsets (a list, or a tensor) as ints; None where the release keeps none."""
+        value = self.raw(name)
+        if value is None:
+            return None
+        try:
+            return tuple(map(operator.index, value.tolist() if hasattr(value, "tolist") else value))
+        except TypeError:
+            raise self._refused(name, value, "a sequence of ints or an integer tensor") from None
+
     def _typed(self, name: str, accepts: Callable[[object], bool], expected: str) -> Any:
         value = self.values.get(name)
         if value is None or accepts(value):
             return value
+        raise self._refused(name, value, expected)
+
+    def _refused(self, name: str, value: object, expected: str) -> StorageValueError:
         attrs, where = _attributes(self.obj, name)
-        raise StorageValueError(
+        return StorageValueError(
             f"{class_path(type(self.obj))}: attribute {attrs} (storage {name!r}; {where}) is expected to be "
             f"{expected}; found {type(value).__name__} {reprlib.repr(value)}"
         )
@@ -253,23 +279,6 @@ def float8_storage(param: object) -> Float8Storage:
     )
 
 
-def _int_tuples(shapes: Any) -> tuple[tuple[int, ...], ...]:
-    """Each shape as a tuple of ints, in C-level passes (a group holds hundreds); tuples or
-    lists of ints need no conversion."""
-    shapes = list(shapes)
-    if set(map(type, shapes)) <= {tuple, list} and set(map(type, chain.from_iterable(shapes))) == {int}:
-        return tuple(map(tuple, shapes))
-    return tuple(map(tuple, map(map, repeat(int), shapes)))
-
-
-def _offsets(value: Any) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    return tuple(map(int, value))
-
-
 def _group_swizzled(v: _Values, members: tuple[object, ...] | None, read: StorageRead | None) -> bool:
     """The group's flag (2.14+); 2.13 keeps none on the group, and its MXFP8 members (2.12+)
     carry their own."""
@@ -291,13 +300,13 @@ def grouped_storage(param: object, *, read: StorageRead | None = None) -> Groupe
     return GroupedStorage(
         owner=param,
         num_tensors=v.needed(v.count("num_tensors"), "num_tensors"),
-        tensor_shapes=_int_tuples(v.needed(v.raw("tensor_shapes"), "tensor_shapes")),
+        tensor_shapes=v.shapes("tensor_shapes"),
         rowwise_data=row,
         columnwise_data=col,
         rowwise_scale_inv=v.tensor("rowwise_scale_inv"),
         columnwise_scale_inv=v.tensor("columnwise_scale_inv"),
-        rowwise_scale_inv_offsets=_offsets(v.raw("rowwise_scale_inv_offsets")),
-        columnwise_scale_inv_offsets=_offsets(v.raw("columnwise_scale_inv_offsets")),
+        rowwise_scale_inv_offsets=v.offsets("rowwise_scale_inv_offsets"),
+        columnwise_scale_inv_offsets=v.offsets("columnwise_scale_inv_offsets"),
         members=member_tuple,
         quantized=v.raw("quantizer") is not None,
         scales_swizzled=_group_swizzled(v, member_tuple, read),

@@ -824,3 +824,47 @@ def test_small_arguments_are_checked_on_every_path(installed_te: Installer) -> N
 
     with pytest.raises(TypeError, match=r"fake_mxfp8: param: expected a bool; found 'False' \(str\)"):
         fake_mxfp8((128, 64), param="False")  # type: ignore[typeddict-item]
+
+
+@pytest.mark.parametrize(
+    ("bad", "found"),
+    [("e8m0", "'e8m0'"), ([1, 2], r"\[1, 2\]"), (3, "3")],
+    ids=["a string", "a list", "an int"],
+)
+def test_a_scale_buffer_that_is_no_tensor_is_named(bad: object, found: str, installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(3)]
+    ps[1]._rowwise_scale_inv = bad
+    with pytest.raises(MokError, match=rf"expert 1 rowwise scales: expected a tensor of 1-byte scales; found {found}"):
+        mok.split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+
+
+@pytest.mark.parametrize("which", ["rowwise scales", "columnwise data", "columnwise scales"])
+def test_a_view_names_a_scale_or_payload_off_the_experts_device(which: str, installed_te: Installer) -> None:
+    """One launch reads every buffer: one on another device is named, not left to the launch."""
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(3)]
+    attr = {"rowwise scales": "_rowwise_scale_inv", "columnwise data": "_columnwise_data"}.get(
+        which, "_columnwise_scale_inv"
+    )
+    setattr(ps[2], attr, getattr(ps[2], attr).to("meta"))
+    with pytest.raises(MokError, match=rf"expert 2 {which} is on meta; expected it on cpu, with expert 0's data"):
+        mok.split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+
+
+@pytest.mark.parametrize("shapes", [[(128, 256)] * 2, [], [(128, 256)] * 4], ids=["too few", "none", "too many"])
+def test_a_group_with_a_shape_short_of_its_experts_is_refused(shapes: object, installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 3, 128, 256, mxfp8=True)
+    g.tensor_shapes = shapes
+    with pytest.raises(MokError, match=rf"expected a shape for each of its 3 experts; found {len(shapes)}"):
+        mok.grouped_weight_view(g, num_experts=3, rows=128, columns=256, use_mxfp8=True)
+
+
+def test_records_needs_a_column_for_every_field() -> None:
+    """snapshot.records makes named tuples through tuple.__new__, which checks no arity."""
+    from mok.snapshot import ScaleSource, records
+
+    with pytest.raises(TypeError, match=r"expected a column for each field of ScaleSource .*; found 2"):
+        records(ScaleSource, ["a"], ["b"])
+    assert records(ScaleSource, ["n"], ["t"], ["g"], [True]) == [ScaleSource("n", "t", "g", True)]  # type: ignore[arg-type]

@@ -355,3 +355,36 @@ def test_a_first_view_enters_each_module_once(installed_te: Installer, entry: st
     for callee, below in stacks:
         chain = [m for m, _ in itertools.groupby([*below, callee]) if m.startswith("mok")]
         assert len(chain) == len(set(chain)), chain  # a module re-entered from below it
+
+
+def test_an_unchecked_rerun_passes_four_python_frames(installed_te: Installer) -> None:
+    """``run_unchecked`` is the hot path of an eager refresh (a few microseconds a call): from the
+    view's plan to the launch it passes as many Python frames as the code before the pipeline did
+    (plan, work, launch, stream). The launch is faked with C builtins: on the CPU nothing runs."""
+    from mok.kernels import launch as launch_module
+    from mok.kernels import streams
+
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
+    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    prepared = view.refresh_plan.prepared
+    assert isinstance(prepared, pipeline.PreparedRefresh)
+    launch = object.__new__(launch_module.Launch)  # a launch as Launch makes it, minus the device
+    launch._launch = zip  # takes any iterables, runs nothing: cuda.core's launch
+    launch._launch_config, launch.kernel, launch._args = "config", "kernel", ("args",)
+    launch._stream = streams.CurrentStream(0)
+    launch._stream._handle = abs  # torch's C getter of the raw stream handle
+    launch._stream._last = (0, "stream")
+    prepared.work._launch = launch
+    called: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            called.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        view.refresh_plan.run_unchecked()
+    finally:
+        sys.setprofile(None)
+    assert called == ["run_unchecked", "run", "__call__", "__call__"], called

@@ -149,6 +149,30 @@ def test_grouped_shapes_are_tuples_of_ints(shapes: object, installed_te: Install
     assert {type(s) for s in found} == {tuple}
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("tensor_shapes", [(256.0, 96), (256, 96)], "a list of shapes, each a sequence of ints"),
+        ("tensor_shapes", [(256, 96.5), (256, 96)], "a list of shapes, each a sequence of ints"),
+        ("tensor_shapes", 2, "a list of shapes, each a sequence of ints"),
+        ("tensor_shapes", ["256x96", "256x96"], "a list of shapes, each a sequence of ints"),
+        ("scale_inv_offsets", [0.0, 1.5, 3.0], "a sequence of ints or an integer tensor"),
+        ("scale_inv_offsets", torch.tensor([0.0, 1.5, 3.0]), "a sequence of ints or an integer tensor"),
+    ],
+    ids=["float dim", "fractional dim", "an int", "strings", "float offsets", "a float tensor"],
+)
+def test_grouped_shapes_and_offsets_of_other_numbers_are_refused(
+    name: str, value: object, expected: str, installed_te: Installer
+) -> None:
+    """A shape or offset that is no whole number is refused, naming the attribute, what was
+    expected and what was found (never truncated to a different size)."""
+    installed_te("2.20.2")
+    g = T.grouped_tensor("2.20.2", 2, 256, 96, mxfp8=True)
+    setattr(g, name, value)
+    with pytest.raises(StorageValueError, match=rf"attribute .*{name}.* is expected to be {expected}; found"):
+        te_compat.grouped_storage(g)
+
+
 def test_grouped_bf16(installed_te: Installer) -> None:
     installed_te("2.20.2")
     s = te_compat.grouped_storage(T.grouped_tensor("2.20.2", 2, 64, 32, mxfp8=False))

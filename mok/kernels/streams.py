@@ -3,6 +3,7 @@ of mok's kernels calls once per launch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,9 +13,8 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA build
 
 
 def _handle(index: int) -> int:
-    """The raw handle of torch's current stream on device ``index`` (cheap on CUDA builds)."""
-    if _raw_stream is not None:
-        return int(_raw_stream(index))
+    """The raw handle of torch's current stream on device ``index``, for builds of torch without
+    ``_cuda_getCurrentRawStream``."""
     return int(torch.cuda.current_stream(index).cuda_stream)
 
 
@@ -36,9 +36,11 @@ class CurrentStream:
     def __init__(self, index: int) -> None:
         self.index = index
         self._last: tuple[int, Any] = (-1, None)
+        # torch's own getter where it has one (C, no Python frame a launch), else the slow path
+        self._handle: Callable[[int], int] = _raw_stream if _raw_stream is not None else _handle
 
     def __call__(self) -> Any:
-        handle = _handle(self.index)
+        handle = self._handle(self.index)
         last_handle, stream = self._last
         if handle != last_handle:
             stream = _stream(handle)
