@@ -64,9 +64,12 @@ class StorageGuard:
         if checks is None:  # a view never refreshed never pays for them (two racing threads make equal ones)
             checks = self._checks = tuple(map(_check_of, _joined(r.watched() for r in self.readings)))
         try:
-            return all(check() for check in checks)
+            for check in checks:  # usually one: a loop here calls it with no generator frame
+                if not check():
+                    return False
         except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
             return False
+        return True
 
 
 def _joined(readings: Iterable[Reading]) -> list[Reading]:

@@ -4,6 +4,7 @@ architecture it stands on (views hold data only, a shallow import graph, no call
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import sys
@@ -357,25 +358,28 @@ def test_a_first_view_enters_each_module_once(installed_te: Installer, entry: st
         assert len(chain) == len(set(chain)), chain  # a module re-entered from below it
 
 
-def test_an_unchecked_rerun_passes_four_python_frames(installed_te: Installer) -> None:
-    """``run_unchecked`` is the hot path of an eager refresh (a few microseconds a call): from the
-    view's plan to the launch it passes as many Python frames as the code before the pipeline did
-    (plan, work, launch, stream). The launch is faked with C builtins: on the CPU nothing runs."""
+def _faked_launch_view(ps: list[Any]) -> mok.SplitExpertWeights:
+    """A split view of ``ps`` whose prepared launch is made of C builtins: cuda.core's launch
+    (``zip`` takes any iterables and runs nothing) and torch's getter of the raw stream handle
+    (``abs``), so the Python frames a refresh passes on a GPU can be counted on the CPU."""
     from mok.kernels import launch as launch_module
     from mok.kernels import streams
 
-    installed_te("2.20.2")
-    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
     view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     prepared = view.refresh_plan.prepared
     assert isinstance(prepared, pipeline.PreparedRefresh)
     launch = object.__new__(launch_module.Launch)  # a launch as Launch makes it, minus the device
-    launch._launch = zip  # takes any iterables, runs nothing: cuda.core's launch
+    launch._launch = zip
     launch._launch_config, launch.kernel, launch._args = "config", "kernel", ("args",)
     launch._stream = streams.CurrentStream(0)
-    launch._stream._handle = abs  # torch's C getter of the raw stream handle
+    launch._stream._handle = abs
     launch._stream._last = (0, "stream")
     prepared.work._launch = launch
+    return view
+
+
+def _python_calls(fn: Callable[[], object]) -> list[str]:
+    """The Python functions ``fn`` calls (C functions make no frame), in order."""
     called: list[str] = []
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
@@ -384,7 +388,33 @@ def test_an_unchecked_rerun_passes_four_python_frames(installed_te: Installer) -
 
     sys.setprofile(profile)
     try:
-        view.refresh_plan.run_unchecked()
+        fn()
     finally:
         sys.setprofile(None)
+    return called
+
+
+def test_an_unchecked_rerun_passes_four_python_frames(installed_te: Installer) -> None:
+    """``run_unchecked`` is the hot path of an eager refresh (a few microseconds a call): from the
+    view's plan to the launch it passes as many Python frames as the code before the pipeline did
+    (plan, work, launch, stream)."""
+    installed_te("2.20.2")
+    view = _faked_launch_view([T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)])
+    called = _python_calls(view.refresh_plan.run_unchecked)
     assert called == ["run_unchecked", "run", "__call__", "__call__"], called
+
+
+@pytest.mark.parametrize("experts", [3, 64])
+def test_a_checked_refresh_makes_as_many_python_calls_as_the_code_before(installed_te: Installer, experts: int) -> None:
+    """A checked refresh of an unchanged view (argument checks, guard, rerun) makes at most the
+    24 Python calls of the code before the pipeline (commit 2d2365f), whatever the experts: the
+    per-expert work stays in C-level passes."""
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(experts)]
+    view = _faked_launch_view(ps)
+    # a partial is C: the calls counted are the refresh's own
+    refresh = functools.partial(mok.split_weight_view, ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    refresh()  # the guard's checks are made at the first refresh
+    called = _python_calls(refresh)
+    assert "check" in called and called[-3:] == ["run", "__call__", "__call__"], called  # guarded, then rerun
+    assert len(called) <= 24, called
