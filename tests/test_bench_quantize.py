@@ -3,13 +3,14 @@ sets up every column a GPU run times, checks the fused result, and writes the JS
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests.benchmark_scripts import benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,10 +34,7 @@ def test_bench_quantize_dry_run_writes_every_column(tmp_path: Path) -> None:
 
 def _check_table(out: Path, row: dict[str, Any]) -> None:
     """results_tables' `quantize` kind shows every measured column as its ratio to the copy."""
-    spec = importlib.util.spec_from_file_location("results_tables", ROOT / "benchmarks" / "results_tables.py")
-    assert spec is not None and spec.loader is not None
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = benchmark_script("results_tables")
     header, _, line = tables.quantize(out)
     assert header.split(" | ")[2:] == ["fused, graph", "fused, eager", "per-expert table", "two steps (mok) |"]
     us = row["median_us"]

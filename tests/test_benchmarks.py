@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.benchmark_scripts import benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = {"case", "g:kernel/copy", "g:exp/copy", "kernel/exp", "TE multi", "TE discrete", "runs", "median", "spread"}
@@ -45,18 +45,10 @@ def test_bench_swizzle_dry_run_writes_the_agreed_keys(tmp_path: Path) -> None:
         assert all(row["median"][c] > 0 for c in columns), f"{row['case']}: {set(columns) - row['median'].keys()}"
 
 
-def _vs_baseline() -> Any:
-    spec = importlib.util.spec_from_file_location("vs_baseline", ROOT / "benchmarks" / "vs_baseline.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
 def test_vs_baseline_runs_each_benchmark_on_the_cpus_asked_for(tmp_path: Path) -> None:
     """``--cpus``: the benchmark process of either tree sees only those CPUs."""
-    vs = _vs_baseline()
+    vs = benchmark_script("vs_baseline")
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "where.py").write_text(
         "import json, os, sys\n"
@@ -69,7 +61,7 @@ def test_vs_baseline_runs_each_benchmark_on_the_cpus_asked_for(tmp_path: Path) -
 
 
 def test_vs_baseline_names_what_it_expected_of_cpus() -> None:
-    vs = _vs_baseline()
+    vs = benchmark_script("vs_baseline")
     with pytest.raises(argparse.ArgumentTypeError, match=r"expected CPU numbers joined by commas \(2,3\); found 'x'"):
         vs._cpu_set("x")
     with pytest.raises(argparse.ArgumentTypeError, match=r"expected CPUs among \[.*\]; found \[4096\]"):

@@ -6,10 +6,11 @@ documents describe the present (no numbered work sessions: those are in benchmar
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 import os
 import re
 from pathlib import Path
+
+from tests.benchmark_scripts import benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -97,10 +98,7 @@ def test_every_cited_result_file_exists() -> None:
 
 
 def test_generated_tables_match_their_result_files() -> None:
-    spec = importlib.util.spec_from_file_location("results_tables", BENCH / "results_tables.py")
-    assert spec is not None and spec.loader is not None
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = benchmark_script("results_tables")
     marked = 0
     for document in tables.DOCUMENTS:
         _, differ = tables.regenerate(document)
