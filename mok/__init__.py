@@ -4,7 +4,7 @@ mok reads Transformer Engine objects only through te_compat.
 """
 
 from mok.backend import BackendChoice, kernel_backend
-from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
+from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError, StorageFreedError
 from mok.formats import Format
 from mok.grouped import grouped_weight_view
 from mok.kernels.quantize import QuantizeOutputs
@@ -30,6 +30,7 @@ __all__ = [
     "RefreshError",
     "RefreshPlan",
     "SplitExpertWeights",
+    "StorageFreedError",
     "ViewDirection",
     "columnwise_scales",
     "grouped_weight_view",

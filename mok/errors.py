@@ -23,4 +23,12 @@ class ExpertWeightError(MokError, ValueError):
 
 
 class RefreshError(MokError, RuntimeError):
-    """A cached view cannot be refreshed in place (storage moved, or nothing to refresh)."""
+    """A cached view cannot be refreshed in place (another shape or format, a direction TE no
+    longer stores, buffers of its own that were freed, or nothing to refresh)."""
+
+
+class StorageFreedError(ExpertWeightError, RefreshError):
+    """A tensor the view reads has lost its memory: its storage holds fewer bytes than the tensor
+    spans (Megatron-FSDP and torch FSDP2 free unsharded weights with ``resize_(0)`` between
+    steps). A new view and a refresh raise it alike, naming the tensor; a view or refresh after
+    the next all-gather sees the memory again."""

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from itertools import chain
-from operator import attrgetter
+from itertools import chain, compress
+from operator import attrgetter, ne
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
@@ -32,6 +32,7 @@ from mok.errors import MokError, RefreshError
 from mok.formats import MXFP8, Direction, Format
 from mok.kernels.quantize import QuantizeOutputs, empty_outputs
 from mok.layout import check_out, empty_layout, layout_shape, padded_shape, te_swizzled_layout
+from mok.memory import OWN_ADVICE, owned_memory, read_memory
 from mok.overlap import check_no_overlap
 from mok.refresh import StorageGuard
 from mok.snapshot import DirectionSource, Reading, ScaleSource, Snapshot, records
@@ -86,6 +87,7 @@ class ScaleSlots(NamedTuple):
 
 
 _swizzled, _te_buffer, _geometry = attrgetter("swizzled"), attrgetter("te_buffer"), attrgetter("geometry")
+_data_ptr = torch.Tensor.data_ptr
 
 
 def _te_layout(source: ScaleSource, shape: tuple[int, ...]) -> torch.Tensor:
@@ -100,31 +102,50 @@ def _allocate(sources: Sequence[ScaleSource], r: int, c: int) -> tuple[torch.Ten
     return tuple(torch.split(whole, [n * per_expert_tiles for n in counts]))
 
 
+class Move(NamedTuple):
+    """Tensors of a cached view that alias TE's memory (payloads, amax, TE's own swizzled scales),
+    the tensors a new view would hold there, and the view's pointer table listing them: where TE
+    moved the memory (FSDP's next all-gather, a buffer reassigned), the view's tensors are
+    pointed at the new memory and the table rewritten in place."""
+
+    tensors: tuple[torch.Tensor, ...]
+    targets: tuple[torch.Tensor, ...]
+    table: torch.Tensor | None
+
+
 def plan_scales(
     sources: Sequence[ScaleSource], slots: ScaleSlots | None, what: str
-) -> tuple[ScaleSlots, list[ScaleWork]]:
+) -> tuple[ScaleSlots, list[ScaleWork], tuple[torch.Tensor, ...] | None]:
     """The layout buffers for ``sources`` (``slots`` to refresh in place, else new ones or TE's
-    own), and the work that fills them. Every source has the same logical ``[R, C]``."""
+    own), the work that fills them, and, where the buffers are TE's own, what they alias now.
+    Every source has the same logical ``[R, C]``."""
     _, r, c = sources[0].shape
     aligned = (r, c) == padded_shape(r, c)
     if slots is None:
         if aligned and all(map(_swizzled, sources)):
-            return ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.shape[0])) for s in sources), True), []
+            return ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.shape[0])) for s in sources), True), [], None
         outs, checked = _allocate(sources, r, c), True
         if not any(map(_swizzled, sources)):  # the usual case: each source converted into its new buffer
             nothing = [False] * len(sources)  # neither copies nor inverse conversions
             buffers, geometries = map(_te_buffer, sources), map(_geometry, sources)
-            return ScaleSlots(outs, False), records(ScaleWork, buffers, outs, nothing, geometries, nothing)
+            return ScaleSlots(outs, False), records(ScaleWork, buffers, outs, nothing, geometries, nothing), None
     else:
         if len(slots.tensors) != len(sources):
             raise RefreshError(f"{what}: the cached view has {len(slots.tensors)} scale buffers; found {len(sources)}")
-        if slots.zero_copy and not all(s.swizzled for s in sources):
-            bad = next(s.name for s in sources if not s.swizzled)
-            raise RefreshError(
-                f"{bad}: the cached view exposes TE's own swizzled scale buffers, but TE now holds unswizzled "
-                "scales; writing the layout there would overwrite TE's storage. Build a new view (without cached=)"
+        if slots.zero_copy:
+            if not all(s.swizzled for s in sources):
+                bad = next(s.name for s in sources if not s.swizzled)
+                raise RefreshError(
+                    f"{bad}: the cached view exposes TE's own swizzled scale buffers, but TE now holds unswizzled "
+                    "scales; writing the layout there would overwrite TE's storage. Build a new view (without cached=)"
+                )
+            return (
+                slots,
+                [],
+                tuple(_te_layout(s, tuple(out.shape)) for s, out in zip(sources, slots.tensors, strict=True)),
             )
         outs, checked = slots.tensors, False
+        read_memory(outs, lambda i: f"{sources[i].name} (the cached view's layout buffer)", OWN_ADVICE)
     work: list[ScaleWork] = []
     for source, out in zip(sources, outs, strict=True):
         if source.swizzled:
@@ -136,48 +157,59 @@ def plan_scales(
         work.append(ScaleWork(source.te_buffer, out, geometry=source.geometry))
     if not checked:  # a cached view's buffers: never over TE's scales, nor over each other
         check_no_overlap([w.dst for w in work], [w.src for w in work], what, out_label="cached buffers")
-    return slots if slots is not None else ScaleSlots(outs, False), work
+    return slots if slots is not None else ScaleSlots(outs, False), work, None
 
 
-def _check_not_moved(what: str, old: tuple[torch.Tensor, ...] | None, new: tuple[torch.Tensor, ...]) -> None:
-    """Kernels hold these addresses (pointer tables, captured graphs): a refresh cannot follow a move."""
+def _same_count(
+    what: str, old: tuple[torch.Tensor, ...] | None, new: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, ...]:
     if old is None or len(old) != len(new):
-        raise RefreshError(f"{what}: the cached view has no such data for {len(new)} experts; build a new view")
-    for e, (a, b) in enumerate(zip(old, new, strict=True)):
-        if a.data_ptr() != b.data_ptr():
-            name = what if len(new) == 1 else f"expert {e} {what}"
-            raise RefreshError(
-                f"{name} moved from {hex(a.data_ptr())} to {hex(b.data_ptr())} since the cached view was built; "
-                "its pointer tables would be stale. Build a new view (without cached=)"
-            )
-
-
-def _cached_direction(cached: ExpertWeights, source: DirectionSource, what: str) -> ScaleSlots:
-    """The cached view's buffers for ``source``'s direction, after checking that no payload or
-    amax it exposes has moved."""
-    name = source.direction.name
-    old = cached.rowwise if name == "rowwise" else cached.columnwise
-    _check_not_moved(f"{what}{name} data", None if old is None else old.data, source.data)
-    assert old is not None
-    if source.amax is not None:
-        _check_not_moved(f"{what}{name} amax", old.amax, source.amax)
-    return ScaleSlots(old.scales or (), old.scales_zero_copy)
+        found = "none" if old is None else len(old)
+        raise RefreshError(
+            f"{what}: the cached view has {found} of these; the weights have {len(new)}. Build a new view"
+        )
+    return old
 
 
 def plan_directions(
     sources: Sequence[DirectionSource], cached: ExpertWeights | None, what: str
-) -> tuple[list[ScaleSlots], list[ScaleWork]]:
-    """Every direction's scale buffers (the cached view's, or new ones) and the work filling them."""
+) -> tuple[list[ScaleSlots], list[ScaleWork], list[Move]]:
+    """Every direction's scale buffers (the cached view's, or new ones), the work filling them,
+    and, for a cached view, the tensors of it that must follow TE's memory."""
     all_slots: list[ScaleSlots] = []
     work: list[ScaleWork] = []
+    moves: list[Move] = []
     for source in sources:
-        old = None if cached is None else _cached_direction(cached, source, what)
-        slots, items = plan_scales(source.sources, old, f"{what}{source.direction.name} scales")
+        name = source.direction.name
+        old = None if cached is None else (cached.rowwise if name == "rowwise" else cached.columnwise)
+        if cached is not None:
+            data = _same_count(f"{what}{name} data", None if old is None else old.data, source.data)
+            assert old is not None
+            moves.append(Move(data, source.data, old.data_ptrs))
+            if source.amax is not None:
+                moves.append(Move(_same_count(f"{what}{name} amax", old.amax, source.amax), source.amax, old.amax_ptrs))
+        cached_slots = None if old is None else ScaleSlots(old.scales or (), old.scales_zero_copy)
+        slots, items, aliased = plan_scales(source.sources, cached_slots, f"{what}{name} scales")
+        if aliased is not None and old is not None:
+            moves.append(Move(slots.tensors, aliased, old.scale_ptrs))
         all_slots.append(slots)
         work.extend(items)
     if cached is not None and len(sources) < 2 and cached.columnwise is not None:
         raise RefreshError(f"{what}the cached view has columnwise data; the weights no longer do")
-    return all_slots, work
+    return all_slots, work, moves
+
+
+def follow(moves: Sequence[Move]) -> None:
+    """Point each view tensor whose memory TE moved at the new memory (same tensor object, same
+    shape and dtype) and rewrite its pointer table in place (same table address)."""
+    for move in moves:
+        moved = list(map(ne, map(_data_ptr, move.tensors), map(_data_ptr, move.targets)))
+        if not any(moved):
+            continue
+        for tensor, target in compress(zip(move.tensors, move.targets, strict=True), moved):
+            tensor.set_(target.untyped_storage(), target.storage_offset(), target.shape, target.stride())
+        if move.table is not None:
+            move.table.copy_(torch.tensor(list(map(_data_ptr, move.tensors)), dtype=torch.int64))
 
 
 def _view_direction(source: DirectionSource, slots: ScaleSlots, tables: bool) -> ViewDirection:
@@ -222,12 +254,21 @@ def _prepare(
     work: Sequence[ScaleWork | QuantizeWork],
     backend: Backend,
 ) -> None:
-    """Bind ``work`` to ``backend``, run it, and keep it under a guard of ``readings``."""
-    guard = StorageGuard(top, readings)
+    """Bind ``work`` to ``backend``, run it, and keep it under a guard of ``readings`` and of the
+    buffers it writes."""
+    guard = StorageGuard(top, readings, owned_memory(_destinations(work)))
     prepared = PreparedWork(work, backend)
     prepared.run()
     plan.prepared = PreparedRefresh(tuple(map(id, views)), guard, prepared, backend)
     plan.plans += 1
+
+
+def _destinations(work: Sequence[ScaleWork | QuantizeWork]) -> list[torch.Tensor]:
+    """Every buffer ``work`` writes."""
+    found: list[torch.Tensor] = []
+    for item in work:
+        found += item.out if isinstance(item, QuantizeWork) else (item.dst,)
+    return found
 
 
 def view_or_refresh(reader: Reader[V], cached: V | None = None, backend: str | None = None) -> V:
@@ -244,7 +285,7 @@ def view_or_refresh(reader: Reader[V], cached: V | None = None, backend: str | N
     snapshot = reader.read()
     if snapshot.quantize is not None:
         return _new_quantized_view(reader, snapshot, backend)
-    slots, work = plan_directions(snapshot.directions, None, reader.what)
+    slots, work, _ = plan_directions(snapshot.directions, None, reader.what)
     tables = issubclass(reader.view_type, SplitExpertWeights)  # per-expert tensors: kernels find them by tables
     rowwise, *columnwise = (
         _view_direction(s, slot, tables) for s, slot in zip(snapshot.directions, slots, strict=True)
@@ -271,15 +312,19 @@ def refresh(
         return
     readings: list[Reading] = []
     work: list[ScaleWork | QuantizeWork] = []
-    for i, (reader, view) in enumerate(entries):
+    moves: list[Move] = []
+    for i, (reader, view) in enumerate(entries):  # every entry read and checked before anything is written
         with _naming(label, i):
             check_cached(view, reader)
             snapshot = reader.read(view)
             if snapshot.quantize is None:
-                work += plan_directions(snapshot.directions, view, reader.what)[1]
+                _, items, found = plan_directions(snapshot.directions, view, reader.what)
+                work += items
+                moves += found
             else:
                 work.append(QuantizeWork(snapshot.quantize, _quantized_outputs(view)))
         readings += snapshot.readings
+    follow(moves)
     _prepare(plan, views, top, readings, work, wanted)
 
 
@@ -357,6 +402,13 @@ def _quantized_outputs(view: ExpertWeights) -> QuantizeOutputs:
             "cached: expected a view of BF16 weights mok quantises (quantized_on_the_fly); found another"
         )
     row, col = view.rowwise, view.columnwise
+    parts = [
+        (f"{d} {what}", t)
+        for d, direction in (("rowwise", row), ("columnwise", col))
+        for what, ts in (("data", direction.data), ("scales", direction.scales or ()))
+        for t in ts
+    ]
+    read_memory([t for _, t in parts], lambda i: f"{parts[i][0]} (the cached view's own buffer)", OWN_ADVICE)
     return QuantizeOutputs(
         _whole(row.data, "rowwise data"),
         _whole(row.scales, "rowwise scales"),

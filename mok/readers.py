@@ -13,7 +13,7 @@ plans, allocates or launches (mok.pipeline does). Everything TE-specific comes f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import attrgetter, is_, methodcaller
 from typing import Any, NamedTuple
@@ -99,21 +99,25 @@ def _check_expert(e: int, p: object, block: BlockFormat, rows: int, columns: int
         raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {shape}")
 
 
+def _expert(e: int) -> str:
+    return f"expert {e}"
+
+
 def _read_experts(stored: _Stored, names: tuple[str, ...], dims: tuple[int, int]) -> Reading:
     """Every expert's storage, read once. Experts of one class, the expected kind and shape pass a
     class check and a shape comparison; anything else is checked expert by expert, which raises
     naming the first expert that is wrong. A direction no expert stores is no part of the view,
     so its refresh need not watch it (the reading's ``optional`` names)."""
-    owners, block = stored.owners, stored.block
+    owners, block, label = stored.owners, stored.block, stored.label
     optional = tuple(map(block.own_names.__getitem__, map(_name, stored.directions)))
     first = owners[0]
     fine = len(set(map(type, owners))) == 1 and tensor_kind(first) is block.kind and hasattr(first, "shape")
     if not fine or list(map(_shape, owners)).count(dims) != len(owners):
         for e, p in enumerate(owners):
             _check_expert(e, p, block, *dims)
-        return read_storage(owners, names, optional)
-    found = read_one_class(owners, names, optional)  # their one class is known already
-    return found if found is not None else read_by_name(owners, names, optional)
+        return read_storage(owners, names, optional, label)
+    found = read_one_class(owners, names, optional, label)  # their one class is known already
+    return found if found is not None else read_by_name(owners, names, optional, label)
 
 
 def _need(reading: Reading, block: BlockFormat, name: str) -> tuple[Any, ...]:
@@ -156,8 +160,16 @@ def _split_direction(
     found, geometries = block.scale_columns(d, buffers, rows, columns, names)
     flags = _swizzled_flags(reading)  # as many as experts: columns of one reading
     sources = tuple(records(ScaleSource, names, found, geometries, flags))
-    amax = _need(reading, block, str(d.amax)) if d.amax is not None else None
+    amax = _aliases(_need(reading, block, str(d.amax)), f"{d.name} amax") if d.amax is not None else None
     return DirectionSource(d, block.format, data, sources, amax)
+
+
+def _aliases(tensors: Sequence[Any], what: str) -> tuple[torch.Tensor, ...]:
+    """A tensor of the view's own over each of TE's ``tensors`` (a refresh may re-point it)."""
+    for e, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise ExpertWeightError(f"expert {e} {what}: expected a tensor; found {describe(t)}")
+    return tuple(map(torch.Tensor.view_as, tensors, tensors))
 
 
 def _check_device(device: torch.device, source: DirectionSource) -> None:
@@ -180,6 +192,7 @@ class _Stored(NamedTuple):
     owners: tuple[object, ...]
     block: BlockFormat
     directions: tuple[Direction, ...]
+    label: Callable[[int], str] = _expert  # how a refusal names an owner
 
 
 class SplitReader(NamedTuple):
@@ -239,13 +252,17 @@ class SplitReader(NamedTuple):
         return _hybrid_stored(self.params, recorder, cached)
 
 
+def _sub_storage(direction: str) -> Callable[[int], str]:
+    return lambda e: f"expert {e} {direction} sub-storage"
+
+
 def _hybrid_stored(params: tuple[object, ...], recorder: Recorder, cached: ExpertWeights | None) -> list[_Stored]:
     """TE 2.19+ hybrid weights: each direction stored in its own sub-storage, in its own format.
     The parameters' sub-storages are read once, in bulk, and recorded before the sub-storages."""
     for e, p in enumerate(params):
         if tensor_kind(p) is not TensorKind.HYBRID:
             raise ExpertWeightError(f"expert {e}: expected a hybrid parameter; found {type(p).__name__}")
-    recorder.add(read_storage(params, _HYBRID_NAMES))
+    recorder.add(read_storage(params, _HYBRID_NAMES, label=_expert))
     hybrids = [hybrid_storage(p, read=recorder) for p in params]
     wanted = ("rowwise",) if _rowwise_only(cached) else ("rowwise", "columnwise")
     stored = []
@@ -266,7 +283,8 @@ def _hybrid_stored(params: tuple[object, ...], recorder: Recorder, cached: Exper
             )
         if any(s is None for s in subs):
             raise ExpertWeightError(f"expert {subs.index(None)} has no {name} sub-storage; the others do")
-        stored.append(_Stored(subs, block, (block.rowwise if name == "rowwise" else block.columnwise,)))
+        direction = block.rowwise if name == "rowwise" else block.columnwise
+        stored.append(_Stored(subs, block, (direction,), _sub_storage(name)))
     return stored
 
 
@@ -385,7 +403,8 @@ def _group_direction(
     buffer, geometry = block.scale_source(d, padded, rows, columns, f"{name} scales")
     source = ScaleSource(f"{name} scales", buffer, geometry, gs.scales_swizzled)
     amax = None if d.amax is None else getattr(gs, d.amax.value)
-    return DirectionSource(d, block.format, (payload,), (source,), (amax,) if isinstance(amax, torch.Tensor) else None)
+    amax_view = (amax.view_as(amax),) if isinstance(amax, torch.Tensor) else None
+    return DirectionSource(d, block.format, (payload,), (source,), amax_view)
 
 
 class GroupedReader(NamedTuple):
@@ -411,7 +430,7 @@ class GroupedReader(NamedTuple):
     def read(self, cached: ExpertWeights | None = None) -> Snapshot:
         """Every direction TE stores of the group (a refresh: those ``cached`` has), rowwise first.
         The group's storage, and in TE 2.13 its members' flags, are recorded for the guard."""
-        recorder = Recorder()
+        recorder = Recorder("grouped weight")
         gs = grouped_storage(self.weight, read=recorder)
         block = self.format.block_format
         _check_group(gs, block, self.dims)
@@ -439,7 +458,7 @@ def _bf16_group(weight: object, dims: tuple[int, int, int]) -> Snapshot:
     ``rowwise_data`` of TE's high-precision GroupedTensor."""
     kind = tensor_kind(weight)
     if kind is TensorKind.GROUPED:
-        recorder = Recorder()
+        recorder = Recorder("grouped weight")
         gs = grouped_storage(weight, read=recorder)
         check_group_shape(gs, dims)
         if gs.quantized:
@@ -453,7 +472,7 @@ def _bf16_group(weight: object, dims: tuple[int, int, int]) -> Snapshot:
         )
     if tuple(weight.shape) != dims:
         raise ExpertWeightError(f"grouped weight: expected shape {dims}; found {tuple(weight.shape)}")
-    reading = read_itself((weight,))
+    reading = read_itself((weight,), lambda _: "grouped weight")
     return Snapshot((reading,), (), storage_view(weight, dims, dtype=torch.bfloat16, name="grouped weight"))
 
 
@@ -467,7 +486,7 @@ def _bf16_experts(params: tuple[object, ...], rows: int, columns: int) -> Snapsh
                 f"expert {e}: expected a BF16 parameter to quantise; found {type(p).__name__} (kind {kind})"
             )
     plain: list[torch.Tensor] = tensors  # type: ignore[assignment]
-    reading = read_itself(plain)
+    reading = read_itself(plain, lambda e: f"expert {e} weight")
     payloads = storage_views(plain, (rows, columns), dtype=torch.bfloat16, name=lambda e: f"expert {e} weight")
     same_device(payloads)
     return Snapshot((reading,), (), payloads)

@@ -1,9 +1,12 @@
 """The guard of a prepared refresh, built from the readings its launch was planned from.
 
-A refresh of weights whose storage TE did not reassign reruns the prepared launch; the guard says
-whether it may: the same objects as read, every tensor read still at the address it had when it
-was read, every flag and count the same. It never reads TE to learn what to expect, so a buffer TE
-reassigns while a view is planned shows at the next refresh, which plans again (mok.pipeline).
+A refresh of weights whose storage nothing changed reruns the prepared launch; the guard says
+whether it may, comparing exactly what the first view's checks read: the same objects as read;
+every tensor read still at its address, of its shape, dtype and strides, its storage still
+holding what it held (mok.memory); every flag and count the same; and the view's own buffers
+still allocated. Anything else plans again, with the checks of a new view (mok.pipeline). It
+never reads TE to learn what to expect, so a buffer TE reassigns while a view is planned shows at
+the next refresh.
 """
 
 from __future__ import annotations
@@ -11,16 +14,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import chain
-from operator import is_
+from operator import attrgetter, is_
 from typing import Any
 
 import torch
 
+from mok.memory import NO_MEMORY, Memory, holds_memory, same_memory
 from mok.snapshot import ITSELF, Reading
 from te_compat import storage_reader, storage_values
 
-_data_ptr = torch.Tensor.data_ptr
-_is_tensor = torch.Tensor.__instancecheck__
+_data_ptr, _layout, _stride, _nbytes = (
+    torch.Tensor.data_ptr,
+    attrgetter("shape", "dtype"),
+    torch.Tensor.stride,
+    torch.UntypedStorage.nbytes,
+)
 
 
 def _same(old: Any, new: Any) -> bool:
@@ -28,8 +36,8 @@ def _same(old: Any, new: Any) -> bool:
     list or a shape list, it does not change one in place), or equal plain values (counts, flags)."""
     if old is new:
         return True
-    if _is_tensor(old) or _is_tensor(new):
-        return False  # a tensor is compared by address; another object is a new one
+    if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
+        return False  # a tensor with memory is compared by its memory; a TE tensor object by identity
     return type(old) is type(new) and isinstance(old, (int, float, str, tuple)) and old == new
 
 
@@ -39,16 +47,20 @@ class StorageGuard:
     by identity or value). Readings of objects found inside another (a hybrid's sub-storages, a
     TE 2.13 group's members) come after the reading they were found in, which vouches for them.
 
+    ``owned``: the memory of the view's own buffers the launch writes; a buffer freed since (its
+    storage resized) would take the launch's writes into memory that is gone.
+
     Host cost is what a checked refresh pays, so a reading of one class is checked in bulk: one
-    C-level read per object of its tensors, fed straight into ``Tensor.data_ptr``, and one of its
-    flags; nothing else per object. Neighbouring readings of one class under the same names (a
-    layer's fc1 and fc2) are one such read. The checks are made at the first refresh, not with
-    the view.
+    C-level read per object of its tensors, fed straight into C-level passes over their memory
+    (mok.memory.same_memory), and one of its flags; nothing else per object. Neighbouring
+    readings of one class under the same names (a layer's fc1 and fc2) are one such read. The
+    checks are made at the first refresh, not with the view.
     """
 
-    def __init__(self, top: Sequence[object], readings: Sequence[Reading]) -> None:
+    def __init__(self, top: Sequence[object], readings: Sequence[Reading], owned: Memory = NO_MEMORY) -> None:
         self.top = tuple(top)
         self.readings = tuple(readings)
+        self.owned = owned
         self._checks: tuple[Callable[[], bool], ...] | None = None  # made by the first refresh
 
     @property
@@ -57,7 +69,8 @@ class StorageGuard:
         return [s for r in self.readings for s in r.storages]
 
     def unchanged(self, objects: Sequence[object]) -> bool:
-        """``objects`` are ``top``, and every reading reads back what it read."""
+        """``objects`` are ``top``, every reading reads back what it read, and the view's own
+        buffers are still allocated."""
         if len(objects) != len(self.top) or not all(map(is_, objects, self.top)):
             return False
         checks = self._checks
@@ -69,7 +82,8 @@ class StorageGuard:
                     return False
         except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
             return False
-        return True
+        owned = self.owned  # mok.memory.still_held, inlined
+        return tuple(map(_nbytes, owned.storages)) == owned.sizes
 
 
 def _joined(readings: Iterable[Reading]) -> list[Reading]:
@@ -115,12 +129,18 @@ def _bulk_check(reading: Reading) -> Callable[[], bool] | None:
     value_names = tuple(reading.names[i] for i in value_columns)
     tensors_of = _itself if tensor_names == (ITSELF,) else storage_reader(first, tensor_names).read
     values_reader = storage_reader(first, value_names)
-    addresses = list(reading.addresses)
+    addresses, layouts, strides, storages, sizes = reading.memory
     recorded = reading.flat(value_columns)
     one, read_values = values_reader.read_one, values_reader.read
 
-    def check() -> bool:
-        if list(map(_data_ptr, chain.from_iterable(map(tensors_of, objects)))) != addresses:
+    def check() -> bool:  # mok.memory.same_memory, inlined: a refresh passes here once per call
+        tensors = list(chain.from_iterable(map(tensors_of, objects)))
+        if (
+            tuple(map(_data_ptr, tensors)) != addresses
+            or tuple(map(_layout, tensors)) != layouts
+            or tuple(map(_stride, tensors)) != strides
+            or tuple(map(_nbytes, storages)) != sizes
+        ):
             return False
         if not value_names:
             return True
@@ -145,12 +165,13 @@ def _rows_unchanged(reading: Reading) -> bool:
             values = storage_values(obj, reading.requested)
             return tuple(values.get(n) for n in names)
 
-    addresses = iter(reading.addresses)
+    tensors = []
     for obj, old_row in zip(reading.objects, reading.values, strict=True):
         for old, new in zip(old_row, read(obj), strict=True):
-            if _is_tensor(old):
-                if not _is_tensor(new) or new.data_ptr() != next(addresses):
+            if holds_memory(old):
+                if not holds_memory(new):
                     return False
+                tensors.append(new)
             elif not _same(old, new):
                 return False
-    return True
+    return same_memory(tensors, reading.memory)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from operator import is_, itemgetter
 from typing import Any, NamedTuple, TypeVar
 
@@ -21,9 +21,9 @@ import torch
 
 from mok.formats import Direction, Format
 from mok.layout import Geometry, logical_view
+from mok.memory import Memory, holds_memory, memory_classes, read_memory, tensors_in
 from te_compat import storage_reader, storage_values
 
-_is_tensor = torch.Tensor.__instancecheck__
 ITSELF = "(the tensor itself)"  # the one name of a reading of plain tensors: their own memory
 
 
@@ -33,20 +33,26 @@ class Reading:
 
     ``bulk``: read by the objects' one class's C-level reader (te_compat.storage_reader), which a
     guard reads again the same way; else name by name (te_compat.storage_values: the ``.data``
-    fallback, mixed classes). ``addresses``: every tensor value's ``data_ptr()``, object by
-    object, taken with the read; ``storages``: their memory, kept alive so an equal address later
-    is still that memory (TE's ``clear()`` swaps a tensor's storage under the same object).
-    ``optional``: the names of each direction read (its payload first); where no object stores
-    the payload, the view has no such direction and the guard drops its names (:meth:`watched`)."""
+    fallback, mixed classes). ``memory``: every tensor value's :class:`Memory`, object by object,
+    taken with the read. ``optional``: the names of each direction read (its payload first);
+    where no object stores the payload, the view has no such direction and the guard drops its
+    names (:meth:`watched`)."""
 
     objects: tuple[object, ...]
     names: tuple[str, ...]
     values: tuple[tuple[Any, ...], ...]
     bulk: bool
     requested: tuple[str, ...] | None  # the names asked for (None: each object's kind's own)
-    addresses: tuple[int, ...]
-    storages: tuple[torch.UntypedStorage, ...]
+    memory: Memory
     optional: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def addresses(self) -> tuple[int, ...]:
+        return self.memory.addresses
+
+    @property
+    def storages(self) -> tuple[torch.UntypedStorage, ...]:
+        return self.memory.storages
 
     @cached_property
     def tensor_columns(self) -> tuple[int, ...] | None:
@@ -72,7 +78,7 @@ class Reading:
         names_ = tuple(self.names[i] for i in keep)
         rows = tuple(map(_picker(keep), self.values))
         columns = None if self.tensor_columns is None else tuple(keep.index(i) for i in self.tensor_columns)
-        return _known(Reading(self.objects, names_, rows, self.bulk, names_, self.addresses, self.storages), columns)
+        return _known(Reading(self.objects, names_, rows, self.bulk, names_, self.memory), columns)
 
     def _none(self, name: str) -> bool:
         """No object holds anything under ``name``."""
@@ -94,8 +100,7 @@ class Reading:
             self.values + other.values,
             self.bulk,
             self.requested,
-            self.addresses + other.addresses,
-            self.storages + other.storages,
+            self.memory + other.memory,
         )
         return _known(joined, self.tensor_columns)
 
@@ -131,19 +136,28 @@ def _flat(rows: Sequence[tuple[Any, ...]], columns: Sequence[int]) -> list[Any]:
     return list(chain.from_iterable(map(_picker(columns), rows)))
 
 
+Label = Callable[[int], str]  # how a refusal names the i-th object of a reading ("expert 3")
+
+
 def read_storage(
-    objects: Sequence[object], names: tuple[str, ...] | None = None, optional: tuple[tuple[str, ...], ...] = ()
+    objects: Sequence[object],
+    names: tuple[str, ...] | None = None,
+    optional: tuple[tuple[str, ...], ...] = (),
+    label: Label | None = None,
 ) -> Reading:
     """Read the storage ``names`` (default: all the kind has) of every object once: in bulk where
     they share a class and hold it themselves, else name by name. ``optional``: as for
-    :class:`Reading`."""
+    :class:`Reading`; ``label``: how a refusal names an object (default: its class and index)."""
     objects = tuple(objects)
-    found = read_one_class(objects, names, optional) if len(set(map(type, objects))) == 1 else None
-    return found if found is not None else read_by_name(objects, names, optional)
+    found = read_one_class(objects, names, optional, label) if len(set(map(type, objects))) == 1 else None
+    return found if found is not None else read_by_name(objects, names, optional, label)
 
 
 def read_one_class(
-    objects: tuple[object, ...], names: tuple[str, ...] | None, optional: tuple[tuple[str, ...], ...] = ()
+    objects: tuple[object, ...],
+    names: tuple[str, ...] | None,
+    optional: tuple[tuple[str, ...], ...] = (),
+    label: Label | None = None,
 ) -> Reading | None:
     """:func:`read_storage` of objects known to share one class, in bulk; None where they keep
     their storage on ``.data`` only (then :func:`read_by_name` reads it)."""
@@ -152,29 +166,42 @@ def read_one_class(
         rows = tuple(map(reader.read, objects))
     except AttributeError:
         return None
-    return _reading(objects, reader.names, rows, True, names, optional)
+    return _reading(objects, reader.names, rows, True, names, optional, label)
 
 
 def read_by_name(
-    objects: tuple[object, ...], names: tuple[str, ...] | None, optional: tuple[tuple[str, ...], ...] = ()
+    objects: tuple[object, ...],
+    names: tuple[str, ...] | None,
+    optional: tuple[tuple[str, ...], ...] = (),
+    label: Label | None = None,
 ) -> Reading:
     """:func:`read_storage` object by object, name by name (the ``.data`` fallback, mixed classes)."""
     found = [storage_values(o, names) for o in objects]
     kept = tuple(dict.fromkeys(n for values in found for n in values))
     rows = tuple(tuple(values.get(n) for n in kept) for values in found)
-    return _reading(objects, kept, rows, False, names, optional)
+    return _reading(objects, kept, rows, False, names, optional, label)
 
 
-def read_itself(tensors: Sequence[torch.Tensor]) -> Reading:
+def read_itself(tensors: Sequence[torch.Tensor], label: Label | None = None) -> Reading:
     """A reading of plain tensors (BF16 weights mok quantises): each one's own memory."""
-    return _reading(tuple(tensors), (ITSELF,), tuple((t,) for t in tensors), True, None)
+    return _reading(tuple(tensors), (ITSELF,), tuple((t,) for t in tensors), True, None, (), label)
 
 
 def _tensor_columns(rows: tuple[tuple[Any, ...], ...], width: int) -> tuple[int, ...] | None:
-    classes = list(map(type, rows[0])) if rows else []
-    if rows and list(map(type, chain.from_iterable(rows))) == classes * len(rows):  # the usual case: one pass
-        return tuple(i for i, c in enumerate(classes) if issubclass(c, torch.Tensor))
-    kinds = [set(map(_is_tensor, column)) for column in zip(*rows, strict=True)] if rows else [set()] * width
+    """The indices of the names holding a tensor with memory on every object (None where a name
+    mixes them with other values)."""
+    if not rows:
+        return ()
+    first = rows[0]
+    classes = list(map(type, first))
+    if list(map(type, chain.from_iterable(rows))) == classes * len(rows):  # the usual case: one pass
+        return tuple(compress(range(width), memory_classes(classes, first)))
+    values = list(chain.from_iterable(rows))
+    memory = iter(memory_classes(map(type, values), values))
+    kinds: list[set[bool]] = [set() for _ in range(width)]
+    for _ in rows:
+        for column in kinds:
+            column.add(next(memory))
     if any(len(k) > 1 for k in kinds):
         return None
     return tuple(i for i, k in enumerate(kinds) if k == {True})
@@ -187,11 +214,27 @@ def _reading(
     bulk: bool,
     requested: tuple[str, ...] | None,
     optional: tuple[tuple[str, ...], ...] = (),
+    label: Label | None = None,
 ) -> Reading:
-    tensors = list(filter(_is_tensor, chain.from_iterable(rows)))  # object by object, C-level
-    addresses = tuple(map(torch.Tensor.data_ptr, tensors))
-    storages = tuple(map(torch.Tensor.untyped_storage, tensors))
-    return Reading(objects, names, rows, bulk, requested, addresses, storages, optional)
+    tensors = tensors_in(chain.from_iterable(rows))  # object by object, C-level
+    return Reading(
+        objects, names, rows, bulk, requested, read_memory(tensors, _namer(objects, rows, names, label)), optional
+    )
+
+
+def _namer(
+    objects: tuple[object, ...], rows: tuple[tuple[Any, ...], ...], names: tuple[str, ...], label: Label | None
+) -> Label:
+    """How a refusal names the i-th tensor with memory of ``rows``: its object (``label``, else its
+    class and index) and its storage name."""
+
+    def name(i: int) -> str:
+        where = [(o, n) for o, row in enumerate(rows) for n, v in zip(names, row, strict=True) if holds_memory(v)]
+        o, n = where[i]
+        owner = label(o) if label is not None else f"{type(objects[o]).__name__} {o}"
+        return owner if n == ITSELF else f"{owner} {n.replace('_', ' ')}"
+
+    return name
 
 
 class Recorder:
@@ -201,7 +244,8 @@ class Recorder:
     reading holds (a TE 2.13 group's members) is read with the others of its class there, in one
     reading after the one that vouches for them."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str | None = None) -> None:
+        self.label = label  # how a refusal names the first object read (the caller's own)
         self.readings: list[Reading] = []
         self._rows: dict[int, tuple[Reading, int]] = {}  # by id: the readings keep their objects alive
         self._indexed = 0  # readings indexed in _rows; indexed when asked (a split read never asks)
@@ -219,7 +263,9 @@ class Recorder:
             self._rows = later | self._rows
         self._indexed = len(self.readings)
         if id(obj) not in self._rows:
-            reading = self.add(read_storage(self._with_siblings(obj)))
+            label = self.label
+            named = None if label is None or self.readings else (lambda i: label)
+            reading = self.add(read_storage(self._with_siblings(obj), label=named))
             self._rows[id(obj)] = reading, 0
         reading, i = self._rows[id(obj)]
         return dict(zip(reading.names, reading.values[i], strict=True))

@@ -205,7 +205,8 @@ def _view_shape(shape: object) -> tuple[int, ...]:
 def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dtype, name: str) -> torch.Tensor:
     """A dense view of ``storage`` as ``shape``/``dtype`` sharing its memory (uint8 may be
     reinterpreted as any 1-byte dtype: float8, int8). Raises, naming ``name``, rather than copying.
-    The view is detached: kernels read it by address, outside autograd."""
+    The view is detached: kernels read it by address, outside autograd. It is always a new tensor
+    object, never ``storage`` itself."""
     if not isinstance(name, str):
         raise TypeError(f"name: expected a str naming the storage; found {describe(name)}")
     if not isinstance(dtype, torch.dtype):
@@ -233,7 +234,7 @@ def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dt
     view = storage.detach() if storage.requires_grad else storage
     if storage.dtype != dtype:
         view = view.view(dtype)
-    return view if tuple(view.shape) == tuple(shape) else view.view(tuple(shape))
+    return view.view(tuple(shape))  # a tensor of the view's own, never TE's: a refresh may re-point it
 
 
 _dtype, _shape, _requires_grad = attrgetter("dtype"), attrgetter("shape"), attrgetter("requires_grad")
@@ -264,9 +265,7 @@ def storage_views(
     views: Any = tensors
     if dtypes != {dtype}:
         views = map(methodcaller("view", dtype), views)
-    if not shaped:
-        views = map(methodcaller("view", shape), views)
-    return tuple(views)
+    return tuple(map(methodcaller("view", shape), views))  # the view's own tensors, never TE's
 
 
 def ptr_table(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:

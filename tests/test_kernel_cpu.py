@@ -338,10 +338,14 @@ def test_refresh_layer_checks_every_entry_before_writing(installed_te) -> None: 
     sv = mok.split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
     before = gv.row_scales.clone()
     g.scale_inv.random_(0, 255)
-    ps[1]._rowwise_data = ps[1]._rowwise_data.clone()
-    with pytest.raises(mok.RefreshError, match="refresh_layer entry 1: expert 1 rowwise data moved"):
+    moved = ps[0]._rowwise_data = ps[0]._rowwise_data.clone()  # a move the refresh would follow ...
+    ps[1]._rowwise_data.untyped_storage().resize_(0)  # ... were it not for a payload freed after it
+    with pytest.raises(
+        mok.StorageFreedError, match="refresh_layer entry 1: expert 1 rowwise data: its storage holds 0"
+    ):
         mok.refresh_layer([(g, gv), (ps, sv)], backend="torch")
     assert torch.equal(gv.row_scales, before)  # entry 0 was not written either
+    assert sv.rowwise.data[0].data_ptr() != moved.data_ptr()  # nor entry 1's tensors pointed anywhere new
     with pytest.raises(
         mok.RefreshError, match="entry 0: expected a (quantized )?GroupedExpertWeights or SplitExpertWeights"
     ):

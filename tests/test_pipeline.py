@@ -229,9 +229,10 @@ def test_a_direction_without_data_but_with_a_scale_buffer_is_watched(installed_t
 
 
 @pytest.mark.parametrize("how", ["refresh_layer", "entries assigned"])
-def test_a_layer_given_other_weights_for_its_views_checks_those(installed_te: Installer, how: str) -> None:
-    """The same views with new weights: the layer reads the new ones, and since the views' data
-    pointers would be stale it refuses, as a cached view given other weights does."""
+def test_a_layer_given_other_weights_for_its_views_reads_those(installed_te: Installer, how: str) -> None:
+    """The same views with new weights: the layer reads the new ones, and its views become what
+    new views of them would be (payloads and pointer tables at the new memory, their scales),
+    their own buffers staying where they are."""
     installed_te("2.20.2")
     fc1 = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
     v1 = mok.split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
@@ -239,12 +240,19 @@ def test_a_layer_given_other_weights_for_its_views_checks_those(installed_te: In
     layer = mok.LayerRefresh([(fc1, v1)])
     for _ in range(2):
         mok.refresh_layer([(fc1, v1)]) if how == "refresh_layer" else layer()
-    with pytest.raises(mok.RefreshError, match=r"expert 0 rowwise data moved .* Build a new view"):
-        if how == "refresh_layer":
-            mok.refresh_layer([(other, v1)])
-        else:
-            layer.entries = ((other, v1),)
-            layer()
+    scales, tables = [t.data_ptr() for t in v1.rowwise.scales or ()], v1.rowwise.data_ptrs
+    if how == "refresh_layer":
+        mok.refresh_layer([(other, v1)])
+    else:
+        layer.entries = ((other, v1),)
+        layer()
+    fresh = mok.split_weight_view(other, rows=R, columns=C, use_mxfp8=True)
+    for mine, new in ((v1.rowwise, fresh.rowwise), (v1.columnwise, fresh.columnwise)):
+        assert mine is not None and new is not None
+        assert [t.data_ptr() for t in mine.data] == [t.data_ptr() for t in new.data]
+        assert torch.equal(mine.data_ptrs, new.data_ptrs)
+        assert all(map(torch.equal, mine.scales or (), new.scales or ()))
+    assert [t.data_ptr() for t in v1.rowwise.scales or ()] == scales and v1.rowwise.data_ptrs is tables
 
 
 def test_refreshes_racing_a_thread_that_moves_buffers_heal_afterwards(installed_te: Installer) -> None:

@@ -108,14 +108,20 @@ def test_each_storage_change_is_planned_again(change: str, installed_te: Install
 
 
 @pytest.mark.parametrize("which", ["_rowwise_data", "_columnwise_data"])
-def test_a_moved_payload_is_refused(which: str, installed_te: Installer) -> None:
+def test_a_moved_payload_is_followed(which: str, installed_te: Installer) -> None:
+    """A payload TE reassigned: the view's payload tensor (the same object) points at the new
+    memory and its pointer table is rewritten in place, as a new view would list it."""
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    direction = v.rowwise if which == "_rowwise_data" else v.columnwise
+    assert direction is not None and direction.data_ptrs is not None
+    tensor, table = direction.data[1], direction.data_ptrs
     setattr(ps[1], which, getattr(ps[1], which).clone())
-    direction = which.strip("_").split("_")[0]
-    with pytest.raises(RefreshError, match=f"expert 1 {direction} data moved from 0x"):
-        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
+    assert direction.data[1] is tensor and tensor.data_ptr() == getattr(ps[1], which).data_ptr()
+    assert direction.data_ptrs is table and table.tolist() == [getattr(p, which).data_ptr() for p in ps]
+    assert torch.equal(tensor.view(torch.uint8), getattr(ps[1], which))
 
 
 def test_grouped_with_more_than_256_experts_is_unchanged(installed_te: Installer, planned: list[str]) -> None:
@@ -167,7 +173,8 @@ def test_split_nvfp4_view(release: str, rows: int, cols: int, installed_te: Inst
         assert torch.equal(v.row_scales[e], spec_layout(p._rowwise_scale_inv[:rows, : cols // 16]))
         assert v.col_scales is not None
         assert torch.equal(v.col_scales[e], spec_layout(p._columnwise_scale_inv[:cols, : rows // 16]))
-        assert v.row_amax is not None and v.row_amax[e] is p._amax_rowwise
+        assert v.row_amax is not None and v.row_amax[e].data_ptr() == p._amax_rowwise.data_ptr()
+        assert v.row_amax[e] is not p._amax_rowwise  # the view's own tensor: a refresh may re-point it
     assert v.row_amax_ptrs is not None and v.row_amax_ptrs.tolist() == [p._amax_rowwise.data_ptr() for p in ps]
 
 
@@ -242,9 +249,12 @@ def test_grouped_nvfp4_view(rows: int, cols: int, installed_te: Installer) -> No
     assert torch.equal(v.col_scales, spec_layout(torch.stack([s[:cols, : rows // 16] for s in cols_s])))
     # facts.md: the group's amax is "amax" (rowwise) and "columnwise_amax"; a kernel reads each
     # direction's own for its GEMM
-    assert v.row_amax is g.amax and v.col_amax is g.columnwise_amax
-    g.columnwise_amax = g.columnwise_amax.clone()  # TE reassigned the amax: a refresh re-plans and refuses
-    with pytest.raises(mok.RefreshError, match="grouped columnwise amax moved"):
+    assert v.row_amax.data_ptr() == g.amax.data_ptr() and v.col_amax.data_ptr() == g.columnwise_amax.data_ptr()
+    g.columnwise_amax = g.columnwise_amax.clone()  # TE reassigned the amax: the view follows it
+    grouped_weight_view(g, num_experts=3, rows=rows, columns=cols, format="nvfp4", cached=v)
+    assert v.col_amax.data_ptr() == g.columnwise_amax.data_ptr()
+    g.columnwise_amax.untyped_storage().resize_(0)  # freed: refused, naming it
+    with pytest.raises(mok.StorageFreedError, match="grouped weight (amax )?columnwise( amax)?: its storage holds 0 bytes"):
         grouped_weight_view(g, num_experts=3, rows=rows, columns=cols, format="nvfp4", cached=v)
 
 
@@ -434,17 +444,19 @@ def test_a_buffer_pointed_at_new_memory_is_caught(installed_te: Installer, plann
     assert len(planned) == 2
     assert torch.equal(v.row_scales[1], spec_layout(ps[1]._rowwise_scale_inv[:R, : C // 32]))
     ps[1]._rowwise_data.data = ps[1]._rowwise_data.clone()  # the payload moved under the same object
-    with pytest.raises(RefreshError, match="expert 1 rowwise data moved"):
-        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    assert len(planned) == 3 and v.row_data[1].data_ptr() == ps[1]._rowwise_data.data_ptr()
+    assert v.row_data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
 
 
-def test_a_replaced_nvfp4_amax_is_refused(installed_te: Installer) -> None:
+def test_a_replaced_nvfp4_amax_is_followed(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = _nvfp4_params("2.20.2", R, C, 2, columnwise=False)
     v = split_weight_view(ps, rows=R, columns=C, format="nvfp4")
     ps[1]._amax_rowwise = ps[1]._amax_rowwise.clone()
-    with pytest.raises(RefreshError, match="expert 1 rowwise amax moved"):
-        split_weight_view(ps, rows=R, columns=C, format="nvfp4", cached=v)
+    split_weight_view(ps, rows=R, columns=C, format="nvfp4", cached=v)
+    assert v.row_amax is not None and v.row_amax[1].data_ptr() == ps[1]._amax_rowwise.data_ptr()
+    assert v.row_amax_ptrs is not None and v.row_amax_ptrs.tolist() == [p._amax_rowwise.data_ptr() for p in ps]
 
 
 def test_a_view_resolves_its_backend_once(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:

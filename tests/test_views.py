@@ -99,13 +99,14 @@ def test_grouped_already_swizzled_aligned_is_zero_copy(installed_te: Installer) 
     assert v.row_scales_zero_copy and v.row_scales.data_ptr() == g.scale_inv.data_ptr()
     assert v.col_scales_zero_copy and v.col_scales.data_ptr() == g.columnwise_scale_inv.data_ptr()
     assert torch.equal(g.scale_inv, before)  # never swizzled a second time
-    # TE moves its swizzled buffer: refresh copies the bytes to the address kernels captured
-    old = v.row_scales.data_ptr()
+    # TE moves its swizzled buffer: the view's scales (the same tensor) follow it, as a new view's would
+    scales = v.row_scales
     g.scale_inv = torch.randint(0, 256, g.scale_inv.shape, dtype=torch.uint8)
     for e, m in enumerate(g.quantized_tensors):  # the members' views move with it
         m._rowwise_scale_inv = g.scale_inv[e * 512 : (e + 1) * 512].view(128, 4)
     grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
-    assert v.row_scales.data_ptr() == old and torch.equal(v.row_scales.flatten(), g.scale_inv)
+    assert v.row_scales is scales and scales.data_ptr() == g.scale_inv.data_ptr()
+    assert torch.equal(v.row_scales.flatten(), g.scale_inv)
     # TE now holds unswizzled scales in its buffer: refusing beats corrupting TE's storage
     g._with_gemm_swizzled_scales = False
     with pytest.raises(RefreshError, match="exposes TE's own swizzled scale buffer"):
@@ -198,13 +199,14 @@ def test_grouped_quantized_but_bf16_requested(installed_te: Installer) -> None:
         grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=False)
 
 
-def test_grouped_refresh_detects_moved_payload(installed_te: Installer) -> None:
+def test_grouped_refresh_follows_a_moved_payload(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 64, mxfp8=True)
     v = grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True)
+    payload = v.row_data
     g.rowwise_data = g.rowwise_data.clone()
-    with pytest.raises(RefreshError, match="grouped rowwise data moved from 0x"):
-        grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True, cached=v)
+    grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True, cached=v)
+    assert v.row_data is payload and payload.data_ptr() == g.rowwise_data.data_ptr()
     with pytest.raises(RefreshError, match=r"= \(3, 128, 64\), as asked for; found one of \(2, 128, 64\)"):
         grouped_weight_view(
             T.grouped_tensor("2.20.2", 3, 128, 64, mxfp8=True),
@@ -280,13 +282,13 @@ def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, mon
     assert planned == ["rowwise", "columnwise"] + ["grouped"] * 2 + ["rowwise", "columnwise"]
 
 
-def test_split_refresh_detects_moved_payload(installed_te: Installer) -> None:
+def test_split_refresh_follows_a_moved_payload(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
     v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
     ps[1]._rowwise_data = ps[1]._rowwise_data.clone()
-    with pytest.raises(RefreshError, match="expert 1 rowwise data moved"):
-        split_weight_view(ps, rows=128, columns=128, use_mxfp8=True, cached=v)
+    split_weight_view(ps, rows=128, columns=128, use_mxfp8=True, cached=v)
+    assert v.row_data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
 
 
 def test_split_mixed_swizzled_experts(installed_te: Installer) -> None:
