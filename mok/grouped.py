@@ -5,27 +5,11 @@ from __future__ import annotations
 
 from typing import cast
 
-import torch
-
 from mok.backend import backend_argument, preference
-from mok.errors import ExpertWeightError, RefreshError
 from mok.formats import Format, format_named
 from mok.pipeline import view_or_refresh
-from mok.readers import GroupedReader, QuantizingReader, check_group_shape, is_bf16_group
-from mok.views import GroupedExpertWeights, ViewDirection, check_sizes, storage_view
-from te_compat import StorageName, grouped_storage
-
-
-def _grouped_bf16(weight: object, dims: tuple[int, int, int], cached: object) -> GroupedExpertWeights:
-    if cached is not None:
-        raise RefreshError("BF16 expert views are plain views of the parameter: nothing to refresh")
-    gs = grouped_storage(weight)
-    check_group_shape(gs, dims)
-    if gs.quantized:
-        raise ExpertWeightError("grouped weight is quantized (it has a quantizer); pass use_mxfp8=True or format=")
-    data = gs.need(StorageName.ROWWISE_DATA)
-    view = storage_view(data, dims, dtype=torch.bfloat16, name="grouped rowwise data")
-    return GroupedExpertWeights(*dims, Format.BF16, ViewDirection(Format.BF16, (view,)))
+from mok.readers import BF16Reader, GroupedReader, is_bf16_group
+from mok.views import GroupedExpertWeights, check_sizes
 
 
 def grouped_weight_view(
@@ -56,10 +40,9 @@ def grouped_weight_view(
     backend = backend_argument(backend)
     if fmt is Format.BF16:
         preference(backend)  # checked on every path, though a BF16 view converts nothing
-        return _grouped_bf16(weight, (dims[0], dims[1], dims[2]), cached)
     shape = (dims[0], dims[1], dims[2])
     on_the_fly = cached.quantized_on_the_fly if isinstance(cached, GroupedExpertWeights) else is_bf16_group(weight)
-    if fmt is Format.MXFP8 and on_the_fly:
-        view = view_or_refresh(QuantizingReader((weight,), True, shape), cached, backend)
+    if fmt is Format.BF16 or (fmt is Format.MXFP8 and on_the_fly):
+        view = view_or_refresh(BF16Reader((weight,), True, shape, fmt is Format.MXFP8), cached, backend)
         return cast(GroupedExpertWeights, view)  # the reader's grouped view
     return view_or_refresh(GroupedReader(weight, fmt, shape), cached, backend)

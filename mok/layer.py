@@ -11,7 +11,7 @@ from mok.backend import backend_argument
 from mok.errors import RefreshError
 from mok.formats import Format
 from mok.pipeline import LayerRerun, Reader, refresh
-from mok.readers import GroupedReader, QuantizingReader, SplitReader
+from mok.readers import BF16Reader, GroupedReader, SplitReader
 from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights, param_list
 from te_compat import on_refresh
 
@@ -21,24 +21,25 @@ _LABEL = "refresh_layer"
 
 def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
     """The reader of one ``(weights, cached view)`` entry, for the view's format and shape."""
-    if getattr(view, "format", Format.BF16) is not Format.BF16:
+    if isinstance(view, (GroupedExpertWeights, SplitExpertWeights)):
         dims = (view.num_experts, view.rows, view.columns)
+        bf16 = view.format is Format.BF16 or view.quantized_on_the_fly
         if isinstance(view, GroupedExpertWeights):
-            if view.quantized_on_the_fly:
-                return QuantizingReader((weights,), True, dims)
-            return GroupedReader(weights, view.format, dims)
-        if isinstance(view, SplitExpertWeights):
-            if type(weights) is not list and type(weights) is not tuple:
-                try:
-                    weights = param_list(weights, tensors=False)  # items checked when read
-                except (TypeError, ValueError) as exc:
-                    raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
-            if view.quantized_on_the_fly:
-                return QuantizingReader(tuple(weights), False, dims)
-            return SplitReader(tuple(weights), view.format, view.rows, view.columns)
+            return (
+                BF16Reader((weights,), True, dims, view.quantized_on_the_fly)
+                if bf16
+                else GroupedReader(weights, view.format, dims)
+            )
+        if type(weights) is not list and type(weights) is not tuple:
+            try:
+                weights = param_list(weights, tensors=False)  # items checked when read
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
+        if bf16:
+            return BF16Reader(tuple(weights), False, dims, view.quantized_on_the_fly)
+        return SplitReader(tuple(weights), view.format, view.rows, view.columns)
     raise RefreshError(
-        f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view of quantized weights; "
-        f"found {type(view).__name__}"
+        f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view; found {type(view).__name__}"
     )
 
 

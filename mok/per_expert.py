@@ -6,34 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-import torch
-
 from mok.backend import backend_argument, preference
-from mok.errors import ExpertWeightError, RefreshError
 from mok.formats import Format, format_named
 from mok.pipeline import view_or_refresh
-from mok.readers import QuantizingReader, SplitReader
-from mok.views import SplitExpertWeights, ViewDirection, check_sizes, param_list, ptr_table, same_device, storage_view
+from mok.readers import BF16Reader, SplitReader
+from mok.views import SplitExpertWeights, check_sizes, param_list
 from te_compat import TensorKind, tensor_kind
-
-
-def _split_bf16(params: Sequence[object], rows: int, columns: int, cached: object) -> SplitExpertWeights:
-    if cached is not None:
-        raise RefreshError("BF16 expert views are plain views of the parameters: nothing to refresh")
-    views = []
-    for e, p in enumerate(params):
-        kind = tensor_kind(p)
-        if kind is not TensorKind.PLAIN:
-            raise ExpertWeightError(
-                f"expert {e}: expected a plain (BF16) parameter; found {type(p).__name__} (kind {kind}); "
-                "pass use_mxfp8=True or format= for quantized weights"
-            )
-        assert isinstance(p, torch.Tensor)
-        if tuple(p.shape) != (rows, columns):
-            raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(p.shape)}")
-        views.append(storage_view(p, (rows, columns), dtype=torch.bfloat16, name=f"expert {e} weight"))
-    rowwise = ViewDirection(Format.BF16, tuple(views), ptr_table(views, same_device(views)))
-    return SplitExpertWeights(len(views), rows, columns, Format.BF16, rowwise)
 
 
 def split_weight_view(
@@ -71,10 +49,9 @@ def split_weight_view(
     backend = backend_argument(backend)
     if fmt is Format.BF16:
         preference(backend)  # checked on every path, though a BF16 view converts nothing
-        return _split_bf16(experts, rows, columns, cached)
     on_the_fly = cached.quantized_on_the_fly if isinstance(cached, SplitExpertWeights) else _plain(experts[0])
-    if fmt is Format.MXFP8 and on_the_fly:
-        reader = QuantizingReader(tuple(experts), False, (len(experts), rows, columns))
+    if fmt is Format.BF16 or (fmt is Format.MXFP8 and on_the_fly):
+        reader = BF16Reader(tuple(experts), False, (len(experts), rows, columns), fmt is Format.MXFP8)
         return cast(SplitExpertWeights, view_or_refresh(reader, cached, backend))  # the reader's split view
     return view_or_refresh(SplitReader(tuple(experts), fmt, rows, columns, cached is None), cached, backend)
 

@@ -189,6 +189,9 @@ def plan_directions(
             if source.amax is not None:
                 moves.append(Move(_same_count(f"{what}{name} amax", old.amax, source.amax), source.amax, old.amax_ptrs))
         cached_slots = None if old is None else ScaleSlots(old.scales or (), old.scales_zero_copy)
+        if source.format is Format.BF16:  # no scales
+            all_slots.append(ScaleSlots((), False))
+            continue
         slots, items, aliased = plan_scales(source.sources, cached_slots, f"{what}{name} scales")
         if aliased is not None and old is not None:
             moves.append(Move(slots.tensors, aliased, old.scale_ptrs))
@@ -201,11 +204,11 @@ def plan_directions(
 
 def follow(moves: Sequence[Move]) -> None:
     """Point each view tensor whose memory TE moved at the new memory (same tensor object, same
-    shape and dtype) and rewrite its pointer table in place (same table address)."""
+    shape and dtype), and write its pointer table again in place (same table address): a
+    storage regrown under the view's own tensor (FSDP) moves it without a re-point, so the table
+    is written whatever moved. Only a refresh that plans again gets here."""
     for move in moves:
         moved = list(map(ne, map(_data_ptr, move.tensors), map(_data_ptr, move.targets)))
-        if not any(moved):
-            continue
         for tensor, target in compress(zip(move.tensors, move.targets, strict=True), moved):
             tensor.set_(target.untyped_storage(), target.storage_offset(), target.shape, target.stride())
         if move.table is not None:
@@ -213,15 +216,16 @@ def follow(moves: Sequence[Move]) -> None:
 
 
 def _view_direction(source: DirectionSource, slots: ScaleSlots, tables: bool) -> ViewDirection:
+    scales = None if source.format is Format.BF16 else slots.tensors
     if not tables:
-        return ViewDirection(source.format, source.data, None, slots.tensors, None, slots.zero_copy, source.amax)
+        return ViewDirection(source.format, source.data, None, scales, None, slots.zero_copy, source.amax)
     device = source.data[0].device
     return ViewDirection(
         source.format,
         source.data,
         ptr_table(source.data, device),
-        slots.tensors,
-        ptr_table(slots.tensors, device),
+        scales,
+        None if scales is None else ptr_table(scales, device),
         slots.zero_copy,
         source.amax,
         None if source.amax is None else ptr_table(source.amax, device),

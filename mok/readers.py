@@ -441,7 +441,7 @@ class GroupedReader(NamedTuple):
         return Snapshot(tuple(recorder.readings), found)
 
 
-# ------------------------------------------------------------------------------ BF16, quantised by mok
+# ------------------------------------------------------------------------------ BF16: viewed, or quantised by mok
 
 
 def is_bf16_group(weight: object) -> bool:
@@ -453,57 +453,76 @@ def is_bf16_group(weight: object) -> bool:
     )
 
 
-def _bf16_group(weight: object, dims: tuple[int, int, int]) -> Snapshot:
-    """The BF16 ``[E, R, C]`` payload of one grouped weight: the tensor itself, or the
-    ``rowwise_data`` of TE's high-precision GroupedTensor."""
+_TO_QUANTISE = " to quantise"
+_PASS_FORMAT = "; pass use_mxfp8=True or format= for quantized weights"
+
+
+def _bf16_group(weight: object, dims: tuple[int, int, int], quantize: bool) -> tuple[tuple[Reading, ...], torch.Tensor]:
+    """The readings and the BF16 ``[E, R, C]`` payload of one grouped weight: the tensor itself,
+    or the ``rowwise_data`` of TE's high-precision GroupedTensor."""
     kind = tensor_kind(weight)
     if kind is TensorKind.GROUPED:
         recorder = Recorder("grouped weight")
         gs = grouped_storage(weight, read=recorder)
         check_group_shape(gs, dims)
         if gs.quantized:
-            raise ExpertWeightError("grouped weight is quantized by TE (it has a quantizer): read TE's MXFP8 storage")
+            raise ExpertWeightError(
+                "grouped weight is quantized by TE (it has a quantizer): read TE's MXFP8 storage"
+                if quantize
+                else "grouped weight is quantized (it has a quantizer); pass use_mxfp8=True or format="
+            )
         payload = storage_view(gs.need(StorageName.ROWWISE_DATA), dims, dtype=torch.bfloat16, name="grouped BF16 data")
-        return Snapshot(tuple(recorder.readings), (), payload)
+        return tuple(recorder.readings), payload
     if kind is not TensorKind.PLAIN or not isinstance(weight, torch.Tensor):
         raise ExpertWeightError(
-            f"grouped weight: expected a BF16 tensor {dims} (or TE's BF16 GroupedTensor) to quantise; "
-            f"found {type(weight).__name__} (kind {kind})"
+            f"grouped weight: expected a BF16 tensor {dims} (or TE's BF16 GroupedTensor)"
+            f"{_TO_QUANTISE if quantize else ''}; found {type(weight).__name__} (kind {kind})"
+            f"{'' if quantize else _PASS_FORMAT}"
         )
     if tuple(weight.shape) != dims:
         raise ExpertWeightError(f"grouped weight: expected shape {dims}; found {tuple(weight.shape)}")
     reading = read_itself((weight,), lambda _: "grouped weight")
-    return Snapshot((reading,), (), storage_view(weight, dims, dtype=torch.bfloat16, name="grouped weight"))
+    return (reading,), storage_view(weight, dims, dtype=torch.bfloat16, name="grouped weight")
 
 
-def _bf16_experts(params: tuple[object, ...], rows: int, columns: int) -> Snapshot:
-    """The BF16 ``[R, C]`` payload of every expert: each Parameter itself."""
+def _bf16_experts(
+    params: tuple[object, ...], rows: int, columns: int, quantize: bool
+) -> tuple[tuple[Reading, ...], tuple[torch.Tensor, ...]]:
+    """The readings and the BF16 ``[R, C]`` payload of every expert: each Parameter itself."""
     tensors = param_list(params)
     for e, p in enumerate(tensors):
         kind = tensor_kind(p)
         if kind is not TensorKind.PLAIN:
             raise ExpertWeightError(
-                f"expert {e}: expected a BF16 parameter to quantise; found {type(p).__name__} (kind {kind})"
+                f"expert {e}: expected a {'BF16' if quantize else 'plain (BF16)'} parameter"
+                f"{_TO_QUANTISE if quantize else ''}; found {type(p).__name__} (kind {kind})"
+                f"{'' if quantize else _PASS_FORMAT}"
             )
     plain: list[torch.Tensor] = tensors  # type: ignore[assignment]
+    if set(map(_shape, plain)) != {(rows, columns)}:  # one C-level pass; a transposed twin has the same numel
+        e = next(e for e, p in enumerate(plain) if tuple(p.shape) != (rows, columns))
+        raise ExpertWeightError(f"expert {e}: expected shape ({rows}, {columns}); found {tuple(plain[e].shape)}")
     reading = read_itself(plain, lambda e: f"expert {e} weight")
     payloads = storage_views(plain, (rows, columns), dtype=torch.bfloat16, name=lambda e: f"expert {e} weight")
     same_device(payloads)
-    return Snapshot((reading,), (), payloads)
+    return (reading,), payloads
 
 
-class QuantizingReader(NamedTuple):
-    """Reads BF16 weights that mok quantises to MXFP8 (both directions, scales in the layout) at
-    every view and refresh: one grouped ``[E, R, C]`` weight (``grouped``: ``weights`` holds it
-    alone), or one ``[R, C]`` Parameter per expert. The guard watches each BF16 tensor's memory."""
+class BF16Reader(NamedTuple):
+    """Reads BF16 weights: one grouped ``[E, R, C]`` weight (``grouped``: ``weights`` holds it
+    alone), or one ``[R, C]`` Parameter per expert. Viewed as they are (format BF16: the view's
+    payloads are the weights' memory, a refresh follows it), or, with ``quantize``, quantised by
+    mok to MXFP8 (both directions, scales in the layout) at every view and refresh. The guard
+    watches each BF16 tensor's memory."""
 
     weights: tuple[object, ...]
     grouped: bool
     dims: tuple[int, int, int]
+    quantize: bool = True
 
     @property
     def format(self) -> Format:
-        return Format.MXFP8
+        return Format.MXFP8 if self.quantize else Format.BF16
 
     @property
     def view_type(self) -> type[ExpertWeights]:
@@ -519,7 +538,14 @@ class QuantizingReader(NamedTuple):
 
     def read(self, cached: ExpertWeights | None = None) -> Snapshot:
         _, rows, columns = self.dims
-        MXFP8.check_dims(rows, columns, f"{self.what}BF16 weights to quantise")
+        if self.quantize:
+            MXFP8.check_dims(rows, columns, f"{self.what}BF16 weights to quantise")
         if self.grouped:
-            return _bf16_group(self.weights[0], self.dims)
-        return _bf16_experts(self.weights, rows, columns)
+            readings, payload = _bf16_group(self.weights[0], self.dims, self.quantize)
+            payloads: tuple[torch.Tensor, ...] = (payload,)
+        else:
+            readings, payloads = _bf16_experts(self.weights, rows, columns, self.quantize)
+        if self.quantize:
+            return Snapshot(readings, (), payloads[0] if self.grouped else payloads)
+        # a BF16 view has its rowwise payloads alone (the direction's name is all the pipeline reads of it)
+        return Snapshot(readings, (DirectionSource(MXFP8.rowwise, Format.BF16, payloads, (), None),))

@@ -33,7 +33,7 @@ from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
 from mok.formats import MXFP8, Format
 from mok.layout import MXFP8_BLOCK, columnwise_scales, rowwise_scales
 from mok.pipeline import view_or_refresh
-from mok.readers import GroupedReader, QuantizingReader, SplitReader, is_bf16_group
+from mok.readers import BF16Reader, GroupedReader, SplitReader, is_bf16_group
 from mok.shared_expert import bf16_config, warn_shared_experts_bf16
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
@@ -350,7 +350,7 @@ def _grouped_view(weight: object, dims: tuple[int, int, int], cached_view: Group
     or BF16 weights quantised); a refresh reruns it while nothing was reassigned."""
     cached = None if cached_view is None else cached_view.expert_view
     quantize = cached.quantized_on_the_fly if cached is not None else _on_the_fly(weight)
-    reader = QuantizingReader((weight,), True, dims) if quantize else GroupedReader(weight, Format.MXFP8, dims)
+    reader = BF16Reader((weight,), True, dims) if quantize else GroupedReader(weight, Format.MXFP8, dims)
     view = cast(GroupedExpertWeights, view_or_refresh(reader, cached))  # the readers' grouped view
     if cached_view is not None:
         return cached_view
@@ -582,7 +582,7 @@ def _need(value: R | None, what: str) -> R:
 
 def _split_reader(params: tuple[object, ...], rows: int, columns: int, quantize: bool) -> Any:
     if quantize:
-        return QuantizingReader(params, False, (len(params), rows, columns))
+        return BF16Reader(params, False, (len(params), rows, columns))
     return SplitReader(params, Format.MXFP8, rows, columns)
 
 
