@@ -789,6 +789,20 @@ def test_huge_requests_fail_before_allocating(monkeypatch: pytest.MonkeyPatch) -
         mok.swizzle_mxfp8_scales(huge)
 
 
+def test_a_quantisation_larger_than_memory_fails_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
+    experts, rows, cols = 2**16, 4096, 4096
+    huge = torch.zeros(1, rows, cols, dtype=torch.bfloat16).expand(experts, rows, cols)  # 2 TiB from 32 MiB
+    before = snapshot(huge)
+    need = experts * 2 * (rows * cols + 512 * (rows // 128) * (cols // 128))  # both payloads, both layouts
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: pytest.fail("allocated"))
+    with pytest.raises(
+        mok.LayoutError, match=rf"{cols}\] BF16 weights .*needs {need} bytes; expected at most the \d+ bytes cpu"
+    ):
+        mok.quantize_mxfp8(huge)
+    monkeypatch.undo()
+    assert_unchanged([huge], [before])
+
+
 def test_the_reference_allocates_nothing_beyond_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
     scales = torch.randint(0, 256, (3, 300, 7), dtype=torch.uint8)
     out = torch.full(mok.layout_shape(300, 7, 3), 0xEE, dtype=torch.uint8)

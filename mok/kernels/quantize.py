@@ -28,7 +28,7 @@ from mok.checks import describe
 from mok.errors import LayoutError
 from mok.kernels import include_path
 from mok.kernels.streams import CurrentStream
-from mok.layout import layout_shape, swizzle_reference
+from mok.layout import layout_shape, new_buffers, swizzle_reference
 from mok.overlap import check_no_overlap
 from mok.quantize_reference import BLOCK, ProductRule, ReciprocalRule, check_input, quantize_mxfp8_reference
 
@@ -114,9 +114,11 @@ def output_shapes(experts: int, rows: int, cols: int, *, swizzled: bool = True) 
 def empty_outputs(
     experts: int, rows: int, cols: int, device: torch.device | str, *, swizzled: bool = True
 ) -> QuantizeOutputs:
-    """New (uninitialised) output buffers for ``experts`` BF16 matrices ``[rows, cols]``."""
+    """New (uninitialised) output buffers for ``experts`` BF16 matrices ``[rows, cols]``: more
+    bytes than ``device`` has in all are refused before anything is allocated (mok.layout.new_buffers)."""
     shapes = output_shapes(experts, rows, cols, swizzled=swizzled)
-    return QuantizeOutputs(*(torch.empty(s, dtype=d, device=device) for s, d in zip(shapes, DTYPES, strict=True)))
+    what = f"the MXFP8 quantisation of {experts} x [{rows}, {cols}] BF16 weights (its payloads and scales)"
+    return QuantizeOutputs(*new_buffers(list(zip(shapes, DTYPES, strict=True)), torch.device(device), what))
 
 
 class Source(NamedTuple):
