@@ -510,6 +510,28 @@ def test_refresh_layer_rejects_wrong_sized_entries(installed_te: Installer) -> N
     assert_unchanged([v.row_scales], before)  # type: ignore[list-item]
 
 
+NO_PAIRS = r"^refresh_layer: expected at least one \(weights, cached view\) pair; found none$"
+
+
+@pytest.mark.parametrize("entries", [[], ()], ids=["list", "tuple"])
+def test_a_layer_of_no_views_is_refused_as_refresh_layer_refuses_it(entries: Sequence[Any]) -> None:
+    with pytest.raises(ValueError, match=NO_PAIRS):
+        mok.refresh_layer(entries)
+    with pytest.raises(ValueError, match=NO_PAIRS):
+        mok.LayerRefresh(entries)
+
+
+def test_a_layer_keeps_its_views_when_given_none(installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
+    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    layer = mok.LayerRefresh([(g, v)])
+    with pytest.raises(ValueError, match=NO_PAIRS):
+        layer.entries = []
+    assert layer.entries == ((g, v),)
+    layer()
+
+
 # ---------------------------------------------------------------------------------------------
 # te_compat
 VERSIONS = st.one_of(
