@@ -148,8 +148,21 @@ def as_batch(scales: torch.Tensor, name: str = "scales") -> torch.Tensor:
     return s
 
 
+def check_writable(out: torch.Tensor, name: str) -> None:
+    """Outside inference mode torch refuses in-place writes to an inference tensor, and only at the
+    first write (a call with several outputs may have written others by then): refused up front."""
+    if torch.compiler.is_compiling():  # Dynamo cannot trace is_inference(); the op checks when it runs
+        return
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        raise LayoutError(
+            f"{name} is an inference tensor (made under torch.inference_mode()), which torch refuses to write "
+            "outside inference mode; expected a tensor made outside it, or this call made under it"
+        )
+
+
 def check_out(out: torch.Tensor, batch: torch.Tensor, name: str = "out") -> None:
-    """``out`` must be exactly the layout buffer for ``batch``: shape, dtype, device, contiguous."""
+    """``out`` must be exactly the layout buffer for ``batch``: shape, dtype, device, contiguous,
+    and writable here."""
     e, r, c = batch.shape
     want = layout_shape(r, c, e)
     if not isinstance(out, torch.Tensor):
@@ -167,11 +180,12 @@ def check_out(out: torch.Tensor, batch: torch.Tensor, name: str = "out") -> None
         raise LayoutError(
             f"{name} cannot hold the layout of scales {tuple(batch.shape)}: expected " + ", ".join(problems)
         )
+    check_writable(out, name)
 
 
 def check_logical_out(out: object, want: tuple[int, int, int], device: torch.device) -> torch.Tensor:
     """``out`` must hold logical scales ``want`` (``[E, R, C]``, uint8) on ``device``: any strides,
-    but no two elements in one byte (the inverse writes every element)."""
+    but no two elements in one byte (the inverse writes every element), and writable here."""
     if not isinstance(out, torch.Tensor):
         raise LayoutError(f"out: expected a torch.Tensor; found {describe(out)}")
     found = (tuple(out.shape), out.dtype, out.device)
@@ -185,6 +199,7 @@ def check_logical_out(out: object, want: tuple[int, int, int], device: torch.dev
             f"out: expected a view whose elements each have a byte of their own; found strides {out.stride()} "
             f"for shape {tuple(out.shape)} (an expanded view, or strides that fold back)"
         )
+    check_writable(out, "out")
     return out
 
 

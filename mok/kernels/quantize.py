@@ -28,7 +28,7 @@ from mok.checks import describe
 from mok.errors import LayoutError
 from mok.kernels import include_path
 from mok.kernels.streams import CurrentStream
-from mok.layout import layout_shape, new_buffers, swizzle_reference
+from mok.layout import check_writable, layout_shape, new_buffers, swizzle_reference
 from mok.overlap import check_no_overlap
 from mok.quantize_reference import BLOCK, ProductRule, ReciprocalRule, check_input, quantize_mxfp8_reference
 
@@ -171,7 +171,7 @@ def check_source(src: torch.Tensor | Sequence[torch.Tensor]) -> Source:
 
 def check_outputs(out: QuantizeOutputs, source: Source, *, swizzled: bool) -> QuantizeOutputs:
     """``out`` must be exactly the buffers :func:`empty_outputs` would make for ``source``, apart
-    from each other and from the source."""
+    from each other and from the source, each writable here."""
     if not isinstance(out, QuantizeOutputs):
         raise LayoutError(f"out: expected a QuantizeOutputs; found {type(out).__name__}")
     device = source.experts[0].device
@@ -183,6 +183,7 @@ def check_outputs(out: QuantizeOutputs, source: Source, *, swizzled: bool) -> Qu
                 f"out.{name}: expected a contiguous 16-byte aligned {dtype} tensor {tuple(shape)} on {device}; "
                 f"found {found if found else type(t).__name__}"
             )
+        check_writable(t, f"out.{name}")
     check_no_overlap(list(out), list(source.experts), "quantize", out_label="out", input_label="src")
     return out
 
