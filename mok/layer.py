@@ -49,8 +49,8 @@ class LayerRefresh:
     storage of its weights, a call reruns the prepared launch after a bulk identity check."""
 
     def __init__(self, entries: Sequence[LayerEntry], *, backend: str | None = None) -> None:
-        self.entries = entries
         self.backend = backend_argument(backend)
+        self.entries = entries
         self.plan = RefreshPlan()
 
     @property
@@ -69,6 +69,8 @@ class LayerRefresh:
             if not isinstance(entry, tuple) or len(entry) != 2:
                 found = type(entry).__name__
                 raise TypeError(f"{_LABEL} entry {i}: expected a (weights, cached view) pair; found {found}")
+        if len(entries) == 0:  # a layer of no views has nothing to launch
+            raise ValueError(f"{_LABEL}: expected at least one (weights, cached view) pair; found none")
         entries = tuple(entries)
         # one store: a call racing the assignment sees the old pairs and their rerun, or the new
         self._entries_and_rerun = (entries, LayerRerun(entries))
@@ -100,8 +102,6 @@ def refresh_layer(entries: Sequence[LayerEntry], *, backend: str | None = None) 
     Threads: as :func:`mok.split_weight_view`.
     """
     layer = LayerRefresh(entries, backend=backend)
-    if not layer.entries:
-        raise ValueError(f"{_LABEL}: expected at least one (weights, cached view) pair; found none")
     cache_key = (tuple(id(view) for _, view in layer.entries), backend)
     known = _LAYERS.get(cache_key)
     if known is not None and all(a[1] is b[1] for a, b in zip(known.entries, layer.entries, strict=True)):

@@ -13,6 +13,7 @@ import functools
 import math
 import operator
 import os
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -60,7 +61,7 @@ def layout_shape(rows: int, cols: int, experts: int = 1) -> tuple[int, int, int,
 def _capacity(device: torch.device) -> int | None:
     """Bytes of memory ``device`` has in all (None where unknown: a meta tensor has none to run out
     of, and a fake CUDA tensor may live on a machine without CUDA). Cached: asked at every
-    allocation of a layout, and a device's memory does not change."""
+    allocation of mok's buffers, and a device's memory does not change."""
     if device.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(device).total_memory)
     if device.type == "cpu" and hasattr(os, "sysconf"):
@@ -68,27 +69,30 @@ def _capacity(device: torch.device) -> int | None:
     return None
 
 
-def empty_layout(rows: int, cols: int, experts: int, device: torch.device, what: str) -> torch.Tensor:
-    """A new layout buffer for ``experts`` logical ``[rows, cols]`` matrices. A request larger than
-    the device's memory is refused before allocating, and a failed allocation is named, both
-    with the bytes required."""
-    shape = layout_shape(rows, cols, experts)
-    if torch.compiler.is_compiling():  # traced, not run: the compiled graph allocates it
-        return torch.empty(shape, dtype=torch.uint8, device=device)
-    need = math.prod(shape)
+def new_buffers(
+    buffers: Sequence[tuple[tuple[int, ...], torch.dtype]], device: torch.device, what: str
+) -> list[torch.Tensor]:
+    """New (uninitialised) tensors of the ``(shape, dtype)`` pairs ``buffers`` on ``device``.
+    Requests larger than the device's memory in all are refused before anything is allocated,
+    and a failed allocation is named, both with the bytes required (``what`` says whose)."""
+    if torch.compiler.is_compiling():  # traced, not run: the compiled graph allocates them
+        return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in buffers]
+    need = sum(math.prod(shape) * dtype.itemsize for shape, dtype in buffers)
     capacity = _capacity(device)
     if capacity is not None and need > capacity:
-        raise LayoutError(
-            f"{what}: the layout of {experts} x [{rows}, {cols}] scales needs {need} bytes; "
-            f"expected at most the {capacity} bytes {device} has in all"
-        )
+        raise LayoutError(f"{what} needs {need} bytes; expected at most the {capacity} bytes {device} has in all")
     try:
-        return torch.empty(shape, dtype=torch.uint8, device=device)
+        return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in buffers]
     except RuntimeError as exc:  # torch.OutOfMemoryError on CUDA, the CPU allocator's RuntimeError
         raise LayoutError(
-            f"{what}: the layout of {experts} x [{rows}, {cols}] scales needs {need} bytes; allocating them on "
-            f"{device} failed ({type(exc).__name__})"
+            f"{what} needs {need} bytes; allocating them on {device} failed ({type(exc).__name__})"
         ) from exc
+
+
+def empty_layout(rows: int, cols: int, experts: int, device: torch.device, what: str) -> torch.Tensor:
+    """A new layout buffer for ``experts`` logical ``[rows, cols]`` matrices (see :func:`new_buffers`)."""
+    shape = layout_shape(rows, cols, experts)
+    return new_buffers([(shape, torch.uint8)], device, f"{what}: the layout of {experts} x [{rows}, {cols}] scales")[0]
 
 
 def te_swizzled_layout(buffer: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
@@ -144,8 +148,21 @@ def as_batch(scales: torch.Tensor, name: str = "scales") -> torch.Tensor:
     return s
 
 
+def check_writable(out: torch.Tensor, name: str) -> None:
+    """Outside inference mode torch refuses in-place writes to an inference tensor, and only at the
+    first write (a call with several outputs may have written others by then): refused up front."""
+    if torch.compiler.is_compiling():  # Dynamo cannot trace is_inference(); the op checks when it runs
+        return
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        raise LayoutError(
+            f"{name} is an inference tensor (made under torch.inference_mode()), which torch refuses to write "
+            "outside inference mode; expected a tensor made outside it, or this call made under it"
+        )
+
+
 def check_out(out: torch.Tensor, batch: torch.Tensor, name: str = "out") -> None:
-    """``out`` must be exactly the layout buffer for ``batch``: shape, dtype, device, contiguous."""
+    """``out`` must be exactly the layout buffer for ``batch``: shape, dtype, device, contiguous,
+    and writable here."""
     e, r, c = batch.shape
     want = layout_shape(r, c, e)
     if not isinstance(out, torch.Tensor):
@@ -163,11 +180,12 @@ def check_out(out: torch.Tensor, batch: torch.Tensor, name: str = "out") -> None
         raise LayoutError(
             f"{name} cannot hold the layout of scales {tuple(batch.shape)}: expected " + ", ".join(problems)
         )
+    check_writable(out, name)
 
 
 def check_logical_out(out: object, want: tuple[int, int, int], device: torch.device) -> torch.Tensor:
     """``out`` must hold logical scales ``want`` (``[E, R, C]``, uint8) on ``device``: any strides,
-    but no two elements in one byte (the inverse writes every element)."""
+    but no two elements in one byte (the inverse writes every element), and writable here."""
     if not isinstance(out, torch.Tensor):
         raise LayoutError(f"out: expected a torch.Tensor; found {describe(out)}")
     found = (tuple(out.shape), out.dtype, out.device)
@@ -181,6 +199,7 @@ def check_logical_out(out: object, want: tuple[int, int, int], device: torch.dev
             f"out: expected a view whose elements each have a byte of their own; found strides {out.stride()} "
             f"for shape {tuple(out.shape)} (an expanded view, or strides that fold back)"
         )
+    check_writable(out, "out")
     return out
 
 

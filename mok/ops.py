@@ -6,10 +6,12 @@ experts of a grouped weight), ``swizzle_mxfp8_scales_many`` (separate per-expert
 schema (``Tensor(a!)``): ``torch.compile`` traces them without a graph break, ``FakeTensorMode``
 and meta tensors run their fake implementation (nothing is launched), and
 ``torch.library.opcheck`` can check them. The CPU and CUDA implementations run mok's work items:
-the torch reference on the CPU, the kernel on CUDA (or the reference, per ``backend``). The ops are
-the one place that checks their arguments: shapes, dtypes and devices in every implementation,
-the fake one included, and memory overlap where there is memory (real tensors). The public
-functions (mok.swizzle) check only what they need before allocating.
+the torch reference on the CPU, the kernel on CUDA (or the reference, per ``backend``);
+``swizzle_mxfp8_scales_many`` called with two empty lists has no tensor to dispatch on and runs a
+CompositeExplicitAutograd kernel that refuses them. The ops are the one place that checks their
+arguments: shapes, dtypes and devices in every implementation, the fake one included, and memory
+overlap where there is memory (real tensors). The public functions (mok.swizzle) check only what
+they need before allocating.
 
 What is checked where, for a caller of ``torch.ops.mok.*`` itself:
 
@@ -63,9 +65,17 @@ def _swizzle_args(scales: torch.Tensor, out: torch.Tensor, backend: str | None =
     return batch
 
 
+def check_some_scales(scales: Sequence[object]) -> None:
+    """``swizzle_mxfp8_scales_many`` converts at least one matrix (its public function and its op
+    refuse an empty list alike)."""
+    if len(scales) == 0:
+        raise LayoutError("swizzle_mxfp8_scales_many: expected at least one scale matrix; found none")
+
+
 def _swizzle_many_args(
     scales: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], backend: str | None = None
 ) -> list[torch.Tensor]:
+    check_some_scales(scales)
     batches = [as_batch(s, f"scales[{i}]") for i, s in enumerate(scales)]
     if len(outs) != len(batches):
         raise LayoutError(f"expected {len(batches)} output buffers, one per scale matrix; found {len(outs)}")
@@ -92,6 +102,16 @@ def _swizzle_many(scales: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], 
     batches = _swizzle_many_args(scales, outs)
     check_no_overlap(outs, batches, "swizzle_mxfp8_scales_many", input_label="scales")
     run_work([ScaleWork(b, o) for b, o in zip(batches, outs, strict=True)], backend)
+
+
+def _swizzle_many_without_kernel(
+    scales: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], backend: str | None = None
+) -> None:
+    """What the dispatcher runs where no kernel of the op's device is registered: two empty lists
+    (no tensor, so no device: refused as every implementation refuses them), or tensors on a
+    device mok has no implementation for."""
+    batches = _swizzle_many_args(scales, outs)
+    raise LayoutError(f"swizzle_mxfp8_scales_many: expected CPU or CUDA tensors; found scales on {batches[0].device}")
 
 
 def _unswizzle(layout: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> None:
@@ -159,6 +179,12 @@ for _name, _impl, _check in (
     for _key in ("CPU", "CUDA"):  # mok.work.run_work: the reference on the CPU, the kernel on CUDA
         _LIB.impl(_name, _impl, _key)  # type: ignore[no-untyped-call]
     torch.library.register_fake(f"mok::{_name}", _checks_only(_check), lib=_LIB)
+# Two empty lists are no tensor argument, hence no dispatch key: the dispatcher then runs the
+# op's CompositeExplicitAutograd kernel (without one it raises NotImplementedError). A device's
+# own kernel (CPU, CUDA, Meta) takes precedence over it.
+_LIB.impl(  # type: ignore[no-untyped-call]
+    "swizzle_mxfp8_scales_many", _swizzle_many_without_kernel, "CompositeExplicitAutograd"
+)
 
 swizzle_op = torch.ops.mok.swizzle_mxfp8_scales.default
 swizzle_many_op = torch.ops.mok.swizzle_mxfp8_scales_many.default

@@ -15,7 +15,7 @@ from mok.backend import backend_argument
 from mok.checks import check_int, check_sequence, describe
 from mok.errors import LayoutError
 from mok.layout import MXFP8_BLOCK, as_batch, check_layout_of, check_logical_out, empty_layout
-from mok.ops import swizzle_many_op, swizzle_op, unswizzle_op
+from mok.ops import check_some_scales, swizzle_many_op, swizzle_op, unswizzle_op
 
 
 def swizzle_mxfp8_scales(
@@ -48,8 +48,7 @@ def swizzle_mxfp8_scales_many(
     of experts). ``outs[i]`` must be the layout buffer of ``scales[i]``; without ``outs`` they
     are allocated."""
     scales = check_sequence("scales", scales, "logical scale matrices [R, C]", item_type=torch.Tensor)
-    if len(scales) == 0:
-        raise LayoutError("swizzle_mxfp8_scales_many: expected at least one scale matrix; found none")
+    check_some_scales(scales)
     batches = []
     for i, s in enumerate(scales):
         batch = as_batch(s, f"scales[{i}]")

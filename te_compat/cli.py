@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import Any
 
 from te_compat import table
 from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities, capabilities, describe_missing
@@ -203,14 +204,45 @@ def releases(args: argparse.Namespace) -> Outcome:
     return Outcome(0, f"{table_text}\n\nchecked against real release sources through TE {table.CHECKED_THROUGH}\n")
 
 
-def _subparser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, epilog: str
-) -> argparse.ArgumentParser:
+class _HelpAsked(Exception):
+    """-h/--help was given: ``text`` is the command's output."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class _HelpAction(argparse.Action):
+    """-h/--help, whose text is written as every command's output is (:func:`_emit`): argparse's
+    own help action ignores a write that fails and exits 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        raise _HelpAsked(parser.format_help())
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser (its subcommands' too) whose -h/--help is :class:`_HelpAction`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs, add_help=False)
+        self.add_argument("-h", "--help", action=_HelpAction, help="show this help message and exit")
+
+
+def _subparser(sub: argparse._SubParsersAction[_Parser], name: str, help: str, epilog: str) -> _Parser:
     return sub.add_parser(name, help=help, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="te-compat",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -288,7 +320,10 @@ def _emit(outcome: Outcome) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _HelpAsked as asked:
+        return _emit(Outcome(0, asked.text))
     if args.command is None:  # te-compat alone, or python -m te_compat: the report
         args = parser.parse_args(["report"])
     try:

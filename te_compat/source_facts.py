@@ -15,6 +15,9 @@ parameters of the few methods te_compat calls (``SIGNED_METHODS``). The check
 from __future__ import annotations
 
 import ast
+import io
+import itertools
+import tokenize
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
@@ -258,9 +261,34 @@ def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: 
     }
 
 
+def decode_source(source: bytes) -> str:
+    """``source`` decoded as Python decodes a module's file (``importlib.util.decode_source``): by
+    its BOM or PEP 263 coding cookie, else as UTF-8, strictly; SyntaxError where Python would refuse
+    it. (``ast.parse`` of the bytes checks less: it lets a byte that is not UTF-8 through in a
+    comment, and Python's import does not.)"""
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(source).readline)[0]
+    except SyntaxError:  # an unusable cookie, or one of the two lines it may be on not UTF-8
+        _decoded(b"".join(itertools.islice(io.BytesIO(source), 2)), "utf-8")  # names such a byte
+        raise
+    return _decoded(source, encoding)
+
+
+def _decoded(source: bytes, encoding: str) -> str:
+    try:
+        return source.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = source.count(b"\n", 0, exc.start) + 1
+        raise SyntaxError(
+            f"line {line}: byte {source[exc.start]:#04x} does not decode as {encoding}, the file's encoding "
+            "(UTF-8 unless a PEP 263 coding cookie names another); Python refuses such a file"
+        ) from exc
+
+
 def file_classes(source: bytes | str, name: str) -> dict[str, ClassFacts]:
-    """``module.Class`` -> facts for every top-level class of one file (``name`` as in a wheel)."""
-    tree = ast.parse(source, filename=name)
+    """``module.Class`` -> facts for every top-level class of one file (``name`` as in a wheel;
+    ``source`` its bytes, decoded as Python decodes them, or its text)."""
+    tree = ast.parse(decode_source(source) if isinstance(source, bytes) else source, filename=name)
     module = module_name(name)
     imports = _import_map(tree, module, name.endswith("__init__.py"))
     local = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}

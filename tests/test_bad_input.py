@@ -9,6 +9,7 @@ input is valid is decided here, from the documented contract, not by asking mok.
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from packaging.version import InvalidVersion, Version
 
 import mok
+import mok.kernels.quantize
 import te_compat
 from mok import MokError
 from mok.checks import check_bool, check_index, check_int, check_pairs, check_sequence
@@ -510,6 +512,28 @@ def test_refresh_layer_rejects_wrong_sized_entries(installed_te: Installer) -> N
     assert_unchanged([v.row_scales], before)  # type: ignore[list-item]
 
 
+NO_PAIRS = r"^refresh_layer: expected at least one \(weights, cached view\) pair; found none$"
+
+
+@pytest.mark.parametrize("entries", [[], ()], ids=["list", "tuple"])
+def test_a_layer_of_no_views_is_refused_as_refresh_layer_refuses_it(entries: Sequence[Any]) -> None:
+    with pytest.raises(ValueError, match=NO_PAIRS):
+        mok.refresh_layer(entries)
+    with pytest.raises(ValueError, match=NO_PAIRS):
+        mok.LayerRefresh(entries)
+
+
+def test_a_layer_keeps_its_views_when_given_none(installed_te: Installer) -> None:
+    installed_te(RELEASE)
+    g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
+    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    layer = mok.LayerRefresh([(g, v)])
+    with pytest.raises(ValueError, match=NO_PAIRS):
+        layer.entries = []
+    assert layer.entries == ((g, v),)
+    layer()
+
+
 # ---------------------------------------------------------------------------------------------
 # te_compat
 VERSIONS = st.one_of(
@@ -787,6 +811,63 @@ def test_huge_requests_fail_before_allocating(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch, "empty", lambda *a, **k: pytest.fail("allocated"))
     with pytest.raises(mok.LayoutError, match=r"needs 34359738368 bytes; expected at most the \d+ bytes cpu has"):
         mok.swizzle_mxfp8_scales(huge)
+
+
+def _into_an_inference_tensor(entry: str) -> tuple[Callable[[], object], str, list[torch.Tensor]]:
+    """A public in-place entry writing into an inference tensor (made under torch.inference_mode()):
+    the call, the name of that buffer, and every tensor the call is given."""
+    scales = torch.randint(0, 256, (100, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    weights = torch.randn(64, 96, generator=torch.Generator().manual_seed(5)).bfloat16()
+    layout = mok.swizzle_mxfp8_scales(scales)
+    normal = torch.full(mok.layout_shape(100, 7), 0xEE, dtype=torch.uint8)
+    with torch.inference_mode():
+        out = torch.full(mok.layout_shape(100, 7), 0xEE, dtype=torch.uint8)
+        logical = torch.full((1, 100, 7), 0xEE, dtype=torch.uint8)
+        q = mok.kernels.quantize.empty_outputs(1, 64, 96, "cpu")
+        for t in q:
+            t.view(torch.uint8).fill_(0xEE)
+    calls: dict[str, tuple[Callable[[], object], str, list[torch.Tensor]]] = {
+        "swizzle": (lambda: mok.swizzle_mxfp8_scales(scales, out=out), "out", [scales, out]),
+        "many": (
+            lambda: mok.swizzle_mxfp8_scales_many([scales] * 2, outs=[normal, out]),
+            "outs[1]",
+            [scales, normal, out],
+        ),
+        "unswizzle": (
+            lambda: mok.unswizzle_mxfp8_scales(layout, rows=100, columns=224, out=logical),
+            "out",
+            [layout, logical],
+        ),
+        "quantize": (lambda: mok.quantize_mxfp8(weights, out=q), "out.row_data", [weights, *q]),
+    }
+    return calls[entry]
+
+
+@pytest.mark.parametrize("entry", ["swizzle", "many", "unswizzle", "quantize"])
+def test_an_inference_tensor_out_is_refused_before_anything_is_written(entry: str) -> None:
+    call, name, tensors = _into_an_inference_tensor(entry)
+    before = [snapshot(t) for t in tensors]
+    with pytest.raises(
+        mok.LayoutError, match=rf"^{re.escape(name)} is an inference tensor .*; expected a tensor made outside"
+    ):
+        call()
+    assert_unchanged(tensors, before)  # outs[0] of many too: nothing is written
+    with torch.inference_mode():  # where torch lets it be written, it is
+        call()
+
+
+def test_a_quantisation_larger_than_memory_fails_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
+    experts, rows, cols = 2**16, 4096, 4096
+    huge = torch.zeros(1, rows, cols, dtype=torch.bfloat16).expand(experts, rows, cols)  # 2 TiB from 32 MiB
+    before = snapshot(huge)
+    need = experts * 2 * (rows * cols + 512 * (rows // 128) * (cols // 128))  # both payloads, both layouts
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: pytest.fail("allocated"))
+    with pytest.raises(
+        mok.LayoutError, match=rf"{cols}\] BF16 weights .*needs {need} bytes; expected at most the \d+ bytes cpu"
+    ):
+        mok.quantize_mxfp8(huge)
+    monkeypatch.undo()
+    assert_unchanged([huge], [before])
 
 
 def test_the_reference_allocates_nothing_beyond_the_output(monkeypatch: pytest.MonkeyPatch) -> None:

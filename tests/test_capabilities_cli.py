@@ -116,15 +116,12 @@ def test_cli_report_never_shows_a_traceback(
 
 
 def test_cli_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as done:
-        main(["report", "--help"])
-    assert done.value.code == 0
+    assert main(["report", "--help"]) == 0
     out = capsys.readouterr().out
     assert "  0  the report was printed" in out
     assert "  1  --require: a FEATURE is not available" in out and "  2  usage error" in out
     assert "``" not in out and ":func:" not in out  # plain text, not reST
-    with pytest.raises(SystemExit):
-        main(["--help"])
+    assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "report exit codes:" in out and "verify exit codes:" in out and "``" not in out
 
@@ -296,10 +293,15 @@ def test_cli_require_fails_with_a_te_that_does_not_import(tmp_path: Path) -> Non
 # ---- never a traceback: output that cannot be written, internal errors, a bare call ----
 
 
-def test_a_closed_pipe_is_one_line_and_exit_3(tmp_path: Path) -> None:
-    # te-compat releases | true: the reader is gone before the table is written
+HELP_COMMANDS = [["--help"], ["report", "--help"], ["verify", "-h"], ["releases", "--help"]]
+
+
+@pytest.mark.parametrize("command", [["releases", "--json"], *HELP_COMMANDS])
+def test_a_closed_pipe_is_one_line_and_exit_3(command: list[str]) -> None:
+    # te-compat releases | true (or te-compat --help | head -0): the reader is gone before the
+    # output is written
     proc = subprocess.Popen(
-        [sys.executable, "-m", "te_compat", "releases", "--json"],
+        [sys.executable, "-m", "te_compat", *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=ROOT,
@@ -313,7 +315,9 @@ def test_a_closed_pipe_is_one_line_and_exit_3(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-@pytest.mark.parametrize("command", [["report"], ["report", "--json"], ["releases"], ["verify", "--json"]])
+@pytest.mark.parametrize(
+    "command", [["report"], ["report", "--json"], ["releases"], ["verify", "--json"], *HELP_COMMANDS]
+)
 def test_a_full_disk_is_one_line_and_exit_3(command: list[str]) -> None:
     with open("/dev/full", "w") as full:
         done = _cli(*command, stdout=full)
@@ -321,7 +325,9 @@ def test_a_full_disk_is_one_line_and_exit_3(command: list[str]) -> None:
     assert done.stderr == "te-compat: the output could not be written: No space left on device\n"
 
 
-@pytest.mark.parametrize("command", ["report", "report --json", "releases", "releases --json", "verify --json"])
+@pytest.mark.parametrize(
+    "command", ["report", "report --json", "releases", "releases --json", "verify --json", "--help", "verify -h"]
+)
 def test_a_closed_stdout_is_one_line_and_exit_3(command: str) -> None:
     # te-compat releases >&-: Python starts with sys.stdout None
     shell = f"exec {sys.executable} -m te_compat {command} >&-"
@@ -362,6 +368,21 @@ def test_output_errors_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytes
     assert capsys.readouterr().err == "te-compat: the output could not be written: Broken pipe\n"
 
 
+@pytest.mark.parametrize("command", HELP_COMMANDS)
+def test_help_is_written_as_every_output_is(command: list[str]) -> None:
+    done = _cli(*command)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.startswith("usage: te-compat") and "exit codes:" in done.stdout
+
+
+def test_help_that_cannot_be_written_in_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdout", _FailingStdout())
+    assert main(["report", "--help"]) == 3
+    assert capsys.readouterr().err == "te-compat: the output could not be written: Broken pipe\n"
+
+
 def test_an_internal_error_is_one_line_and_exit_4(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -383,8 +404,7 @@ def test_a_bare_call_prints_the_report(installed_te: Installer, capsys: pytest.C
 
 
 def test_the_exit_codes_are_documented_in_help_and_readme(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["--help"])
+    assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "releases exit codes:" in out
     assert out.count("  3  the output could not be written") == 3 and out.count("  4  an unexpected error") == 3

@@ -65,6 +65,26 @@ def test_called_directly_the_ops_leave_types_to_torch_and_check_the_rest() -> No
         torch.ops.mok.swizzle_mxfp8_scales(SCALES, out, "x")
 
 
+NO_SCALES = r"^swizzle_mxfp8_scales_many: expected at least one scale matrix; found none$"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: M.swizzle_mxfp8_scales_many([]),
+        lambda: M.swizzle_mxfp8_scales_many([], outs=[]),
+        lambda: torch.ops.mok.swizzle_mxfp8_scales_many([], []),  # no tensor: no device to dispatch on
+        lambda: torch.ops.mok.swizzle_mxfp8_scales_many.default([], [], "torch"),
+        lambda: torch.ops.mok.swizzle_mxfp8_scales_many([], [LAYOUT]),  # a CPU tensor: the CPU kernel
+        lambda: torch.ops.mok.swizzle_mxfp8_scales_many([], [LAYOUT.to("meta")]),  # the fake implementation
+    ],
+    ids=["public", "public with outs", "op", "op with a backend", "op with an out", "op on meta"],
+)
+def test_no_scale_matrix_is_the_same_layout_error_everywhere(call: Callable[[], object]) -> None:
+    with pytest.raises(LayoutError, match=NO_SCALES):
+        call()
+
+
 @pytest.mark.parametrize("fullgraph", [True, False])
 def test_under_torch_compile_a_failed_check_keeps_mok_s_message(fullgraph: bool) -> None:
     message = "scales: expected uint8 (E8M0) scales; found dtype torch.float32"

@@ -405,9 +405,7 @@ def test_cli_verify_exit_codes(
 
 
 def test_cli_verify_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as done:
-        main(["verify", "--help"])
-    assert done.value.code == 0
+    assert main(["verify", "--help"]) == 0
     out = capsys.readouterr().out
     assert "  0  the TE source agrees" in out and "  1  disagreements found" in out and "  2  no TE to verify" in out
 
@@ -427,7 +425,12 @@ def test_an_unparsable_source_file_is_a_named_error_not_a_crash(tmp_path) -> Non
 
 @pytest.mark.parametrize(
     ("content", "what"),
-    [(b'NAME = "\xff\xfe"\n', "not UTF-8"), (b"class Broken(:\n", "not Python"), (b"x = 1\x00\n", "a NUL byte")],
+    [
+        (b'NAME = "\xff\xfe"\n', "not UTF-8"),
+        (b"x = 1\n# caf\xe9\n", "not UTF-8 in a comment"),
+        (b"class Broken(:\n", "not Python"),
+        (b"x = 1\x00\n", "a NUL byte"),
+    ],
 )
 def test_cli_verify_an_unreadable_source_file_is_one_line_and_exit_2(
     content: bytes, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -446,6 +449,20 @@ def test_cli_verify_an_unreadable_source_file_is_one_line_and_exit_2(
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert data["ok"] is False and "broken.py" in data["error"] and "SyntaxError" in data["error"]
+
+
+def test_a_file_python_would_not_decode_fails_a_tree_that_otherwise_agrees(
+    te_source: Unpacker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = shutil.copytree(te_source("2.20.2"), tmp_path / "te")
+    extra = copy / "transformer_engine" / "pytorch" / "tensor" / "extra.py"
+    extra.write_bytes(b'"""Module."""\n\nVALUE = 1  # caf\xe9, in Latin-1\n')  # no coding cookie: UTF-8
+    assert main(["verify", "--source", str(copy), "--release", "2.20.2"]) == 2
+    err = capsys.readouterr().err
+    assert "extra.py" in err and "line 3: byte 0xe9 does not decode as utf-8" in err and err.count("\n") == 1
+    extra.write_bytes(b"# -*- coding: latin-1 -*-\n" + extra.read_bytes())  # PEP 263: Latin-1, as Python reads it
+    assert main(["verify", "--source", str(copy), "--release", "2.20.2"]) == 0
+    assert "agrees with the release table" in capsys.readouterr().out
 
 
 def test_cli_verify_source_reads_the_release_the_tree_states(

@@ -28,7 +28,7 @@ from mok.checks import describe
 from mok.errors import LayoutError
 from mok.kernels import include_path
 from mok.kernels.streams import CurrentStream
-from mok.layout import layout_shape, swizzle_reference
+from mok.layout import check_writable, layout_shape, new_buffers, swizzle_reference
 from mok.overlap import check_no_overlap
 from mok.quantize_reference import BLOCK, ProductRule, ReciprocalRule, check_input, quantize_mxfp8_reference
 
@@ -114,9 +114,11 @@ def output_shapes(experts: int, rows: int, cols: int, *, swizzled: bool = True) 
 def empty_outputs(
     experts: int, rows: int, cols: int, device: torch.device | str, *, swizzled: bool = True
 ) -> QuantizeOutputs:
-    """New (uninitialised) output buffers for ``experts`` BF16 matrices ``[rows, cols]``."""
+    """New (uninitialised) output buffers for ``experts`` BF16 matrices ``[rows, cols]``: more
+    bytes than ``device`` has in all are refused before anything is allocated (mok.layout.new_buffers)."""
     shapes = output_shapes(experts, rows, cols, swizzled=swizzled)
-    return QuantizeOutputs(*(torch.empty(s, dtype=d, device=device) for s, d in zip(shapes, DTYPES, strict=True)))
+    what = f"the MXFP8 quantisation of {experts} x [{rows}, {cols}] BF16 weights (its payloads and scales)"
+    return QuantizeOutputs(*new_buffers(list(zip(shapes, DTYPES, strict=True)), torch.device(device), what))
 
 
 class Source(NamedTuple):
@@ -169,7 +171,7 @@ def check_source(src: torch.Tensor | Sequence[torch.Tensor]) -> Source:
 
 def check_outputs(out: QuantizeOutputs, source: Source, *, swizzled: bool) -> QuantizeOutputs:
     """``out`` must be exactly the buffers :func:`empty_outputs` would make for ``source``, apart
-    from each other and from the source."""
+    from each other and from the source, each writable here."""
     if not isinstance(out, QuantizeOutputs):
         raise LayoutError(f"out: expected a QuantizeOutputs; found {type(out).__name__}")
     device = source.experts[0].device
@@ -181,6 +183,7 @@ def check_outputs(out: QuantizeOutputs, source: Source, *, swizzled: bool) -> Qu
                 f"out.{name}: expected a contiguous 16-byte aligned {dtype} tensor {tuple(shape)} on {device}; "
                 f"found {found if found else type(t).__name__}"
             )
+        check_writable(t, f"out.{name}")
     check_no_overlap(list(out), list(source.experts), "quantize", out_label="out", input_label="src")
     return out
 
