@@ -198,7 +198,7 @@ def plan_directions(
         all_slots.append(slots)
         work.extend(items)
     if cached is not None and len(sources) < 2 and cached.columnwise is not None:
-        raise RefreshError(f"{what}the cached view has columnwise data; the weights no longer do")
+        raise RefreshError(f"{what}weights: the cached view has columnwise data; the weights no longer do")
     return all_slots, work, moves
 
 

@@ -168,7 +168,8 @@ def _aliases(tensors: Sequence[Any], what: str) -> tuple[torch.Tensor, ...]:
     """A tensor of the view's own over each of TE's ``tensors`` (a refresh may re-point it)."""
     for e, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
-            raise ExpertWeightError(f"expert {e} {what}: expected a tensor; found {describe(t)}")
+            name = what if len(tensors) == 1 and what.startswith("grouped") else f"expert {e} {what}"
+            raise ExpertWeightError(f"{name}: expected a tensor; found {describe(t)}")
     return tuple(map(torch.Tensor.view_as, tensors, tensors))
 
 
@@ -402,9 +403,8 @@ def _group_direction(
     _check_packing(gs, d, flat, pr * pc)
     buffer, geometry = block.scale_source(d, padded, rows, columns, f"{name} scales")
     source = ScaleSource(f"{name} scales", buffer, geometry, gs.scales_swizzled)
-    amax = None if d.amax is None else getattr(gs, d.amax.value)
-    amax_view = (amax.view_as(amax),) if isinstance(amax, torch.Tensor) else None
-    return DirectionSource(d, block.format, (payload,), (source,), amax_view)
+    amax = None if d.amax is None else _aliases((gs.need(d.amax),), f"grouped {d.name} amax")
+    return DirectionSource(d, block.format, (payload,), (source,), amax)
 
 
 class GroupedReader(NamedTuple):

@@ -231,13 +231,13 @@ def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dt
             f"{name}: expected {count} elements for shape {tuple(shape)}; found {storage.numel()} "
             f"(shape {tuple(storage.shape)})"
         )
-    view = storage.detach() if storage.requires_grad else storage
+    view = storage.detach()  # the view's own tensor, outside autograd: a refresh may re-point it
     if storage.dtype != dtype:
         view = view.view(dtype)
-    return view.view(tuple(shape))  # a tensor of the view's own, never TE's: a refresh may re-point it
+    return view if tuple(view.shape) == tuple(shape) else view.view(tuple(shape))
 
 
-_dtype, _shape, _requires_grad = attrgetter("dtype"), attrgetter("shape"), attrgetter("requires_grad")
+_dtype, _shape = attrgetter("dtype"), attrgetter("shape")
 _device, _data_ptr = attrgetter("device"), methodcaller("data_ptr")
 _is_tensor = torch.Tensor.__instancecheck__
 
@@ -258,14 +258,13 @@ def storage_views(
         and (dtypes == {dtype} or dtype.itemsize == 1)
         and (shaped or set(map(torch.Tensor.numel, tensors)) == {math.prod(shape)})
         and all(map(torch.Tensor.is_contiguous, tensors))
-        and not any(map(_requires_grad, tensors))
     )
     if not fine:
         return tuple(storage_view(t, shape, dtype=dtype, name=name(e)) for e, t in enumerate(tensors))
-    views: Any = tensors
+    views: Any = map(torch.Tensor.detach, tensors)  # the view's own tensors, outside autograd
     if dtypes != {dtype}:
         views = map(methodcaller("view", dtype), views)
-    return tuple(map(methodcaller("view", shape), views))  # the view's own tensors, never TE's
+    return tuple(views if shaped else map(methodcaller("view", shape), views))
 
 
 def ptr_table(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
