@@ -30,7 +30,14 @@ from mok.errors import ExpertWeightError, StorageFreedError
 from te_compat import TensorKind, on_refresh, tensor_kind_or_none
 
 _data_ptr, _untyped_storage, _offset = torch.Tensor.data_ptr, torch.Tensor.untyped_storage, torch.Tensor.storage_offset
-_layout, _stride, _nbytes = attrgetter("shape", "dtype"), torch.Tensor.stride, torch.UntypedStorage.nbytes
+_size, _dtype, _stride, _is_contiguous = (
+    torch.Tensor.size,
+    attrgetter("dtype"),
+    torch.Tensor.stride,
+    torch.Tensor.is_contiguous,
+)
+_nbytes = torch.UntypedStorage.nbytes
+_storage_ptr = torch.UntypedStorage.data_ptr
 
 # whether instances of a class hold memory of their own; decided once per class (te_compat's
 # kinds, which a te_compat.refresh() may change, so cleared with its caches)
@@ -69,12 +76,15 @@ def tensors_in(values: Iterable[object]) -> list[Any]:
 
 
 class Memory(NamedTuple):
-    """What a view depends on of the tensors it read, in order: each one's address, (shape, dtype)
-    and strides, and its storage with the bytes that storage held."""
+    """What a view depends on of the tensors it read, in order: each one's address, shape, dtype
+    and contiguity (and the strides of those not contiguous: a contiguous tensor's size fixes
+    how it addresses its memory), and its storage with the bytes that storage held."""
 
     addresses: tuple[int, ...]
-    layouts: tuple[tuple[torch.Size, torch.dtype], ...]
-    strides: tuple[tuple[int, ...], ...]
+    shapes: tuple[torch.Size, ...]
+    dtypes: tuple[torch.dtype, ...]
+    contiguous: tuple[bool, ...]
+    strided: tuple[tuple[int, tuple[int, ...]], ...]  # (index, strides) of each tensor not contiguous
     storages: tuple[torch.UntypedStorage, ...]
     sizes: tuple[int, ...]
 
@@ -82,21 +92,30 @@ class Memory(NamedTuple):
         """The memory of two readings, one after the other."""
         if not isinstance(other, Memory):
             return NotImplemented
-        return Memory(*map(operator.add, self, other))
+        shift = len(self.addresses)
+        return Memory(
+            self.addresses + other.addresses,
+            self.shapes + other.shapes,
+            self.dtypes + other.dtypes,
+            self.contiguous + other.contiguous,
+            self.strided + tuple((i + shift, s) for i, s in other.strided),
+            self.storages + other.storages,
+            self.sizes + other.sizes,
+        )
 
 
-NO_MEMORY = Memory((), (), (), (), ())
+NO_MEMORY = Memory((), (), (), (), (), (), ())
 
 
-def _spans(keys: Iterable[tuple[tuple[torch.Size, torch.dtype], tuple[int, ...]]]) -> dict[Any, tuple[int, int]]:
-    """(itemsize, bytes spanned from the first element) of each distinct (shape, dtype, strides):
-    a view's experts share one, so this is worked out once, not per tensor."""
-    spans = {}
+def _spans(keys: Iterable[tuple[torch.Size, torch.dtype, tuple[int, ...]]]) -> tuple[dict[Any, int], dict[Any, int]]:
+    """The itemsize, and the bytes spanned from the first element, of each distinct (shape,
+    dtype, strides): a view's experts share one, so this is worked out once, not per tensor."""
+    itemsizes, spans = {}, {}
     for key in set(keys):
-        (shape, dtype), strides = key
+        shape, dtype, strides = key
         spanned = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
-        spans[key] = dtype.itemsize, spanned * dtype.itemsize
-    return spans
+        itemsizes[key], spans[key] = dtype.itemsize, spanned * dtype.itemsize
+    return itemsizes, spans
 
 
 def _sizes(
@@ -130,36 +149,48 @@ def read_memory(tensors: Sequence[torch.Tensor], name: Callable[[int], str], adv
     ``advice``)."""
     if not tensors:
         return NO_MEMORY
-    layouts, strides = tuple(map(_layout, tensors)), tuple(map(_stride, tensors))
+    shapes, dtypes, strides = tuple(map(_size, tensors)), tuple(map(_dtype, tensors)), tuple(map(_stride, tensors))
     storages = tuple(map(_untyped_storage, tensors))
     sizes = _sizes(tensors, storages, name)
-    keys = list(zip(layouts, strides, strict=True))
-    spans = _spans(keys)
-    for i, (offset, key, size) in enumerate(zip(map(_offset, tensors), keys, sizes, strict=True)):
-        itemsize, spanned = spans[key]
-        if offset * itemsize + spanned > size:
-            raise StorageFreedError(
-                f"{name(i)}: its storage holds {size} bytes, but the tensor spans {spanned} bytes from byte "
-                f"{offset * itemsize} of it: {advice}"
-            )
-    return Memory(tuple(map(_data_ptr, tensors)), layouts, strides, storages, sizes)
+    keys = list(zip(shapes, dtypes, strides, strict=True))
+    itemsizes, spans = _spans(keys)
+    starts = list(map(operator.mul, map(_offset, tensors), map(itemsizes.__getitem__, keys)))
+    ends = list(map(operator.add, starts, map(spans.__getitem__, keys)))
+    if not all(map(operator.le, ends, sizes)):  # C-level passes: a view reads a thousand tensors
+        i = next(i for i, (end, size) in enumerate(zip(ends, sizes, strict=True)) if end > size)
+        raise StorageFreedError(
+            f"{name(i)}: its storage holds {sizes[i]} bytes, but the tensor spans {ends[i] - starts[i]} bytes from "
+            f"byte {starts[i]} of it: {advice}"
+        )
+    contiguous = tuple(map(_is_contiguous, tensors))
+    strided = tuple((i, strides[i]) for i in compress(range(len(tensors)), map(operator.not_, contiguous)))
+    return Memory(tuple(map(_data_ptr, tensors)), shapes, dtypes, contiguous, strided, storages, sizes)
 
 
-def same_memory(tensors: Sequence[Any], memory: Memory) -> bool:
-    """``tensors`` (read again) are at the addresses, of the shapes, dtypes and strides that
-    ``memory`` recorded, and its storages still hold what they held. C-level passes, cheapest
-    first; a value that is no tensor any more raises AttributeError or TypeError."""
-    return (
-        tuple(map(_data_ptr, tensors)) == memory.addresses
-        and tuple(map(_layout, tensors)) == memory.layouts
-        and tuple(map(_stride, tensors)) == memory.strides
-        and tuple(map(_nbytes, memory.storages)) == memory.sizes
-    )
+def comparer(memory: Memory) -> Callable[[Sequence[Any]], bool]:
+    """``compare(tensors)``: the tensors (read again) are at the addresses, of the shapes, dtypes
+    and strides ``memory`` recorded, and its storages still hold what they held. C-level passes,
+    cheapest first; a value that is no tensor any more raises AttributeError or TypeError."""
+    addresses, shapes, dtypes, contiguous, strided, storages, sizes = memory
+
+    def compare(tensors: Sequence[Any]) -> bool:
+        if (
+            tuple(map(_data_ptr, tensors)) != addresses
+            or tuple(map(_size, tensors)) != shapes
+            or tuple(map(_dtype, tensors)) != dtypes
+            or tuple(map(_is_contiguous, tensors)) != contiguous
+            or tuple(map(_nbytes, storages)) != sizes
+        ):
+            return False
+        return not strided or all(tensors[i].stride() == s for i, s in strided)
+
+    return compare
 
 
 def owned_memory(tensors: Iterable[torch.Tensor]) -> Memory:
     """The storages of ``tensors`` (buffers a view owns and a launch writes), each once, with
     their sizes: what a refresh guard compares (mok.refresh). Their addresses and shapes are the view's
     own, which nothing re-views."""
-    storages = tuple({s.data_ptr(): s for s in map(_untyped_storage, tensors)}.values())
-    return Memory((), (), (), storages, tuple(map(_nbytes, storages)))
+    found = list(map(_untyped_storage, tensors))
+    storages = tuple(dict(zip(map(_storage_ptr, found), found, strict=True)).values())
+    return Memory((), (), (), (), (), storages, tuple(map(_nbytes, storages)))

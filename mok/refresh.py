@@ -14,21 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import chain
-from operator import attrgetter, is_
+from operator import is_
 from typing import Any
 
 import torch
 
-from mok.memory import NO_MEMORY, Memory, holds_memory, same_memory
+from mok.memory import NO_MEMORY, Memory, comparer, holds_memory
 from mok.snapshot import ITSELF, Reading
 from te_compat import storage_reader, storage_values
 
-_data_ptr, _layout, _stride, _nbytes = (
-    torch.Tensor.data_ptr,
-    attrgetter("shape", "dtype"),
-    torch.Tensor.stride,
-    torch.UntypedStorage.nbytes,
-)
+_nbytes = torch.UntypedStorage.nbytes
 
 
 def _same(old: Any, new: Any) -> bool:
@@ -129,18 +124,12 @@ def _bulk_check(reading: Reading) -> Callable[[], bool] | None:
     value_names = tuple(reading.names[i] for i in value_columns)
     tensors_of = _itself if tensor_names == (ITSELF,) else storage_reader(first, tensor_names).read
     values_reader = storage_reader(first, value_names)
-    addresses, layouts, strides, storages, sizes = reading.memory
+    same_memory = comparer(reading.memory)
     recorded = reading.flat(value_columns)
     one, read_values = values_reader.read_one, values_reader.read
 
-    def check() -> bool:  # mok.memory.same_memory, inlined: a refresh passes here once per call
-        tensors = list(chain.from_iterable(map(tensors_of, objects)))
-        if (
-            tuple(map(_data_ptr, tensors)) != addresses
-            or tuple(map(_layout, tensors)) != layouts
-            or tuple(map(_stride, tensors)) != strides
-            or tuple(map(_nbytes, storages)) != sizes
-        ):
+    def check() -> bool:
+        if not same_memory(list(chain.from_iterable(map(tensors_of, objects)))):
             return False
         if not value_names:
             return True
@@ -174,4 +163,4 @@ def _rows_unchanged(reading: Reading) -> bool:
                 tensors.append(new)
             elif not _same(old, new):
                 return False
-    return same_memory(tensors, reading.memory)
+    return comparer(reading.memory)(tensors)

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, methodcaller
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 import torch
 
@@ -261,9 +261,9 @@ def storage_views(
     )
     if not fine:
         return tuple(storage_view(t, shape, dtype=dtype, name=name(e)) for e, t in enumerate(tensors))
-    views: Any = map(torch.Tensor.detach, tensors)  # the view's own tensors, outside autograd
-    if dtypes != {dtype}:
-        views = map(methodcaller("view", dtype), views)
+    # the view's own tensors (a refresh may re-point them): a dtype view of TE's 1-byte buffers, which
+    # never require grad, else a detached alias (weights may come to require grad later)
+    views: Any = map(methodcaller("view", dtype), tensors) if dtypes != {dtype} else map(torch.Tensor.detach, tensors)
     return tuple(views if shaped else map(methodcaller("view", shape), views))
 
 
@@ -273,6 +273,13 @@ def ptr_table(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Te
 
 
 def check_sizes(**values: object) -> tuple[int, ...]:
+    """``values`` as ints >= 1, each checked (named) unless all are plain ints >= 1 (a refresh
+    passes here every call: one C-level pass, no call per value)."""
+    found = tuple(values.values())
+    if set(map(type, found)) == {int}:
+        ints = cast("tuple[int, ...]", found)
+        if min(ints) >= 1:
+            return ints
     return tuple(check_int(name, value, minimum=1) for name, value in values.items())
 
 
