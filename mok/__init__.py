@@ -9,7 +9,7 @@ from mok.formats import Format
 from mok.grouped import grouped_weight_view
 from mok.kernels.quantize import QuantizeOutputs
 from mok.layer import LayerRefresh, refresh_layer
-from mok.layout import columnwise_scales, layout_offset, layout_shape, padded_shape, rowwise_scales
+from mok.layout import layout_offset, layout_shape, padded_shape
 from mok.per_expert import split_weight_view
 from mok.quantize import quantize_mxfp8
 from mok.readback import logical_scales
@@ -32,7 +32,6 @@ __all__ = [
     "SplitExpertWeights",
     "StorageFreedError",
     "ViewDirection",
-    "columnwise_scales",
     "grouped_weight_view",
     "kernel_backend",
     "layout_offset",
@@ -42,7 +41,6 @@ __all__ = [
     "prepare_shared_expert_config",
     "quantize_mxfp8",
     "refresh_layer",
-    "rowwise_scales",
     "split_weight_view",
     "storage_view",
     "swizzle_mxfp8_scales",

@@ -304,32 +304,6 @@ def unswizzle_reference(layout: torch.Tensor, out: torch.Tensor) -> torch.Tensor
     return out
 
 
-def rowwise_scales(buffer: torch.Tensor, rows: int, cols: int, name: str = "rowwise scales") -> torch.Tensor:
-    """Logical ``[rows, cols/32]`` view of TE's padded rowwise scale buffer (no copy)."""
-    r, c = _dims(rows, cols)
-    return _cut(buffer, r, _blocks(c, name), name)
-
-
-def columnwise_scales(buffer: torch.Tensor, rows: int, cols: int, name: str = "columnwise scales") -> torch.Tensor:
-    """Logical ``[cols, rows/32]`` view (the transpose) of TE's ``[rows/32, cols]`` buffer."""
-    r, c = _dims(rows, cols)
-    return _cut(buffer, _blocks(r, name), c, name).transpose(-1, -2)
-
-
-def _blocks(n: int, name: str) -> int:
-    if n % MXFP8_BLOCK:
-        raise LayoutError(f"{name}: MXFP8 needs dimensions divisible by {MXFP8_BLOCK}; found {n}")
-    return n // MXFP8_BLOCK
-
-
-def _cut(buffer: torch.Tensor, r: int, c: int, name: str) -> torch.Tensor:
-    if not isinstance(buffer, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor scale buffer; found {describe(buffer)}")
-    if buffer.dim() < 2 or buffer.shape[-2] < r or buffer.shape[-1] < c:
-        raise LayoutError(f"{name}: expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(buffer.shape)}")
-    return _as_uint8(buffer, name)[..., :r, :c]
-
-
 def grouped_scales(flat: torch.Tensor, experts: int, rows: int, cols: int, name: str) -> torch.Tensor:
     """``[E, rows, cols]`` view of a flat grouped buffer of E TE-padded ``[rows, cols]`` matrices."""
     experts = check_int("experts", experts, minimum=1)
@@ -347,15 +321,3 @@ def grouped_scales(flat: torch.Tensor, experts: int, rows: int, cols: int, name:
             f"found {flat.numel()}"
         )
     return flat.view(experts, rows, cols)
-
-
-def te_rowwise_padding(rows: int, cols: int) -> tuple[int, int]:
-    """TE's allocation of rowwise scales for data ``[rows, cols]``: [roundup(rows,128), roundup(cols/32,4)]."""
-    rows, cols = _dims(rows, cols)
-    return _roundup(rows, 128), _roundup(cols // MXFP8_BLOCK, 4)
-
-
-def te_columnwise_padding(rows: int, cols: int) -> tuple[int, int]:
-    """TE's allocation of columnwise scales: [roundup(rows/32,4), roundup(cols,128)]."""
-    rows, cols = _dims(rows, cols)
-    return _roundup(rows // MXFP8_BLOCK, 4), _roundup(cols, 128)

@@ -28,8 +28,9 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import torch
 
 from mok.backend import Backend, backend_for
+from mok.blocks import BLOCKS, Direction
 from mok.errors import MokError, RefreshError
-from mok.formats import MXFP8, Direction, Format
+from mok.formats import Format
 from mok.kernels.quantize import QuantizeOutputs, empty_outputs
 from mok.layout import check_out, empty_layout, layout_shape, padded_shape, te_swizzled_layout
 from mok.memory import OWN_ADVICE, owned_memory, read_memory
@@ -378,8 +379,9 @@ def _new_quantized_view(reader: Reader[V], snapshot: Snapshot, backend: str | No
         source = DirectionSource(d, Format.MXFP8, payloads, (), None)
         return _view_direction(source, ScaleSlots(layouts, False), tables)
 
-    rowwise = direction(MXFP8.rowwise, out.row_data, out.row_scales)
-    columnwise = direction(MXFP8.columnwise, out.col_data, out.col_scales)
+    mxfp8 = BLOCKS[Format.MXFP8]
+    rowwise = direction(mxfp8.rowwise, out.row_data, out.row_scales)
+    columnwise = direction(mxfp8.columnwise, out.col_data, out.col_scales)
     new = reader.view_type(*reader.dims, Format.MXFP8, rowwise, columnwise, True)
     work = [QuantizeWork(src, out)]
     _prepare(new.refresh_plan, (new,), reader.objects, snapshot.readings, work, backend_for(device, backend))

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from mok.blocks import BLOCK_OF_KIND, BlockFormat, Direction, block_format
 from mok.errors import ExpertWeightError
-from mok.formats import FORMAT_OF_KIND, BlockFormat, Direction
 from mok.layout import layout_shape, te_swizzled_layout
 from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
 from mok.work import ScaleWork, run_work
@@ -21,25 +21,15 @@ from te_compat import tensor_kind
 DIRECTIONS = ("rowwise", "columnwise")
 
 
-def _direction(block: BlockFormat, name: str) -> Direction:
-    return block.rowwise if name == "rowwise" else block.columnwise
-
-
-def _layout_dims(block: BlockFormat, d: Direction, rows: int, columns: int) -> tuple[int, int]:
-    """``[R, C]`` of the matrix the layout holds for a ``(rows, columns)`` weight."""
-    r, c = (columns, rows) if (d.transposed_storage or d.transposed_scales) else (rows, columns)
-    return r, c // block.block
-
-
 def _unswizzle(
     block: BlockFormat, d: Direction, layouts: Sequence[torch.Tensor], experts: int, rows: int, columns: int
 ) -> list[torch.Tensor]:
     """Each layout back into logical scales in TE's orientation (the transpose of the layout's
     matrix where TE's buffer is), all in one launch."""
-    r, c = _layout_dims(block, d, rows, columns)
-    shape = (experts, c, r) if d.transposed_scales else (experts, r, c)
+    r, c = d.scale_matrix(rows, columns)
+    shape = (experts, c, r) if d.scales_transposed else (experts, r, c)
     outs = [torch.empty(shape, dtype=torch.uint8, device=lay.device) for lay in layouts]
-    matrices = [o.transpose(1, 2) if d.transposed_scales else o for o in outs]
+    matrices = [o.transpose(1, 2) if d.scales_transposed else o for o in outs]
     run_work([ScaleWork(lay, m, inverse=True) for lay, m in zip(layouts, matrices, strict=True)])
     return outs
 
@@ -48,20 +38,20 @@ def _from_view(view: ExpertWeights, name: str) -> torch.Tensor | tuple[torch.Ten
     part: ViewDirection | None = view.rowwise if name == "rowwise" else view.columnwise
     if part is None or part.scales is None:
         raise ExpertWeightError(f"{name} scales: expected a view with {name} block scales; found none")
-    block = part.format.block_format
-    d = _direction(block, name)
+    block = block_format(part.format)
+    d = block.geometry.direction(name)
     if isinstance(view, GroupedExpertWeights):
         return _unswizzle(block, d, part.scales, view.num_experts, view.rows, view.columns)[0]
     return tuple(o[0] for o in _unswizzle(block, d, part.scales, 1, view.rows, view.columns))
 
 
 def _from_tensor(param: object, name: str) -> torch.Tensor:
-    block = FORMAT_OF_KIND.get(tensor_kind(param))
+    block = BLOCK_OF_KIND.get(tensor_kind(param))
     if block is None:
         raise ExpertWeightError(
             f"expected a view, or a TE MXFP8 or NVFP4 tensor; found {type(param).__name__} (kind {tensor_kind(param)})"
         )
-    d = _direction(block, name)
+    d = block.geometry.direction(name)
     snapshot = block.snapshot(param)
     buffer = snapshot.need(d.scales.value)
     rows, columns = snapshot.shape[0], snapshot.shape[-1]
@@ -69,8 +59,8 @@ def _from_tensor(param: object, name: str) -> torch.Tensor:
         raise ExpertWeightError(f"expected a 2-D weight; found shape {tuple(snapshot.shape)}")
     if not snapshot.scales_swizzled:  # TE keeps them logical: a copy, never a view of TE's buffer
         logical = block.logical_scales(d, buffer, rows, columns, f"{name} scales")[0]
-        return (logical.t() if d.transposed_scales else logical).clone()
-    shape = layout_shape(*_layout_dims(block, d, rows, columns))
+        return (logical.t() if d.scales_transposed else logical).clone()
+    shape = layout_shape(*d.scale_matrix(rows, columns))
     layout = te_swizzled_layout(buffer.view(torch.uint8), shape, f"{name} scales")
     return _unswizzle(block, d, [layout], 1, rows, columns)[0][0]
 

@@ -20,9 +20,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from mok.blocks import BLOCK_OF_KIND, BLOCKS, BlockFormat, Direction, block_format
 from mok.checks import describe
 from mok.errors import ExpertWeightError
-from mok.formats import FORMAT_OF_KIND, MXFP8, BlockFormat, Direction, Format
+from mok.formats import Format
 from mok.layout import grouped_scales
 from mok.snapshot import (
     DirectionSource,
@@ -153,7 +154,7 @@ def _split_direction(
         return None
     if any(missing):
         raise ExpertWeightError(f"expert {missing.index(True)} has no {d.name} data; the others do")
-    shape = block.payload_shape(d, rows, columns)
+    shape = d.payload_shape(rows, columns)
     data = storage_views(payloads, shape, dtype=block.payload_dtype, name=lambda e: f"expert {e} {d.name} data")
     buffers = _need(reading, block, str(d.scales))
     names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
@@ -248,7 +249,7 @@ class SplitReader(NamedTuple):
 
     def _stored(self, recorder: Recorder, cached: ExpertWeights | None) -> list[_Stored]:
         if self.format is not Format.HYBRID:
-            block = self.format.block_format
+            block = block_format(self.format)
             return [_Stored(self.params, block, _read_directions(block, cached))]
         return _hybrid_stored(self.params, recorder, cached)
 
@@ -274,7 +275,7 @@ def _hybrid_stored(params: tuple[object, ...], recorder: Recorder, cached: Exper
                 hybrids[0].need("rowwise")  # raises, naming the attribute and release
             continue
         kinds = [getattr(h, f"{name}_kind") for h in hybrids]
-        block = FORMAT_OF_KIND.get(kinds[0])
+        block = BLOCK_OF_KIND.get(kinds[0])
         if block is None or any(k is not kinds[0] for k in kinds):
             e = next((i for i, k in enumerate(kinds) if k is not kinds[0]), 0)
             h = hybrids[e]
@@ -395,9 +396,9 @@ def _group_direction(
         return None
     name = f"grouped {d.name}"
     payload = storage_view(
-        data, (experts, *block.payload_shape(d, rows, columns)), dtype=block.payload_dtype, name=f"{name} data"
+        data, (experts, *d.payload_shape(rows, columns)), dtype=block.payload_dtype, name=f"{name} data"
     )
-    pr, pc = block.te_scale_shape(d, rows, columns)
+    pr, pc = d.scale_buffer(rows, columns)
     flat = gs.need(d.scales)
     padded = grouped_scales(flat, experts, pr, pc, f"{name} scales")
     _check_packing(gs, d, flat, pr * pc)
@@ -432,7 +433,7 @@ class GroupedReader(NamedTuple):
         The group's storage, and in TE 2.13 its members' flags, are recorded for the guard."""
         recorder = Recorder("grouped weight")
         gs = grouped_storage(self.weight, read=recorder)
-        block = self.format.block_format
+        block = block_format(self.format)
         _check_group(gs, block, self.dims)
         sources = [_group_direction(gs, block, d, self.dims) for d in _read_directions(block, cached)]
         found = tuple(s for s in sources if s is not None)
@@ -539,7 +540,7 @@ class BF16Reader(NamedTuple):
     def read(self, cached: ExpertWeights | None = None) -> Snapshot:
         _, rows, columns = self.dims
         if self.quantize:
-            MXFP8.check_dims(rows, columns, f"{self.what}BF16 weights to quantise")
+            BLOCKS[Format.MXFP8].check_dims(rows, columns, f"{self.what}BF16 weights to quantise")
         if self.grouped:
             readings, payload = _bf16_group(self.weights[0], self.dims, self.quantize)
             payloads: tuple[torch.Tensor, ...] = (payload,)
@@ -548,4 +549,4 @@ class BF16Reader(NamedTuple):
         if self.quantize:
             return Snapshot(readings, (), payloads[0] if self.grouped else payloads)
         # a BF16 view has its rowwise payloads alone (the direction's name is all the pipeline reads of it)
-        return Snapshot(readings, (DirectionSource(MXFP8.rowwise, Format.BF16, payloads, (), None),))
+        return Snapshot(readings, (DirectionSource(BLOCKS[Format.MXFP8].rowwise, Format.BF16, payloads, (), None),))

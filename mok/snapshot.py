@@ -19,7 +19,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from mok.formats import Direction, Format
+from mok.blocks import Direction
+from mok.formats import Format
 from mok.layout import Geometry, logical_view
 from mok.memory import Memory, holds_memory, memory_classes, read_memory, tensors_in
 from te_compat import storage_reader, storage_values

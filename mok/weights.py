@@ -28,16 +28,25 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 import torch
 
+from mok.blocks import BLOCKS
 from mok.checks import check_bool, check_int, check_sequence, describe
 from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError
-from mok.formats import MXFP8, Format
-from mok.layout import MXFP8_BLOCK, columnwise_scales, rowwise_scales
+from mok.formats import Format
+from mok.layout import MXFP8_BLOCK
 from mok.pipeline import view_or_refresh
 from mok.readers import BF16Reader, GroupedReader, SplitReader, is_bf16_group
 from mok.shared_expert import bf16_config, warn_shared_experts_bf16
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
-from te_compat import TECompatError, TensorKind, grouped_storage, known_storage_name, storage_field, tensor_kind_or_none
+from te_compat import (
+    TECompatError,
+    TensorKind,
+    grouped_storage,
+    known_storage_name,
+    scale_matrix,
+    storage_field,
+    tensor_kind_or_none,
+)
 
 __all__ = [
     "_SHARED_EXPERT_BF16_WARNING_EMITTED",
@@ -202,10 +211,11 @@ def _te_grouped_scales(param: object, member_attr: str, shape: tuple[int, int, i
             f"{name}: member_attr {member_attr!r} (logical {logical!r}) should name the rowwise or columnwise "
             f"scales of the grouped parameter; found {found}"
         )
-    direction = MXFP8.rowwise if buffer is gs.rowwise_scale_inv else MXFP8.columnwise
+    mxfp8 = BLOCKS[Format.MXFP8]
+    direction = mxfp8.rowwise if buffer is gs.rowwise_scale_inv else mxfp8.columnwise
     rows, columns = _expert_shape(gs.tensor_shapes, name)
     want = (gs.num_tensors, rows, columns // MXFP8_BLOCK)
-    if direction is MXFP8.columnwise:
+    if direction is mxfp8.columnwise:
         want = (gs.num_tensors, rows // MXFP8_BLOCK, columns)
     if shape != want:
         raise LayoutError(
@@ -217,7 +227,7 @@ def _te_grouped_scales(param: object, member_attr: str, shape: tuple[int, int, i
     matrices = next((s.sources[0].logical for s in snapshot.directions if s.direction is direction), None)
     if matrices is None:
         raise ExpertWeightError(f"{name}: the grouped parameter holds no {direction.name} data")
-    return matrices.transpose(1, 2) if direction.transposed_scales else matrices
+    return matrices.transpose(1, 2) if direction.scales_transposed else matrices
 
 
 def _expert_shape(shapes: Sequence[Sequence[int]], name: str) -> tuple[int, int]:
@@ -508,10 +518,13 @@ def _expert_members(e: int, param: Any) -> dict[str, Any]:
 def _logical_pair(e: int, members: dict[str, Any], rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One expert's logical rowwise scales ``[rows, columns/32]`` and the ``[columns, rows/32]``
     transpose of its columnwise ones, cut from TE's (padded) buffers without a copy."""
-    return (
-        rowwise_scales(members["_rowwise_scale_inv"], rows, columns, f"expert {e} rowwise scales"),
-        columnwise_scales(members["_columnwise_scale_inv"], rows, columns, f"expert {e} columnwise scales"),
-    )
+    try:
+        return (
+            scale_matrix(members["_rowwise_scale_inv"], rows, columns),
+            scale_matrix(members["_columnwise_scale_inv"], rows, columns, direction="columnwise"),
+        )
+    except (TypeError, ValueError) as exc:
+        raise LayoutError(f"expert {e}: {exc}") from exc
 
 
 def _convert(

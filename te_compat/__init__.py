@@ -42,6 +42,7 @@ from te_compat.snapshots import (
     hybrid_storage,
     mxfp8_storage,
     nvfp4_storage,
+    scale_matrix,
     storage_values,
 )
 from te_compat.table import StorageName, TensorKind
@@ -100,6 +101,7 @@ __all__ = [
     "refresh",
     "request_gemm_layout_scales",
     "require_te",
+    "scale_matrix",
     "storage_attr",
     "storage_field",
     "storage_fingerprint",

@@ -35,6 +35,7 @@ from packaging.version import Version
 
 from te_compat.errors import MissingFeatureError
 from te_compat.gemm_layout import QUANTIZER_ROWS, QuantizerRow
+from te_compat.geometry import MXFP8
 from te_compat.source_facts import Classes, KeywordCall, keyword_call
 from te_compat.table import TE, in_range
 from te_compat.version import release_of, te_import_status
@@ -42,8 +43,7 @@ from te_compat.version import release_of, te_import_status
 if TYPE_CHECKING:
     import torch
 
-MXFP8_BLOCK = 32  # values per E8M0 scale
-SCALE_ROWS, SCALE_COLUMNS = 128, 4  # TE pads MXFP8 scale buffers to these multiples
+MXFP8_BLOCK = MXFP8.block
 # [from, below): the compute capabilities TE's MXFP8 cast kernels write on (module docstring)
 MXFP8_QUANTIZE_CC: tuple[tuple[int, int], tuple[int, int]] = ((10, 0), (12, 0))
 E4M3 = "kFloat8E4M3"  # the member of transformer_engine_torch.DType every 2.x quantizer takes
@@ -234,14 +234,8 @@ def check_quantize_rows(release: str, classes: Classes, rows: tuple[QuantizeRow,
 
 
 def padded_scale_shape(rows: int, columns: int, *, columnwise: bool) -> tuple[int, int]:
-    """The 2-D scale buffer TE allocates for a ``rows x columns`` view (MXFP8Quantizer.get_scale_shape)."""
-
-    def up(value: int, multiple: int) -> int:
-        return -(-value // multiple) * multiple
-
-    if columnwise:
-        return up(rows // MXFP8_BLOCK, SCALE_COLUMNS), up(columns, SCALE_ROWS)
-    return up(rows, SCALE_ROWS), up(columns // MXFP8_BLOCK, SCALE_COLUMNS)
+    """The 2-D scale buffer TE allocates for a ``rows x columns`` view (te_compat.geometry)."""
+    return (MXFP8.columnwise if columnwise else MXFP8.rowwise).scale_buffer(rows, columns)
 
 
 def _device_capability(device: torch.device) -> tuple[int, int] | None:

@@ -12,6 +12,8 @@ from its first payload otherwise (:func:`_logical_shape`).
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import reprlib
 from collections.abc import Callable, Mapping
@@ -21,6 +23,7 @@ from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from te_compat.errors import StorageNotFoundError, StorageValueError, UnknownStorageNameError, UnsupportedTensorError
+from te_compat.geometry import block_geometry
 from te_compat.probe import (
     class_path,
     is_torch_tensor,
@@ -221,6 +224,10 @@ class MXFP8Storage(StorageSnapshot):
     columnwise_scale_inv: torch.Tensor | None
     scales_swizzled: bool  # TE 2.12+: scales already in GEMM layout; always False before
 
+    def scale_matrix(self, direction: str = "rowwise") -> torch.Tensor:
+        """``direction``'s scale matrix as a GEMM reads it (:func:`scale_matrix`)."""
+        return _matrix(self, TensorKind.MXFP8, direction)
+
 
 @dataclass(frozen=True, repr=False)
 class Float8Storage(StorageSnapshot):
@@ -249,6 +256,57 @@ class GroupedStorage(StorageSnapshot):
     scales_swizzled: bool
     amax_rowwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("amax")
     amax_columnwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("columnwise_amax")
+
+
+def _positive(name: str, value: object) -> int:
+    """``value`` as an int >= 1 (numpy integers too; a bool is no size)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int >= 1; found {reprlib.repr(value)} ({type(value).__name__})")
+    if int(value) <= 0:
+        raise ValueError(f"{name}: expected an int >= 1; found {int(value)}")
+    return int(value)
+
+
+def scale_matrix(
+    buffer: torch.Tensor, rows: int, columns: int, *, kind: TensorKind = TensorKind.MXFP8, direction: str = "rowwise"
+) -> torch.Tensor:
+    """The scale matrix of one direction of a ``[rows, columns]`` weight of ``kind`` (MXFP8,
+    NVFP4) as a GEMM reads it, ``[R, C]``: rowwise ``[rows, columns/block]``, columnwise
+    ``[columns, rows/block]``. A uint8 view of TE's padded buffer of logical scales (no copy):
+    TE's padding cut off, transposed where TE keeps the buffer the other way round (MXFP8
+    columnwise; te_compat.geometry). Not for scales TE keeps in the GEMM layout already."""
+    d = block_geometry(kind).direction(direction)
+    rows, columns = _positive("rows", rows), _positive("columns", columns)
+    scaled = ("columns", columns) if d.rowwise else ("rows", rows)  # the dimension a scale runs along
+    if scaled[1] % d.block:
+        raise ValueError(
+            f"{scaled[0]}: expected a multiple of {d.block} ({kind.value} has one {direction} scale per {d.block} "
+            f"values); found {scaled[1]}"
+        )
+    if not is_torch_tensor(type(buffer)):
+        raise TypeError(f"buffer: expected a torch.Tensor scale buffer; found {type(buffer).__name__}")
+    r, c = d.buffer_matrix(rows, columns)
+    if buffer.dim() < 2 or buffer.shape[-2] < r or buffer.shape[-1] < c:
+        raise ValueError(
+            f"{direction} scales: expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(buffer.shape)}"
+        )
+    if buffer.element_size() != 1:
+        raise ValueError(f"{direction} scales: expected 1-byte scales; found dtype {buffer.dtype}")
+    import torch
+
+    cut = (buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8))[..., :r, :c]
+    return cut.transpose(-1, -2) if d.scales_transposed else cut
+
+
+def _matrix(snapshot: MXFP8Storage | NVFP4Storage, kind: TensorKind, direction: str) -> torch.Tensor:
+    if snapshot.scales_swizzled:
+        raise ValueError(
+            f"{kind.value} {direction} scales: TE keeps them in the GEMM layout already, so there is no logical "
+            "matrix to view (mok.logical_scales reads them back)"
+        )
+    d = block_geometry(kind).direction(direction)
+    shape = snapshot.shape
+    return scale_matrix(snapshot.need(str(d.scales)), math.prod(shape[:-1]), shape[-1], kind=kind, direction=direction)
 
 
 def mxfp8_storage(param: object) -> MXFP8Storage:
@@ -352,6 +410,10 @@ class NVFP4Storage(StorageSnapshot):
     row_scaled_nvfp4: bool | None  # TE 2.16+
     nvfp4_e4m3_max: int | None  # TE 2.17+
     nvfp4_use_4over6: bool | None  # TE 2.17+
+
+    def scale_matrix(self, direction: str = "rowwise") -> torch.Tensor:
+        """``direction``'s scale matrix as a GEMM reads it (:func:`scale_matrix`)."""
+        return _matrix(self, TensorKind.NVFP4, direction)
 
 
 def nvfp4_storage(param: object) -> NVFP4Storage:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 import torch
 from packaging.version import Version
 
-from te_compat import table
+from te_compat import geometry, table
 from te_compat.errors import TENotFoundError
 from te_compat.gemm_layout import QUANTIZER_ROWS
 from te_compat.table import StorageRow, TensorKind, in_range
@@ -85,10 +85,8 @@ __all__ = [
 
 Device = torch.device | str
 
-MXFP8_BLOCK = 32  # values per E8M0 scale (TE's MXFP8 block)
-NVFP4_BLOCK = 16  # values per E4M3 scale (constants.NVFP4_BLOCK_SCALING_SIZE)
+MXFP8_BLOCK = geometry.MXFP8.block
 BLOCKWISE_BLOCK = 128  # Float8BlockQuantizer.block_len
-SCALE_ROWS, SCALE_COLUMNS = 128, 4  # TE pads MXFP8/NVFP4 scale buffers to these multiples
 NVFP4_E4M3_MAX = 448  # NVFP4Tensor's default nvfp4_e4m3_max (2.17+)
 
 
@@ -422,17 +420,27 @@ def mxfp8_buffers(
             f"MXFP8 needs both dimensions divisible by {MXFP8_BLOCK} (TE's MXFP8 quantizer); found shape {dims} "
             f"(M={m}, K={k})"
         )
+    return _block_buffers(geometry.MXFP8, dims, m, k, generator, rowwise, columnwise)
+
+
+def _block_buffers(
+    kind: geometry.BlockGeometry,
+    dims: tuple[int, ...],
+    m: int,
+    k: int,
+    generator: torch.Generator,
+    rowwise: bool,
+    columnwise: bool,
+) -> dict[str, Any]:
+    """Each wanted direction's payload and padded scales, as te_compat.geometry says TE keeps
+    them (a rowwise payload keeps the logical ``dims``, its last packed)."""
     out: dict[str, Any] = {}
-    if rowwise:
-        out["rowwise_data"] = _bytes(dims, generator)
-        out["rowwise_scale_inv"] = padded_scales(
-            m, k // 32, _roundup(m, SCALE_ROWS), _roundup(k // 32, SCALE_COLUMNS), generator
-        )
-    if columnwise:
-        out["columnwise_data"] = _bytes(dims, generator)
-        out["columnwise_scale_inv"] = padded_scales(
-            m // 32, k, _roundup(m // 32, SCALE_COLUMNS), _roundup(k, SCALE_ROWS), generator
-        )
+    for d, wanted in zip(kind.directions(), (rowwise, columnwise), strict=True):
+        if not wanted:
+            continue
+        payload = d.payload_shape(m, k) if d.transposed else (*dims[:-1], k // d.packing)
+        out[str(d.data)] = _bytes(payload, generator)
+        out[str(d.scales)] = padded_scales(*d.buffer_matrix(m, k), *d.scale_buffer(m, k), generator)
     return out
 
 
@@ -455,18 +463,10 @@ def nvfp4_buffers(
     _check_fits("nvfp4_buffers", dims, _CPU, (rowwise + columnwise) / 2)
     if k % 2 or (columnwise and m % 2):
         raise ValueError(f"NVFP4 packs two values a byte: K (and M, for columnwise data) must be even; found {dims}")
-    out: dict[str, Any] = {}
+    out = _block_buffers(geometry.NVFP4, dims, m, k, generator, rowwise, columnwise)
     if rowwise:
-        kb = -(-k // NVFP4_BLOCK)
-        out["rowwise_data"] = _bytes((*dims[:-1], k // 2), generator)
-        out["rowwise_scale_inv"] = padded_scales(m, kb, _roundup(m, SCALE_ROWS), _roundup(kb, SCALE_COLUMNS), generator)
         out["amax_rowwise"] = torch.rand(m if row_scaled else 1, generator=generator)
     if columnwise:
-        mb = -(-m // NVFP4_BLOCK)
-        out["columnwise_data"] = _bytes((k, m // 2), generator)
-        out["columnwise_scale_inv"] = padded_scales(
-            k, mb, _roundup(k, SCALE_ROWS), _roundup(mb, SCALE_COLUMNS), generator
-        )
         out["amax_columnwise"] = torch.rand(1, generator=generator)
     return out
 
@@ -561,10 +561,11 @@ def grouped_buffers(
         size, piece_shape = singles[0][name].numel(), singles[0][name].shape
         for e, piece in enumerate(pieces):
             piece[name] = buffer[e * size : (e + 1) * size].view(piece_shape)
+    kind = {"mxfp8": geometry.MXFP8, "nvfp4": geometry.NVFP4}.get(format)
     offsets = {
-        f"{scales}_offsets": [e * singles[0][scales].numel() for e in range(experts + 1)]
-        for scales in ("rowwise_scale_inv", "columnwise_scale_inv")
-        if scales in flat
+        f"{d.scales}_offsets": list(d.grouped_offsets(experts, rows, columns))
+        for d in (kind.directions() if kind is not None else ())
+        if str(d.scales) in flat
     }
     return GroupedBuffers({**flat, **offsets}, pieces)
 

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mok
+import te_compat
+import te_compat.geometry
 from mok import LayoutError, layout_offset, swizzle_mxfp8_scales
-from mok.layout import columnwise_scales, rowwise_scales
 from tests.spec_oracle import spec_layout, spec_offset
 
 # ../shared/spec/mxfp8-scale-layout.md, "Hand-checkable vectors": (R, C, r, c, byte)
@@ -68,7 +69,7 @@ def test_columnwise_spec_vector() -> None:
     # data M=256, K=256: Scol[5,130] lands at 1569 (it is S'[130,5])
     scol = torch.zeros(8, 256, dtype=torch.uint8)
     scol[5, 130] = 7
-    flat = swizzle_mxfp8_scales(columnwise_scales(scol, 256, 256)).flatten()
+    flat = swizzle_mxfp8_scales(te_compat.scale_matrix(scol, 256, 256, direction="columnwise")).flatten()
     assert flat[1569] == 7 and int((flat != 0).sum()) == 1
 
 
@@ -93,7 +94,7 @@ def test_sliced_view_of_padded_buffer_never_copies_padding() -> None:
     m, k = 96, 160  # not multiples of 128: TE pads rows to 128, k/32=5 columns to 8
     buf = torch.full((128, 8), 0xFF, dtype=torch.uint8)
     buf[:m, : k // 32] = torch.randint(0, 0xFF, (m, k // 32), dtype=torch.uint8)
-    logical = rowwise_scales(buf, m, k)
+    logical = te_compat.scale_matrix(buf, m, k)
     assert logical.data_ptr() == buf.data_ptr() and logical.shape == (96, 5)
     out = swizzle_mxfp8_scales(logical)
     assert torch.equal(out, spec_layout(buf[:m, : k // 32].clone()))
@@ -231,14 +232,20 @@ def test_formula_agrees_with_oracle_offsets() -> None:
         (lambda: mok.padded_shape("128", 4), TypeError, r"rows: .*found '128' \(str\)"),
         (lambda: mok.padded_shape(128, None), TypeError, r"cols: .*found None"),
         (lambda: mok.padded_shape(-128, 4), ValueError, r"rows: .*found -128"),
-        (lambda: rowwise_scales(torch.zeros(128, 4, dtype=torch.uint8), -32, 128), ValueError, r"rows: .*found -32"),
-        (lambda: rowwise_scales(torch.zeros(128, 4, dtype=torch.uint8), 128, 128.0), TypeError, r"cols: .*\(float\)"),
-        (lambda: rowwise_scales([[0] * 4] * 128, 128, 128), TypeError, r"expected a torch.Tensor scale buffer"),
-        (lambda: columnwise_scales(torch.zeros(4, 128, dtype=torch.uint8), 128, -128), ValueError, r"cols: .*-128"),
-        (lambda: columnwise_scales(torch.zeros(4, 128, dtype=torch.uint8), False, 128), TypeError, r"rows: .*bool"),
+        (lambda: te_compat.scale_matrix(torch.zeros(128, 4, dtype=torch.uint8), -32, 128), ValueError, r"rows: .*-32"),
+        (lambda: te_compat.scale_matrix(torch.zeros(128, 4, dtype=torch.uint8), 128, 128.0), TypeError, r"columns: "),
+        (lambda: te_compat.scale_matrix([[0] * 4] * 128, 128, 128), TypeError, r"expected a torch.Tensor scale buffer"),
+        (
+            lambda: te_compat.scale_matrix(torch.zeros(4, 128, dtype=torch.uint8), 128, -128, direction="columnwise"),
+            ValueError,
+            r"columns: .*-128",
+        ),
+        (
+            lambda: te_compat.scale_matrix(torch.zeros(4, 128, dtype=torch.uint8), False, 128, direction="columnwise"),
+            TypeError,
+            r"rows: .*bool",
+        ),
         (lambda: mok.layout.roundup(5, 0), ValueError, r"multiple: expected an int >= 1; found 0"),
-        (lambda: mok.layout.te_rowwise_padding(64, "128"), TypeError, r"cols: .*'128'"),
-        (lambda: mok.layout.te_columnwise_padding(-64, 128), ValueError, r"rows: .*-64"),
         (
             lambda: mok.layout.grouped_scales(torch.zeros(1024, dtype=torch.uint8), -2, 128, 4, "g"),
             ValueError,
@@ -256,5 +263,5 @@ def test_good_scalars_still_work() -> None:
     assert mok.padded_shape(200, 6) == (256, 8)
     assert mok.layout_shape(np.int64(200), 6, experts=np.int32(3)) == (6, 2, 32, 16)
     assert layout_offset(np.int64(199), 5, 200, 6) == 1657
-    assert mok.layout.te_rowwise_padding(96, 160) == (128, 8)
-    assert mok.layout.te_columnwise_padding(96, 160) == (4, 256)
+    mxfp8 = te_compat.geometry.MXFP8
+    assert mxfp8.rowwise.scale_buffer(96, 160) == (128, 8) and mxfp8.columnwise.scale_buffer(96, 160) == (4, 256)

@@ -491,7 +491,7 @@ def test_the_guard_catches_each_change_whatever_it_reads(
         ws[0]._columnwise_scale_inv = None
     elif layout == "two classes":
         ws[2] = _nvfp4_params("2.20.2", R, C, 1)[0]
-    names = None if layout == "two classes" else mok.formats.MXFP8.storage_names
+    names = None if layout == "two classes" else mok.blocks.BLOCKS[mok.Format.MXFP8].storage_names
     guard = mok.refresh.StorageGuard(ws, [mok.snapshot.read_storage(ws, names)])
     assert guard.unchanged(list(ws))
     target = ws[1]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import mok
+import te_compat
 from mok import (
     ExpertWeightError,
-    LayoutError,
     RefreshError,
     grouped_weight_view,
     split_weight_view,
@@ -380,8 +380,8 @@ def test_storage_view() -> None:
         storage_view([1, 2], (2,), dtype=torch.uint8, name="w")  # type: ignore[arg-type]
 
 
-def test_columnwise_helper_checks_divisibility() -> None:
-    with pytest.raises(LayoutError, match="divisible by 32; found 100"):
-        mok.layout.columnwise_scales(torch.zeros(4, 128, dtype=torch.uint8), 100, 128)
-    with pytest.raises(LayoutError, match=r"at least \[4, 256\]"):
-        mok.layout.columnwise_scales(torch.zeros(4, 128, dtype=torch.uint8), 128, 256)
+def test_the_scale_matrix_checks_divisibility_and_size() -> None:
+    with pytest.raises(ValueError, match="rows: expected a multiple of 32 .*; found 100"):
+        te_compat.scale_matrix(torch.zeros(4, 128, dtype=torch.uint8), 100, 128, direction="columnwise")
+    with pytest.raises(ValueError, match=r"at least \[4, 256\]"):
+        te_compat.scale_matrix(torch.zeros(4, 128, dtype=torch.uint8), 128, 256, direction="columnwise")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import te_compat
 from mok.kernels import quantize as Q
-from mok.layout import columnwise_scales, rowwise_scales
 from mok.quantize_reference import ProductRule, ReciprocalRule
 from tests.emulator import emulate_quantize as EQ
 
@@ -172,7 +172,6 @@ def test_te_quantizer_agrees_with_the_reference_under_one_rule(rows: int, cols: 
     under one reciprocal and product rule (the test prints which: run with -s), payloads and scales,
     the scales read as TE marks them (logical, or already in the layout). Shapes whose columns are
     a multiple of 256 may go to TE's specialized cast-only kernels, the others to the generic one."""
-    import te_compat
 
     quantizer = _te_quantizer()
     x = EQ.special_values(torch.Generator().manual_seed(21), (rows, cols)).to(CUDA)
@@ -190,8 +189,8 @@ def test_te_quantizer_agrees_with_the_reference_under_one_rule(rows: int, cols: 
         got_scales = (buffers[1].view(torch.uint8).view(-1).cpu(), buffers[3].view(torch.uint8).view(-1).cpu())
     else:
         got_scales = (
-            rowwise_scales(buffers[1], rows, cols).cpu(),
-            columnwise_scales(buffers[3], rows, cols).t().cpu(),
+            te_compat.scale_matrix(buffers[1], rows, cols).cpu(),
+            te_compat.scale_matrix(buffers[3], rows, cols, direction="columnwise").t().cpu(),
         )
     payloads = (buffers[0].view(torch.uint8).cpu(), buffers[2].view(torch.uint8).cpu())
     matches = []
