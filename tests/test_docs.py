@@ -1,7 +1,8 @@
 """The benchmark documents and their result files agree: benchmarks/results/ holds only files a
 current document cites, each listed in its index with the documents that cite it; every result
 file a current document names exists; the generated tables match their files; the current
-documents describe the present (no numbered work sessions: those are in benchmarks/history/)."""
+documents describe the present (no numbered work sessions) and point at no history folder: the git
+history keeps earlier runs."""
 
 from __future__ import annotations
 
@@ -16,16 +17,18 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
 INDEX = RESULTS / "README.md"
-# a result file as documents name it: results/NAME, history/results/NAME or benchmarks/...; NAME may
-# hold {a,b} alternatives or a * pattern
-CITATION = re.compile(r"(?<![\w/.-])(?:benchmarks/)?(history/)?results/((?:[\w.+-]|\{[^}\s]*\}|\*)+)")
+# a result file as documents name it: results/NAME or benchmarks/results/NAME; NAME may hold {a,b}
+# alternatives or a * pattern
+CITATION = re.compile(r"(?<![\w/.-])(?:benchmarks/)?results/((?:[\w.+-]|\{[^}\s]*\}|\*)+)")
+# a path into a history folder of benchmarks/ (work logs, older results), as a document would name it
+HISTORY = re.compile(r"(?<![\w.-])(?:benchmarks/|\.\./)?history/")
 
 
 def documents() -> list[Path]:
-    """Every current Markdown document: the repository's, without the work logs in history/."""
+    """Every Markdown document of the repository."""
     found = []
     for folder, subfolders, files in os.walk(ROOT):
-        subfolders[:] = [s for s in subfolders if not s.startswith(".") and s not in ("history", "__pycache__")]
+        subfolders[:] = [s for s in subfolders if not s.startswith(".") and s != "__pycache__"]
         found += [Path(folder) / f for f in files if f.endswith(".md")]
     return sorted(found)
 
@@ -39,13 +42,9 @@ def expand(name: str) -> list[str]:
     return [n for option in found.group(1).split(",") for n in expand(head + option + tail)]
 
 
-def citations(document: Path) -> list[tuple[Path, str]]:
-    """(folder, file name or pattern) of every result file ``document`` names."""
-    found = []
-    for match in CITATION.finditer(document.read_text()):
-        folder = BENCH / "history" / "results" if match.group(1) else RESULTS
-        found += [(folder, name) for name in expand(match.group(2).rstrip("."))]
-    return found
+def citations(document: Path) -> list[str]:
+    """The file name or pattern of every result file ``document`` names."""
+    return [name for match in CITATION.finditer(document.read_text()) for name in expand(match.group(1).rstrip("."))]
 
 
 def cited_by() -> dict[str, set[str]]:
@@ -54,10 +53,9 @@ def cited_by() -> dict[str, set[str]]:
     for document in documents():
         if document == INDEX:
             continue
-        for folder, pattern in citations(document):
-            if folder == RESULTS:
-                for name in fnmatch.filter(os.listdir(RESULTS), pattern):
-                    found.setdefault(name, set()).add(document.relative_to(ROOT).as_posix())
+        for pattern in citations(document):
+            for name in fnmatch.filter(os.listdir(RESULTS), pattern):
+                found.setdefault(name, set()).add(document.relative_to(ROOT).as_posix())
     return found
 
 
@@ -74,7 +72,7 @@ def index() -> dict[str, set[str]]:
 def test_the_current_documents_are_found() -> None:
     names = {d.relative_to(ROOT).as_posix() for d in documents()}
     assert {"README.md", "benchmarks/RESULTS.md", "benchmarks/KERNEL_NOTES.md", "benchmarks/results/README.md"} <= names
-    assert not any(n.startswith("benchmarks/history/") for n in names)
+    assert not any(n.startswith("benchmarks/history/") for n in names), "benchmarks/history/ is in git's history only"
 
 
 def test_every_result_file_is_indexed_and_cited() -> None:
@@ -83,7 +81,7 @@ def test_every_result_file_is_indexed_and_cited() -> None:
     assert files - rows.keys() == set(), "files in benchmarks/results/ missing from its README.md index"
     assert rows.keys() - files == set(), "the index names files that are not in benchmarks/results/"
     uncited = sorted(files - cited.keys())
-    assert not uncited, f"cited by no current document (move them to benchmarks/history/results/): {uncited}"
+    assert not uncited, f"cited by no current document (delete them: git keeps them): {uncited}"
     wrong = {f: (rows[f], cited[f]) for f in files if rows[f] != cited[f]}
     assert not wrong, f"the index's 'cited by' column (first) differs from the documents that cite (second): {wrong}"
 
@@ -91,9 +89,9 @@ def test_every_result_file_is_indexed_and_cited() -> None:
 def test_every_cited_result_file_exists() -> None:
     missing = []
     for document in documents():
-        for folder, pattern in citations(document):
-            if not fnmatch.filter(os.listdir(folder), pattern):
-                missing.append(f"{document.relative_to(ROOT)}: {folder.relative_to(ROOT)}/{pattern}")
+        for pattern in citations(document):
+            if not fnmatch.filter(os.listdir(RESULTS), pattern):
+                missing.append(f"{document.relative_to(ROOT)}: benchmarks/results/{pattern}")
     assert not missing, f"documents cite result files that do not exist: {missing}"
 
 
@@ -110,7 +108,14 @@ def test_generated_tables_match_their_result_files() -> None:
 def test_benchmark_documents_describe_the_present() -> None:
     for document in (BENCH / "RESULTS.md", BENCH / "KERNEL_NOTES.md", INDEX):
         sessions = re.findall(r"\bsessions? \d+", document.read_text(), flags=re.IGNORECASE)
-        assert not sessions, f"{document.relative_to(ROOT)} names work sessions {sessions}: history/ keeps those"
+        assert not sessions, f"{document.relative_to(ROOT)} names work sessions {sessions}: git's history keeps those"
+
+
+def test_no_document_points_at_a_history_folder() -> None:
+    """Earlier runs and work logs are in git's history, not in a folder a document could link to."""
+    for document in documents():
+        found = HISTORY.findall(document.read_text())
+        assert not found, f"{document.relative_to(ROOT)} points at {found}: cite git's history instead"
 
 
 def test_the_readme_says_how_many_wheels_the_tests_download() -> None:
