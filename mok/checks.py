@@ -11,6 +11,7 @@ from __future__ import annotations
 import numbers
 import sys
 from collections.abc import Sequence
+from itertools import repeat
 from typing import TypeVar, overload
 
 T = TypeVar("T")
@@ -84,12 +85,13 @@ def check_sequence(name: str, value: object, what: str, *, item_type: type[T] | 
     None, str, bytes, a tensor and other non-sequences raise TypeError; with ``item_type``, the
     first element of another type (None included) raises TypeError naming its index.
     """
-    if not isinstance(value, Sequence) or isinstance(value, (str, bytes, bytearray)):
-        raise TypeError(f"{name}: expected a sequence (list or tuple) of {what}; found {describe(value)}")
+    if type(value) is not list and type(value) is not tuple:  # the usual cases, without the ABC's check
+        if not isinstance(value, Sequence) or isinstance(value, (str, bytes, bytearray)):
+            raise TypeError(f"{name}: expected a sequence (list or tuple) of {what}; found {describe(value)}")
     items = tuple(value)
     # one check per distinct class (a view's experts share one): a refresh of 256 experts pays
-    # a set of their classes, not 256 isinstance calls
-    if item_type is not None and not all(issubclass(cls, item_type) for cls in set(map(type, items))):
+    # a set of their classes, not 256 isinstance calls, in C-level passes
+    if item_type is not None and not all(map(issubclass, set(map(type, items)), repeat(item_type))):
         index = next(i for i, item in enumerate(items) if not isinstance(item, item_type))
         raise TypeError(f"{name}[{index}]: expected {what}; found {describe(items[index])}")
     return items

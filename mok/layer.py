@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from mok.backend import backend_argument
+from mok.door import reader_for
 from mok.errors import RefreshError
-from mok.formats import Format
 from mok.pipeline import LayerRerun, Reader, refresh
-from mok.readers import BF16Reader, GroupedReader, SplitReader
-from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights, param_list
+from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights
 from te_compat import on_refresh
 
 LayerEntry = tuple[object, ExpertWeights]
@@ -21,26 +20,17 @@ _LABEL = "refresh_layer"
 
 def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
     """The reader of one ``(weights, cached view)`` entry, for the view's format and shape."""
-    if isinstance(view, (GroupedExpertWeights, SplitExpertWeights)):
-        dims = (view.num_experts, view.rows, view.columns)
-        bf16 = view.format is Format.BF16 or view.quantized_on_the_fly
-        if isinstance(view, GroupedExpertWeights):
-            return (
-                BF16Reader((weights,), True, dims, view.quantized_on_the_fly)
-                if bf16
-                else GroupedReader(weights, view.format, dims)
-            )
-        if type(weights) is not list and type(weights) is not tuple:
-            try:
-                weights = param_list(weights, tensors=False)  # items checked when read
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
-        if bf16:
-            return BF16Reader(tuple(weights), False, dims, view.quantized_on_the_fly)
-        return SplitReader(tuple(weights), view.format, view.rows, view.columns)
-    raise RefreshError(
-        f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view; found {type(view).__name__}"
-    )
+    if not isinstance(view, (GroupedExpertWeights, SplitExpertWeights)):
+        found = type(view).__name__
+        raise RefreshError(
+            f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view; found {found}"
+        )
+    grouped = isinstance(view, GroupedExpertWeights)
+    dims = (view.num_experts, view.rows, view.columns) if grouped else (view.rows, view.columns)
+    try:
+        return reader_for(weights, grouped=grouped, fmt=view.format, dims=dims, cached=view)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
 
 
 class LayerRefresh:

@@ -20,7 +20,6 @@ import torch
 
 from mok.checks import check_index, check_int, describe
 from mok.errors import LayoutError
-from mok.overlap import self_overlapping
 
 ROW_BLOCK = 128  # rows of one tile of the layout
 COL_BLOCK = 4  # scale columns of one tile
@@ -181,26 +180,6 @@ def check_out(out: torch.Tensor, batch: torch.Tensor, name: str = "out") -> None
             f"{name} cannot hold the layout of scales {tuple(batch.shape)}: expected " + ", ".join(problems)
         )
     check_writable(out, name)
-
-
-def check_logical_out(out: object, want: tuple[int, int, int], device: torch.device) -> torch.Tensor:
-    """``out`` must hold logical scales ``want`` (``[E, R, C]``, uint8) on ``device``: any strides,
-    but no two elements in one byte (the inverse writes every element), and writable here."""
-    if not isinstance(out, torch.Tensor):
-        raise LayoutError(f"out: expected a torch.Tensor; found {describe(out)}")
-    found = (tuple(out.shape), out.dtype, out.device)
-    if found != (want, torch.uint8, device):
-        raise LayoutError(
-            f"out cannot hold the logical scales: expected shape {want}, dtype torch.uint8, device {device}; "
-            f"found shape {found[0]}, dtype {found[1]}, device {found[2]}"
-        )
-    if self_overlapping(out):
-        raise LayoutError(
-            f"out: expected a view whose elements each have a byte of their own; found strides {out.stride()} "
-            f"for shape {tuple(out.shape)} (an expanded view, or strides that fold back)"
-        )
-    check_writable(out, "out")
-    return out
 
 
 def check_layout_of(layout: object, logical: tuple[int, int, int]) -> torch.Tensor:

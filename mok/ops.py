@@ -39,10 +39,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from mok.checks import describe
 from mok.errors import LayoutError
 from mok.kernels.quantize import DTYPES, QuantizeOutputs, check_outputs, check_source, output_shapes
-from mok.layout import as_batch, check_layout_of, check_logical_out, check_out
-from mok.overlap import check_no_overlap
+from mok.layout import as_batch, check_layout_of, check_out, check_writable
+from mok.overlap import check_no_overlap, self_overlapping
 from mok.quantize_reference import check_input
 from mok.work import QuantizeWork, ScaleWork, run_work
 
@@ -56,6 +57,26 @@ _SCHEMAS = (
 )
 for _schema in _SCHEMAS:
     _LIB.define(_schema)  # type: ignore[no-untyped-call]
+
+
+def check_logical_out(out: object, want: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    """``out`` must hold logical scales ``want`` (``[E, R, C]``, uint8) on ``device``: any strides,
+    but no two elements in one byte (the inverse writes every element), and writable here."""
+    if not isinstance(out, torch.Tensor):
+        raise LayoutError(f"out: expected a torch.Tensor; found {describe(out)}")
+    found = (tuple(out.shape), out.dtype, out.device)
+    if found != (want, torch.uint8, device):
+        raise LayoutError(
+            f"out cannot hold the logical scales: expected shape {want}, dtype torch.uint8, device {device}; "
+            f"found shape {found[0]}, dtype {found[1]}, device {found[2]}"
+        )
+    if self_overlapping(out):
+        raise LayoutError(
+            f"out: expected a view whose elements each have a byte of their own; found strides {out.stride()} "
+            f"for shape {tuple(out.shape)} (an expanded view, or strides that fold back)"
+        )
+    check_writable(out, "out")
+    return out
 
 
 def _swizzle_args(scales: torch.Tensor, out: torch.Tensor, backend: str | None = None) -> torch.Tensor:

@@ -1,17 +1,15 @@
-"""Views over one Parameter per expert, with device pointer tables for a kernel: the public entry
-of mok.readers.SplitReader through the one pipeline (mok.pipeline), and plain BF16 views."""
+"""Views over one Parameter per expert, with device pointer tables for a kernel: the public
+entry through the one door (mok.door) and the one pipeline (mok.pipeline)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 from mok.backend import backend_argument, preference
+from mok.door import reader_for
 from mok.formats import Format, format_named
 from mok.pipeline import view_or_refresh
-from mok.readers import BF16Reader, SplitReader
-from mok.views import SplitExpertWeights, check_sizes, param_list
-from te_compat import TensorKind, tensor_kind
+from mok.views import SplitExpertWeights
 
 
 def split_weight_view(
@@ -43,19 +41,9 @@ def split_weight_view(
     next refresh that nothing races sees the change and converts the new ones.
     """
     fmt = format_named(format, use_mxfp8)
-    rows, columns = check_sizes(rows=rows, columns=columns)
-    # a refresh of the same objects needs no item check; a new view checks them once, here
-    experts = param_list(params, tensors=fmt is Format.BF16 or cached is None)
     backend = backend_argument(backend)
     if fmt is Format.BF16:
         preference(backend)  # checked on every path, though a BF16 view converts nothing
-    on_the_fly = cached.quantized_on_the_fly if isinstance(cached, SplitExpertWeights) else _plain(experts[0])
-    if fmt is Format.BF16 or (fmt is Format.MXFP8 and on_the_fly):
-        reader = BF16Reader(tuple(experts), False, (len(experts), rows, columns), fmt is Format.MXFP8)
-        return cast(SplitExpertWeights, view_or_refresh(reader, cached, backend))  # the reader's split view
-    return view_or_refresh(SplitReader(tuple(experts), fmt, rows, columns, cached is None), cached, backend)
-
-
-def _plain(param: object) -> bool:
-    """A plain (BF16) tensor, which an MXFP8 view quantises on the fly."""
-    return tensor_kind(param) is TensorKind.PLAIN
+    reader = reader_for(params, grouped=False, fmt=fmt, dims=(rows, columns), cached=cached)
+    view: SplitExpertWeights = view_or_refresh(reader, cached, backend)  # a split reader's view
+    return view

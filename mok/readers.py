@@ -55,6 +55,7 @@ from te_compat import (
     storage_field,
     storage_reader,
     tensor_kind,
+    tensor_kind_or_none,
 )
 
 _shape, _name, _data_ptr = attrgetter("shape"), attrgetter("name"), methodcaller("data_ptr")
@@ -448,7 +449,7 @@ class GroupedReader(NamedTuple):
 def is_bf16_group(weight: object) -> bool:
     """Whether a grouped weight holds BF16 (or other high-precision) data, no MXFP8: a plain
     tensor, or TE's GroupedTensor without a quantizer."""
-    kind = tensor_kind(weight)
+    kind = tensor_kind_or_none(weight)
     return kind is TensorKind.PLAIN or (
         kind is TensorKind.GROUPED and storage_field(weight, StorageName.QUANTIZER) is None
     )

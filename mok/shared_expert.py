@@ -26,7 +26,7 @@ def _is_rank_zero() -> bool:
     return int(dist.get_rank()) == 0
 
 
-def _with_bf16(config: Any) -> Any:
+def bf16_copy(config: Any) -> Any:
     """A copy of ``config`` with ``fp8 = None`` and ``fp8_param = False``; ``config`` is untouched.
 
     Frozen dataclasses go through ``dataclasses.replace`` and namedtuples through ``_replace``
@@ -57,7 +57,7 @@ def _with_bf16(config: Any) -> Any:
 
 
 def bf16_config(config: T) -> T:
-    """``config`` itself if it has no FP8 parameters, else its BF16 copy (:func:`_with_bf16`)."""
+    """``config`` itself if it has no FP8 parameters, else its BF16 copy (:func:`bf16_copy`)."""
     missing = [name for name in ("fp8", "fp8_param") if not hasattr(config, name)]
     if missing:
         raise TypeError(
@@ -67,19 +67,20 @@ def bf16_config(config: T) -> T:
     source: Any = config  # any object with the two attributes
     if not check_bool(f"{type(config).__name__}.fp8_param", source.fp8_param):
         return config
-    return cast(T, _with_bf16(config))
+    return cast(T, bf16_copy(config))
 
 
-def warn_shared_experts_bf16(config: object, stacklevel: int) -> bool:
+SHARED_EXPERTS_BF16 = (  # Megatron's words (its mok/weights.py), which its callers may match
+    "MOK currently computes shared experts in BF16. Shared-expert modules will therefore be constructed with FP8 "
+    "execution and FP8 parameters disabled while routed experts retain the model's MXFP8 parameter configuration."
+)
+
+
+def warn_shared_experts_bf16(stacklevel: int) -> bool:
     """Say (on rank 0 only) that shared experts run in BF16; whether it was said."""
     if not _is_rank_zero():
         return False
-    warnings.warn(
-        f"shared experts run in BF16: FP8 execution (fp8={getattr(config, 'fp8', None)!r}) and FP8 parameters "
-        "are disabled for them",
-        UserWarning,
-        stacklevel=stacklevel,
-    )
+    warnings.warn(SHARED_EXPERTS_BF16, UserWarning, stacklevel=stacklevel)
     return True
 
 
@@ -96,5 +97,5 @@ def prepare_shared_expert_config(config: T) -> T:
     global _warned
     shared = bf16_config(config)
     if shared is not config and not _warned:
-        _warned = warn_shared_experts_bf16(config, stacklevel=3)
+        _warned = warn_shared_experts_bf16(stacklevel=3)
     return shared

@@ -14,8 +14,8 @@ import torch
 from mok.backend import backend_argument
 from mok.checks import check_int, check_sequence, describe
 from mok.errors import LayoutError
-from mok.layout import MXFP8_BLOCK, as_batch, check_layout_of, check_logical_out, empty_layout
-from mok.ops import check_some_scales, swizzle_many_op, swizzle_op, unswizzle_op
+from mok.layout import MXFP8_BLOCK, as_batch, check_layout_of, empty_layout
+from mok.ops import check_logical_out, check_some_scales, swizzle_many_op, swizzle_op, unswizzle_op
 
 
 def swizzle_mxfp8_scales(

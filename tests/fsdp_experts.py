@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_gather_object(records, record)
         if dist.get_rank() == 0 and args.out is not None:
             args.out.write_text(json.dumps({"ranks": records, "torch": torch.__version__}, indent=1) + "\n")
+        dist.barrier()  # every rank done with the group before any tears it down
     finally:
         dist.destroy_process_group()
     return 0

@@ -19,7 +19,7 @@ def _fresh_warning_state(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_fp8_params_become_bf16_copy() -> None:
     cfg = types.SimpleNamespace(fp8="hybrid", fp8_param=True, hidden_size=7)
-    with pytest.warns(UserWarning, match="shared experts run in BF16"):
+    with pytest.warns(UserWarning, match="MOK currently computes shared experts in BF16"):
         shared = mok.prepare_shared_expert_config(cfg)
     assert shared is not cfg and shared.fp8 is None and shared.fp8_param is False and shared.hidden_size == 7
     assert cfg.fp8 == "hybrid" and cfg.fp8_param is True  # the original is untouched
@@ -94,7 +94,7 @@ class PostInitConfig:
 )
 def test_immutable_configs_get_a_bf16_copy(cfg: object) -> None:
     before = copy.deepcopy(cfg)
-    with pytest.warns(UserWarning, match="shared experts run in BF16"):
+    with pytest.warns(UserWarning, match="MOK currently computes shared experts in BF16"):
         shared: Any = mok.prepare_shared_expert_config(cfg)
     assert type(shared) is type(cfg) and shared is not cfg
     assert shared.fp8 is None and shared.fp8_param is False

@@ -87,7 +87,7 @@ def test_flag_follows_the_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(W, FLAG, False)
     W.prepare_shared_expert_config(types.SimpleNamespace(fp8="e4m3", fp8_param=False))
     assert getattr(W, FLAG) is False  # no FP8 params: nothing to warn about
-    with pytest.warns(UserWarning, match="shared experts run in BF16"):
+    with pytest.warns(UserWarning, match="MOK currently computes shared experts in BF16"):
         W.prepare_shared_expert_config(types.SimpleNamespace(fp8="e4m3", fp8_param=True))
     assert getattr(W, FLAG) is True
 
@@ -109,11 +109,22 @@ def test_resetting_the_flag_resets_the_warning(monkeypatch: pytest.MonkeyPatch) 
         W.prepare_shared_expert_config(types.SimpleNamespace(fp8="e4m3", fp8_param=True))
 
 
-def test_shared_expert_refusals_are_runtime_errors() -> None:
-    with refused(TypeError, "expected a config with attributes fp8 and fp8_param"):
+def test_shared_expert_config_follows_megatron(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Megatron's function reads ``config.fp8_param`` as it is: falsy (None included) returns the
+    config itself, unwarned; anything truthy gets the BF16 copy; no such attribute is Python's
+    AttributeError, as there."""
+    monkeypatch.setattr(W, FLAG, False)
+    for falsy in (None, False, 0, ""):
+        config = types.SimpleNamespace(fp8="e4m3", fp8_param=falsy)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert W.prepare_shared_expert_config(config) is config
+    truthy = types.SimpleNamespace(fp8="e4m3", fp8_param="False")  # a non-empty string is truthy there too
+    with pytest.warns(UserWarning, match="MOK currently computes shared experts in BF16. Shared-expert modules"):
+        copy = W.prepare_shared_expert_config(truthy)
+    assert (copy.fp8, copy.fp8_param, truthy.fp8_param) == (None, False, "False")
+    with pytest.raises(AttributeError, match="fp8_param"):
         W.prepare_shared_expert_config(object())
-    with refused(TypeError, "fp8_param"):
-        W.prepare_shared_expert_config(types.SimpleNamespace(fp8="e4m3", fp8_param="False"))
 
 
 def test_unknown_module_attribute_raises() -> None:
@@ -206,7 +217,9 @@ def test_single_grouped_scale_view_errors(installed_te: Installer) -> None:
     g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True)
     with refused(ExpertWeightError, match="fc1: member_attr '_rowwise_data'.*found another tensor"):
         W._single_grouped_mxfp8_scale_view(g, "_rowwise_data", (2, 128, 4), name="fc1")
-    for wrong in ((3, 128, 4), (2, 256, 4), (2, 120, 4), (2, 128, 3)):  # experts are 2 x (128, 128)
+    with refused(ExpertWeightError, match="MOK fc1 expected 3 grouped members, got 2"):  # Megatron's first check
+        W._single_grouped_mxfp8_scale_view(g, "scale_inv", (3, 128, 4), name="fc1")
+    for wrong in ((2, 256, 4), (2, 120, 4), (2, 128, 3)):  # experts are 2 x (128, 128)
         with refused(LayoutError, match=r"fc1: expected the rowwise scale shape \(2, 128, 4\) of 2 experts"):
             W._single_grouped_mxfp8_scale_view(g, "scale_inv", wrong, name="fc1")
     with refused(LayoutError, match=r"fc1: expected the columnwise scale shape \(2, 4, 128\)"):

@@ -1,0 +1,62 @@
+"""The one way in: every view and refresh of expert weights, whoever asks for it
+(mok.split_weight_view, mok.grouped_weight_view, mok.LayerRefresh, the mok.weights drop-in), is
+decided and checked here, once.
+
+:func:`reader_for` decides how the weights are read: BF16 weights viewed as they are or
+quantised by mok (on the fly, when MXFP8 is asked of BF16 weights), TE's MXFP8/NVFP4/hybrid
+storage one Parameter per expert or one grouped Parameter; and checks every argument (sizes,
+format, the list of experts) before anything is read. The reader then goes through the one
+pipeline (mok.pipeline), whose refresh guard compares what the reader read.
+
+A caller that brings its own functions for the steps of a view (the mok.weights drop-in, as
+Megatron's module composes them) passes them in as mok.seams.Seams: where they are mok's own and
+the weights are TE's, that caller comes through here too; otherwise mok.seams composes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mok.formats import Format
+from mok.pipeline import Reader
+from mok.readers import BF16Reader, GroupedReader, SplitReader, is_bf16_group
+from mok.views import ExpertWeights, check_sizes, param_list
+from te_compat import TensorKind, tensor_kind_or_none
+
+# ------------------------------------------------------------------------------ the door
+
+
+def on_the_fly(weights: Sequence[object], grouped: bool, cached: ExpertWeights | None) -> bool:
+    """Whether MXFP8 asked of these weights means mok quantises BF16 weights itself: what a cached
+    view was made as, else a plain tensor (or TE's BF16 GroupedTensor) where TE's MXFP8 is due."""
+    if cached is not None:
+        return cached.quantized_on_the_fly
+    if not weights:
+        return False
+    first = weights[0]
+    return is_bf16_group(first) if grouped else tensor_kind_or_none(first) is TensorKind.PLAIN
+
+
+def reader_for(
+    weights: object, *, grouped: bool, fmt: Format, dims: tuple[object, ...], cached: ExpertWeights | None = None
+) -> Reader[Any]:
+    """The reader of ``weights`` (one grouped weight, or a sequence of one Parameter per expert)
+    as ``fmt`` of ``dims`` (``(experts, rows, columns)`` grouped, ``(rows, columns)`` split),
+    every argument checked. ``cached``: the view a refresh brings it into (its kind decides)."""
+    if grouped:
+        if fmt is Format.HYBRID:
+            raise ValueError("format='hybrid': TE's hybrid weights are per-expert tensors; use split_weight_view")
+        experts, rows, columns = check_sizes(num_experts=dims[0], rows=dims[1], columns=dims[2])
+        shape = (experts, rows, columns)
+        quantize = cached.quantized_on_the_fly if cached is not None else on_the_fly((weights,), True, None)
+        if fmt is Format.BF16 or (fmt is Format.MXFP8 and quantize):
+            return BF16Reader((weights,), True, shape, fmt is Format.MXFP8)
+        return GroupedReader(weights, fmt, shape)
+    rows, columns = check_sizes(rows=dims[0], columns=dims[1])
+    params = tuple(param_list(weights))
+    shape = (len(params), rows, columns)
+    quantize = cached.quantized_on_the_fly if cached is not None else on_the_fly(params, False, None)
+    if fmt is Format.BF16 or (fmt is Format.MXFP8 and quantize):
+        return BF16Reader(params, False, shape, fmt is Format.MXFP8)
+    return SplitReader(params, fmt, rows, columns)
