@@ -15,7 +15,10 @@ takes the one door (mok.door) instead.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -27,7 +30,7 @@ from mok.formats import Format
 from mok.layout import MXFP8_BLOCK
 from mok.readers import GroupedReader, is_bf16_group
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
-from mok.views import check_sizes, storage_view
+from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
 from te_compat import TensorKind, grouped_storage, known_storage_name, scale_matrix, storage_field, tensor_kind_or_none
 
 MembersOf = Callable[[object], Any]  # a grouped weight's per-expert quantized tensors (Megatron's fp8_utils)
@@ -398,3 +401,147 @@ def check_scale_shape(shape: object) -> tuple[int, int, int]:
         raise LayoutError(f"shape: expected three ints (experts, rows, columns); found {tuple(dims)}")
     experts, a, b = (check_int(f"shape[{i}]", d, minimum=1) for i, d in enumerate(dims))
     return experts, a, b
+
+
+def check_grouped_shape(weight: object, shape: tuple[int, ...]) -> None:
+    """Megatron's first check: the weight's shape (a TE group's through te_compat: TE 2.13's
+    ``shape`` is the list of member shapes)."""
+    if te_kind(weight) is TensorKind.GROUPED:
+        gs = grouped_storage(weight)
+        shapes = {tuple(s) for s in gs.tensor_shapes}
+        found: object = (gs.num_tensors, *shapes.pop()) if len(shapes) == 1 else (gs.num_tensors, sorted(shapes))
+    else:
+        found = getattr(weight, "shape", None)
+        found = tuple(found) if isinstance(found, Sequence) else found
+    if found != shape:
+        raise ExpertWeightError(f"grouped weight: expected shape {shape}; found {found}")
+
+
+def compose_grouped_bf16(weight: Any, shape: tuple[int, ...], seams: Seams) -> Any:
+    """Megatron's BF16 view: the weight's dtype and contiguity checked, then TE's high-precision
+    payload (``rowwise_data``) where the weight has one, else the weight itself."""
+    dtype, contiguous = getattr(weight, "dtype", None), getattr(weight, "is_contiguous", None)
+    if (dtype is not None and dtype != torch.bfloat16) or (callable(contiguous) and not contiguous()):
+        state = "" if not callable(contiguous) or contiguous() else " (not contiguous)"
+        raise ExpertWeightError(
+            f"grouped weight: expected a contiguous torch.bfloat16 tensor of shape {shape}; found {dtype}{state}"
+        )
+    storage = seams.storage_attr(weight, "rowwise_data")
+    if storage is not None:
+        return seams.storage_view(storage, shape, dtype=torch.bfloat16, name="single-grouped BF16 rowwise")
+    if not isinstance(weight, torch.Tensor):
+        raise ExpertWeightError(
+            "grouped weight: expected a torch.bfloat16 tensor, or storage rowwise_data on the weight; found "
+            f"{describe(weight)} with neither"
+        )
+    return weight
+
+
+def check_experts(params: object) -> tuple[Any, ...]:
+    found = check_sequence("params", params, "per-expert parameters")
+    if not found:
+        raise ExpertWeightError("params: expected at least one per-expert parameter; found an empty sequence")
+    for e, p in enumerate(found):
+        if p is None:
+            raise ExpertWeightError(f"params[{e}]: expected a parameter; found None")
+    return found
+
+
+def compose_split_bf16(experts: Sequence[object], rows: int, columns: int, seams: Seams) -> list[Any]:
+    """Megatron's BF16 split view: each expert's TE high-precision payload (``rowwise_data``)
+    where it has one, else the expert itself, viewed as ``(rows, columns)``."""
+    held = [seams.storage_attr(p, "rowwise_data") for p in experts]
+    return [
+        seams.storage_view(
+            p if h is None else h, (rows, columns), dtype=torch.bfloat16, name=f"expert {e} BF16 rowwise"
+        )
+        for e, (p, h) in enumerate(zip(experts, held, strict=True))
+    ]
+
+
+# --------------------------------------------------------------------- Megatron's results and fp8_utils
+
+
+class GroupedWeightTuple(tuple[Any, ...]):
+    """Megatron's 5-tuple ``(row_data, row_scales, column_data, column_scales, True)``, carrying
+    ``expert_view``, the mok view it came from: a ``cached_view=`` refresh refreshes that view.
+    Kept on the tuple, not in a table keyed by a scale tensor the view holds (never freed)."""
+
+    expert_view: GroupedExpertWeights
+
+    def __new__(cls, view: GroupedExpertWeights) -> GroupedWeightTuple:
+        row, col = view.rowwise, view.columnwise
+        if col is None or col.scales is None or row.scales is None:
+            raise ExpertWeightError("grouped weight: the 5-tuple needs columnwise data and scales; the weight has none")
+        self = super().__new__(cls, (row.data[0], row.scales[0], col.data[0], col.scales[0], True))
+        self.expert_view = view
+        return self
+
+
+@dataclass(frozen=True, eq=False)
+class SplitRoutedWeight:
+    """Megatron's split view (the fields of MOK's ``SplitRoutedWeight``). The ``*storage_table``
+    fields are int64 device pointer tables (one address per expert), not MOK's descriptor
+    tables. ``expert_view``: the mok view behind it, so ``cached_view=`` refreshes that view.
+    BF16 views have ``data`` and ``storage_table`` only."""
+
+    data: torch.Tensor
+    storage_table: torch.Tensor
+    scale: torch.Tensor | None = None
+    scale_storage_table: torch.Tensor | None = None
+    scale_tensors: tuple[torch.Tensor, ...] | None = None
+    transposed_data: torch.Tensor | None = None
+    transposed_scale: torch.Tensor | None = None
+    transposed_storage_table: torch.Tensor | None = None
+    transposed_scale_storage_table: torch.Tensor | None = None
+    transposed_scale_tensors: tuple[torch.Tensor, ...] | None = None
+    native_columnwise: bool = False
+    expert_view: SplitExpertWeights | None = field(default=None, repr=False)
+
+
+def routed(
+    row_data: Sequence[Any],
+    col_data: Sequence[Any],
+    row_scales: Sequence[Any],
+    col_scales: Sequence[Any],
+    view: Any = None,
+) -> SplitRoutedWeight:
+    device = same_device(list(row_data))
+    return SplitRoutedWeight(
+        data=row_data[0],
+        storage_table=ptr_table(row_data, device) if view is None else view.rowwise.data_ptrs,
+        scale=row_scales[0],
+        scale_storage_table=ptr_table(row_scales, device) if view is None else view.rowwise.scale_ptrs,
+        scale_tensors=tuple(row_scales),
+        transposed_data=col_data[0],
+        transposed_scale=col_scales[0],
+        transposed_storage_table=ptr_table(col_data, device) if view is None else view.columnwise.data_ptrs,
+        transposed_scale_storage_table=ptr_table(col_scales, device) if view is None else view.columnwise.scale_ptrs,
+        transposed_scale_tensors=tuple(col_scales),
+        native_columnwise=True,
+        expert_view=view,
+    )
+
+
+def routed_from_view(view: SplitExpertWeights) -> SplitRoutedWeight:
+    row, col = view.rowwise, view.columnwise
+    if col is None or row.scales is None or col.scales is None:
+        raise ExpertWeightError("split weights: the view needs columnwise data and both directions' scales; found less")
+    return routed(row.data, col.data, row.scales, col.scales, view)
+
+
+FP8_UTILS = "megatron.core.fp8_utils"
+_no_megatron = False  # its fp8_utils could not be imported (tried once; a stand-in in sys.modules still counts)
+
+
+def megatron(name: str, fallback: Callable[..., Any]) -> Callable[..., Any]:
+    """Megatron's ``fp8_utils.<name>`` as it is now (a monkeypatch shows), else ``fallback``."""
+    global _no_megatron
+    module = sys.modules.get(FP8_UTILS)
+    if module is None and not _no_megatron:
+        try:
+            module = importlib.import_module(FP8_UTILS)
+        except ImportError:
+            _no_megatron = True
+    found = getattr(module, name, None) if module is not None else None
+    return found if callable(found) else fallback

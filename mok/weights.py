@@ -19,23 +19,21 @@ parameter, expert and what was expected, and its ``__cause__`` is the project's 
 from __future__ import annotations
 
 import functools
-import importlib
-import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar, cast
 
 import torch
 
 from mok import door, seams
-from mok.checks import check_bool, check_sequence, describe
-from mok.errors import ExpertWeightError, MokError, RefreshError
+from mok.checks import check_bool, describe
+from mok.errors import MokError, RefreshError
 from mok.formats import Format
 from mok.pipeline import view_or_refresh
 from mok.shared_expert import bf16_copy, warn_shared_experts_bf16
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device
-from te_compat import TECompatError, TensorKind, grouped_storage
+from te_compat import TECompatError, TensorKind
 
+GroupedWeightTuple, SplitRoutedWeight = seams.GroupedWeightTuple, seams.SplitRoutedWeight  # Megatron's result types
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -43,7 +41,6 @@ R = TypeVar("R")
 # Megatron's tests) resets it by assigning the module attribute.
 _SHARED_EXPERT_BF16_WARNING_EMITTED = False
 _REFUSALS = (MokError, TECompatError, TypeError, ValueError)
-_FP8_UTILS = "megatron.core.fp8_utils"
 
 
 def _upstream_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -86,7 +83,7 @@ def _single_grouped_mxfp8_scale_view(
     members from ``get_grouped_quantized_members`` (mok.seams.grouped_scales)."""
     if not isinstance(member_attr, str) or not isinstance(name, str):
         raise TypeError(f"member_attr and name: expected str; found {describe(member_attr)}, {describe(name)}")
-    members = _fp8_utils("get_grouped_quantized_members", seams.members_of)
+    members = seams.megatron("get_grouped_quantized_members", seams.members_of)
     return seams.grouped_scales(param, member_attr, seams.check_scale_shape(shape), name, members)
 
 
@@ -103,20 +100,6 @@ _OWN: dict[str, object] = {
     f.__name__: f
     for f in (_parameter_storage_attr, _storage_view, _single_grouped_mxfp8_scale_view, _swizzle_mxfp8_scale)
 }
-_no_megatron = False  # its fp8_utils could not be imported (tried once; a stand-in in sys.modules still counts)
-
-
-def _fp8_utils(name: str, fallback: Callable[..., Any]) -> Callable[..., Any]:
-    """Megatron's ``fp8_utils.<name>`` as it is now (a monkeypatch shows), else ``fallback``."""
-    global _no_megatron
-    module = sys.modules.get(_FP8_UTILS)
-    if module is None and not _no_megatron:
-        try:
-            module = importlib.import_module(_FP8_UTILS)
-        except ImportError:
-            _no_megatron = True
-    found = getattr(module, name, None) if module is not None else None
-    return found if callable(found) else fallback
 
 
 def _seams() -> seams.Seams:
@@ -127,63 +110,13 @@ def _seams() -> seams.Seams:
         now["_storage_view"],
         now["_single_grouped_mxfp8_scale_view"],
         now["_swizzle_mxfp8_scale"],
-        _fp8_utils("is_mxfp8tensor", seams.is_mxfp8),
-        _fp8_utils("is_grouped_mxfp8tensor", seams.is_grouped_mxfp8),
+        seams.megatron("is_mxfp8tensor", seams.is_mxfp8),
+        seams.megatron("is_grouped_mxfp8tensor", seams.is_grouped_mxfp8),
         all([now[name] is own for name, own in _OWN.items()]),
     )
 
 
 # ------------------------------------------------------------------------------ one grouped parameter
-
-
-class GroupedWeightTuple(tuple[Any, ...]):
-    """Megatron's 5-tuple ``(row_data, row_scales, column_data, column_scales, True)``, carrying
-    ``expert_view``, the mok view it came from: a ``cached_view=`` refresh refreshes that view.
-    Kept on the tuple, not in a table keyed by a scale tensor the view holds (never freed)."""
-
-    expert_view: GroupedExpertWeights
-
-    def __new__(cls, view: GroupedExpertWeights) -> GroupedWeightTuple:
-        row, col = view.rowwise, view.columnwise
-        if col is None or col.scales is None or row.scales is None:
-            raise ExpertWeightError("grouped weight: the 5-tuple needs columnwise data and scales; the weight has none")
-        self = super().__new__(cls, (row.data[0], row.scales[0], col.data[0], col.scales[0], True))
-        self.expert_view = view
-        return self
-
-
-def _grouped_shape(weight: object, shape: tuple[int, ...]) -> None:
-    """Megatron's first check: the weight's shape (a TE group's through te_compat: TE 2.13's
-    ``shape`` is the list of member shapes)."""
-    if seams.te_kind(weight) is TensorKind.GROUPED:
-        gs = grouped_storage(weight)
-        shapes = {tuple(s) for s in gs.tensor_shapes}
-        found: object = (gs.num_tensors, *shapes.pop()) if len(shapes) == 1 else (gs.num_tensors, sorted(shapes))
-    else:
-        found = getattr(weight, "shape", None)
-        found = tuple(found) if isinstance(found, Sequence) else found
-    if found != shape:
-        raise ExpertWeightError(f"grouped weight: expected shape {shape}; found {found}")
-
-
-def _grouped_bf16(weight: Any, shape: tuple[int, ...]) -> Any:
-    """Megatron's BF16 view: the weight's dtype and contiguity checked, then TE's high-precision
-    payload (``rowwise_data``) where the weight has one, else the weight itself."""
-    dtype, contiguous = getattr(weight, "dtype", None), getattr(weight, "is_contiguous", None)
-    if (dtype is not None and dtype != torch.bfloat16) or (callable(contiguous) and not contiguous()):
-        state = "" if not callable(contiguous) or contiguous() else " (not contiguous)"
-        raise ExpertWeightError(
-            f"grouped weight: expected a contiguous torch.bfloat16 tensor of shape {shape}; found {dtype}{state}"
-        )
-    storage = _parameter_storage_attr(weight, "rowwise_data")
-    if storage is not None:
-        return _storage_view(storage, shape, dtype=torch.bfloat16, name="single-grouped BF16 rowwise")
-    if not isinstance(weight, torch.Tensor):
-        raise ExpertWeightError(
-            "grouped weight: expected a torch.bfloat16 tensor, or storage rowwise_data on the weight; found "
-            f"{describe(weight)} with neither"
-        )
-    return weight
 
 
 @_upstream_errors
@@ -194,7 +127,7 @@ def _native_single_grouped_weight_view(
     the weight); MXFP8, ``(row_data, row_scales, column_data, column_scales, True)`` with the
     columnwise scales of the ``[columns, rows/32]`` transpose. ``cached_view`` (an earlier
     result) has items 1 and 3 refreshed in place. Threads: as mok.grouped_weight_view."""
-    steps, mine = _seams(), type(cached_view) is GroupedWeightTuple
+    steps, mine = _seams(), type(cached_view) is seams.GroupedWeightTuple
     if use_mxfp8 is True and mine and (steps.own or cached_view.expert_view.quantized_on_the_fly):
         view = cached_view.expert_view  # a refresh of mok's view: the door checks the rest
         view_or_refresh(
@@ -203,9 +136,9 @@ def _native_single_grouped_weight_view(
         )
         return cached_view
     dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
-    _grouped_shape(weight, dims)
+    seams.check_grouped_shape(weight, dims)
     if not check_bool("use_mxfp8", use_mxfp8):
-        return _grouped_bf16(weight, dims)
+        return seams.compose_grouped_bf16(weight, dims, steps)
     if (cached_view is None or mine) and (
         door.on_the_fly((weight,), True, None) or (steps.own and seams.te_kind(weight) is TensorKind.GROUPED)
     ):
@@ -213,74 +146,12 @@ def _native_single_grouped_weight_view(
         view = view_or_refresh(
             door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=dims, cached=cached), cached
         )
-        return cached_view if mine else GroupedWeightTuple(cast(GroupedExpertWeights, view))
+        return cached_view if mine else seams.GroupedWeightTuple(cast(GroupedExpertWeights, view))
     outs = (None, None) if cached_view is None else seams.grouped_outputs(cached_view)
     return seams.compose_grouped(weight, (dims[0], dims[1], dims[2]), steps, outs)
 
 
 # ------------------------------------------------------------------------------ one parameter per expert
-
-
-@dataclass(frozen=True, eq=False)
-class SplitRoutedWeight:
-    """Megatron's split view (the fields of MOK's ``SplitRoutedWeight``). The ``*storage_table``
-    fields are int64 device pointer tables (one address per expert), not MOK's descriptor
-    tables. ``expert_view``: the mok view behind it, so ``cached_view=`` refreshes that view.
-    BF16 views have ``data`` and ``storage_table`` only."""
-
-    data: torch.Tensor
-    storage_table: torch.Tensor
-    scale: torch.Tensor | None = None
-    scale_storage_table: torch.Tensor | None = None
-    scale_tensors: tuple[torch.Tensor, ...] | None = None
-    transposed_data: torch.Tensor | None = None
-    transposed_scale: torch.Tensor | None = None
-    transposed_storage_table: torch.Tensor | None = None
-    transposed_scale_storage_table: torch.Tensor | None = None
-    transposed_scale_tensors: tuple[torch.Tensor, ...] | None = None
-    native_columnwise: bool = False
-    expert_view: SplitExpertWeights | None = field(default=None, repr=False)
-
-
-def _routed(
-    row_data: Sequence[Any],
-    col_data: Sequence[Any],
-    row_scales: Sequence[Any],
-    col_scales: Sequence[Any],
-    view: Any = None,
-) -> SplitRoutedWeight:
-    device = same_device(list(row_data))
-    return SplitRoutedWeight(
-        data=row_data[0],
-        storage_table=ptr_table(row_data, device) if view is None else view.rowwise.data_ptrs,
-        scale=row_scales[0],
-        scale_storage_table=ptr_table(row_scales, device) if view is None else view.rowwise.scale_ptrs,
-        scale_tensors=tuple(row_scales),
-        transposed_data=col_data[0],
-        transposed_scale=col_scales[0],
-        transposed_storage_table=ptr_table(col_data, device) if view is None else view.columnwise.data_ptrs,
-        transposed_scale_storage_table=ptr_table(col_scales, device) if view is None else view.columnwise.scale_ptrs,
-        transposed_scale_tensors=tuple(col_scales),
-        native_columnwise=True,
-        expert_view=view,
-    )
-
-
-def _from_view(view: SplitExpertWeights) -> SplitRoutedWeight:
-    row, col = view.rowwise, view.columnwise
-    if col is None or row.scales is None or col.scales is None:
-        raise ExpertWeightError("split weights: the view needs columnwise data and both directions' scales; found less")
-    return _routed(row.data, col.data, row.scales, col.scales, view)
-
-
-def _experts(params: object) -> tuple[Any, ...]:
-    found = check_sequence("params", params, "per-expert parameters")
-    if not found:
-        raise ExpertWeightError("params: expected at least one per-expert parameter; found an empty sequence")
-    for e, p in enumerate(found):
-        if p is None:
-            raise ExpertWeightError(f"params[{e}]: expected a parameter; found None")
-    return found
 
 
 @_upstream_errors
@@ -291,14 +162,14 @@ def _native_split_weight_view(
     expert's scales in one launch. ``cached_view`` (any object with ``scale_tensors`` and
     ``transposed_scale_tensors``) is refreshed in place and returned. Threads: as
     mok.split_weight_view."""
-    steps, mine = _seams(), type(cached_view) is SplitRoutedWeight and cached_view.expert_view is not None
+    steps, mine = _seams(), type(cached_view) is seams.SplitRoutedWeight and cached_view.expert_view is not None
     if use_mxfp8 is True and mine and (steps.own or cached_view.expert_view.quantized_on_the_fly):
         view = cached_view.expert_view  # a refresh of mok's view: the door checks the rest
         view_or_refresh(
             door.reader_for(params, grouped=False, fmt=Format.MXFP8, dims=(rows, columns), cached=view), view
         )
         return cached_view
-    experts = _experts(params)
+    experts = seams.check_experts(params)
     rows, columns = check_sizes(rows=rows, columns=columns)
     mxfp8 = check_bool("use_mxfp8", use_mxfp8)
     if cached_view is not None:
@@ -310,17 +181,13 @@ def _native_split_weight_view(
         seams.compose_split(experts, rows, columns, steps, seams.split_outputs(cached_view, len(experts)))
         return cached_view
     if not mxfp8:
-        held = [_parameter_storage_attr(p, "rowwise_data") for p in experts]  # TE's high-precision payload, if any
-        payloads = [
-            _storage_view(p if h is None else h, (rows, columns), dtype=torch.bfloat16, name=f"expert {e} BF16 rowwise")
-            for e, (p, h) in enumerate(zip(experts, held, strict=True))
-        ]
-        return SplitRoutedWeight(data=payloads[0], storage_table=ptr_table(payloads, same_device(payloads)))
+        payloads = seams.compose_split_bf16(experts, rows, columns, steps)
+        return seams.SplitRoutedWeight(data=payloads[0], storage_table=ptr_table(payloads, same_device(payloads)))
     kinds = {seams.te_kind(p) for p in {type(p): p for p in experts}.values()}  # one kind check per class
     if door.on_the_fly(experts, False, None) or (steps.own and kinds == {TensorKind.MXFP8}):
         reader = door.reader_for(experts, grouped=False, fmt=Format.MXFP8, dims=(rows, columns))
-        return _from_view(cast(SplitExpertWeights, view_or_refresh(reader)))
-    return _routed(*seams.compose_split(experts, rows, columns, steps, None))
+        return seams.routed_from_view(cast(SplitExpertWeights, view_or_refresh(reader)))
+    return seams.routed(*seams.compose_split(experts, rows, columns, steps, None))
 
 
 # ------------------------------------------------------------------------------ shared experts

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+import mok.seams
 from mok import weights as mok_weights
 from te_compat.testing import fake_grouped, fake_mxfp8, installed_release
 
@@ -101,7 +102,7 @@ def test_without_megatron_te_compat_decides(monkeypatch: pytest.MonkeyPatch) -> 
     """No Megatron: te_compat's kinds stand in for its tests, and a grouped weight's members are
     its ``quantized_tensors``."""
     monkeypatch.delitem(sys.modules, "megatron.core.fp8_utils", raising=False)
-    monkeypatch.setattr(mok_weights, "_no_megatron", True)
+    monkeypatch.setattr(mok.seams, "_no_megatron", True)
     with installed_release("2.20.2"):
         group = fake_grouped((2, 128, 128), format="mxfp8", param=True)
         view = mok_weights._single_grouped_mxfp8_scale_view(group, "_rowwise_scale_inv", (2, 128, 4), name="fc1")
