@@ -163,7 +163,7 @@ def split_case(params: list[Any], rows: int, cols: int, repeats: int) -> dict[st
         lambda: mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True, cached=view), repeats
     )
     found = {"first view": first, "refresh": refresh, "plans": float(view.refresh_plan.plans)}
-    if view.col_data is not None:  # the drop-in's views hold both directions
+    if view.columnwise is not None:  # the drop-in's views hold both directions
         experts = tuple(params)
         routed = weights._native_split_weight_view(experts, rows=rows, columns=cols, use_mxfp8=True)
         found["refresh, mok.weights"] = host_us(
@@ -181,7 +181,7 @@ def grouped_case(weight: Any, experts: int, rows: int, cols: int, repeats: int) 
     first = host_us(lambda: mok.grouped_weight_view(weight, **kw), max(5, repeats // 20))
     refresh = host_us(lambda: mok.grouped_weight_view(weight, cached=view, **kw), repeats)
     found = {"first view": first, "refresh": refresh}
-    if view.col_data is not None:  # the drop-in's 5-tuple holds both directions
+    if view.columnwise is not None:  # the drop-in's 5-tuple holds both directions
         routed = weights._native_single_grouped_weight_view(weight, **kw)
         found["refresh, mok.weights"] = host_us(
             lambda: weights._native_single_grouped_weight_view(weight, cached_view=routed, **kw), repeats
@@ -248,7 +248,7 @@ def swizzled_refresh(params: list[Any] | str, rows: int, cols: int, repeats: int
         return params
     kw = {"rows": rows, "columns": cols, "use_mxfp8": True}
     view = mok.split_weight_view(params, **kw)
-    assert view.row_scales_zero_copy
+    assert view.rowwise.scales_zero_copy
     return host_us(lambda: mok.split_weight_view(params, cached=view, **kw), repeats)
 
 

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, methodcaller
-from typing import Any, Generic, Protocol, TypeVar, cast, overload
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 
@@ -100,27 +100,6 @@ class ViewDirection:
     __repr__ = _repr
 
 
-class _Flat(Generic[T]):
-    """A read-only flat name of a view (``row_scales``, ``col_data_ptrs``, ...): the field of one
-    of its directions (the first item, with ``first``, for grouped views' single tensors)."""
-
-    def __init__(self, direction: str, name: str, first: bool = False) -> None:
-        self.direction, self.name, self.first = direction, name, first
-
-    @overload
-    def __get__(self, view: None, owner: type) -> _Flat[T]: ...
-
-    @overload
-    def __get__(self, view: object, owner: type) -> T: ...
-
-    def __get__(self, view: object, owner: type) -> Any:
-        if view is None:
-            return self
-        direction = getattr(view, self.direction)
-        value = None if direction is None else getattr(direction, self.name)
-        return value[0] if self.first and value is not None else value
-
-
 Tensors = tuple[torch.Tensor, ...]
 
 
@@ -151,49 +130,25 @@ class ExpertWeights:
     def directions(self) -> tuple[ViewDirection, ...]:
         return (self.rowwise,) if self.columnwise is None else (self.rowwise, self.columnwise)
 
-    row_scales_zero_copy = _Flat[bool]("rowwise", "scales_zero_copy")
-    col_scales_zero_copy = _Flat[bool | None]("columnwise", "scales_zero_copy")
-
 
 @dataclass(frozen=True, eq=False, repr=False)
 class GroupedExpertWeights(ExpertWeights):
-    """Views over one grouped Parameter of shape ``(E, rows, columns)``: each direction's data,
-    scales and amax are one tensor over every expert.
+    """Views over one grouped Parameter of shape ``(E, rows, columns)``: each direction's
+    ``data``, ``scales`` and ``amax`` hold one tensor over every expert.
 
-    ``row_scales`` is the layout of the rowwise scales ``[E*Rp/128, Cp/4, 32, 16]`` with
-    ``Rp = roundup(rows, 128)``, ``Cp = roundup(columns/block, 4)``; ``col_scales`` the layout of
-    the ``[columns, rows/block]`` columnwise scales. NVFP4 payloads are packed uint8
+    ``rowwise.scales[0]`` is the layout of the rowwise scales ``[E*Rp/128, Cp/4, 32, 16]`` with
+    ``Rp = roundup(rows, 128)``, ``Cp = roundup(columns/block, 4)``; ``columnwise.scales[0]`` the
+    layout of the ``[columns, rows/block]`` columnwise scales. NVFP4 payloads are packed uint8
     (columnwise: TE's transposed ``[E, columns, rows/2]``).
     """
-
-    row_data = _Flat[torch.Tensor]("rowwise", "data", first=True)
-    row_scales = _Flat[torch.Tensor | None]("rowwise", "scales", first=True)
-    row_amax = _Flat[torch.Tensor | None]("rowwise", "amax", first=True)
-    col_data = _Flat[torch.Tensor | None]("columnwise", "data", first=True)
-    col_scales = _Flat[torch.Tensor | None]("columnwise", "scales", first=True)
-    col_amax = _Flat[torch.Tensor | None]("columnwise", "amax", first=True)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class SplitExpertWeights(ExpertWeights):
     """Views over one Parameter per expert, with device pointer tables for a kernel: each
-    direction's data, scales and amax are one tensor per expert, with an int64 table of their
-    addresses on the weights' device. For hybrid weights each direction has its own format."""
-
-    row_data = _Flat[Tensors]("rowwise", "data")
-    row_data_ptrs = _Flat[torch.Tensor]("rowwise", "data_ptrs")
-    row_scales = _Flat[Tensors | None]("rowwise", "scales")
-    row_scale_ptrs = _Flat[torch.Tensor | None]("rowwise", "scale_ptrs")
-    row_amax = _Flat[Tensors | None]("rowwise", "amax")
-    row_amax_ptrs = _Flat[torch.Tensor | None]("rowwise", "amax_ptrs")
-    row_format = _Flat[Format]("rowwise", "format")
-    col_data = _Flat[Tensors | None]("columnwise", "data")
-    col_data_ptrs = _Flat[torch.Tensor | None]("columnwise", "data_ptrs")
-    col_scales = _Flat[Tensors | None]("columnwise", "scales")
-    col_scale_ptrs = _Flat[torch.Tensor | None]("columnwise", "scale_ptrs")
-    col_amax = _Flat[Tensors | None]("columnwise", "amax")
-    col_amax_ptrs = _Flat[torch.Tensor | None]("columnwise", "amax_ptrs")
-    col_format = _Flat[Format | None]("columnwise", "format")
+    direction's ``data``, ``scales`` and ``amax`` hold one tensor per expert, and ``data_ptrs``,
+    ``scale_ptrs`` and ``amax_ptrs`` int64 tables of their addresses on the weights' device. For
+    hybrid weights each direction has its own ``format``."""
 
 
 def _view_shape(shape: object) -> tuple[int, ...]:

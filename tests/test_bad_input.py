@@ -445,7 +445,7 @@ def test_views_accept_the_good_arguments(installed_te: Installer) -> None:
     params = _params()
     v = mok.split_weight_view(params, rows=np.int64(ROWS), columns=COLUMNS, use_mxfp8=True)
     for e, p in enumerate(params):
-        assert torch.equal(v.row_scales[e], spec_layout(p._rowwise_scale_inv[:ROWS, : COLUMNS // 32]))
+        assert torch.equal(v.rowwise.scales[e], spec_layout(p._rowwise_scale_inv[:ROWS, : COLUMNS // 32]))
     g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
     assert mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True).num_experts == 2
 
@@ -501,7 +501,7 @@ def test_refresh_layer_rejects_wrong_sized_entries(installed_te: Installer) -> N
     installed_te(RELEASE)
     g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
     v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
-    before = [snapshot(v.row_scales)]  # type: ignore[arg-type]
+    before = [snapshot(v.rowwise.scales[0])]  # type: ignore[arg-type]
     for bad in ([(g,)], [(g, v, 3)], [g, v]):
         with pytest.raises(TypeError, match=r"entry 0|\[0\]"):
             mok.refresh_layer(bad)  # type: ignore[arg-type]
@@ -509,7 +509,7 @@ def test_refresh_layer_rejects_wrong_sized_entries(installed_te: Installer) -> N
         mok.refresh_layer([(g, object())])  # type: ignore[list-item]
     with pytest.raises(ALLOWED):
         mok.refresh_layer([])
-    assert_unchanged([v.row_scales], before)  # type: ignore[list-item]
+    assert_unchanged([v.rowwise.scales[0]], before)  # type: ignore[list-item]
 
 
 NO_PAIRS = r"^refresh_layer: expected at least one \(weights, cached view\) pair; found none$"

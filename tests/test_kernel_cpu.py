@@ -325,9 +325,9 @@ def test_refresh_layer_on_the_torch_backend(installed_te) -> None:  # type: igno
         p._columnwise_scale_inv.random_(0, 255)
     mok.refresh_layer([(g, gv), (ps, sv)], backend="torch")
     want = torch.stack([m._rowwise_scale_inv[:256, :4] for m in g.quantized_tensors])
-    assert torch.equal(gv.row_scales, spec_layout(want))
+    assert torch.equal(gv.rowwise.scales[0], spec_layout(want))
     for e, p in enumerate(ps):
-        assert torch.equal(sv.col_scales[e], spec_layout(p._columnwise_scale_inv[:4, :256].t()))
+        assert torch.equal(sv.columnwise.scales[e], spec_layout(p._columnwise_scale_inv[:4, :256].t()))
 
 
 def test_refresh_layer_checks_every_entry_before_writing(installed_te) -> None:  # type: ignore[no-untyped-def]
@@ -336,7 +336,7 @@ def test_refresh_layer_checks_every_entry_before_writing(installed_te) -> None: 
     ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
     gv = mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
     sv = mok.split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
-    before = gv.row_scales.clone()
+    before = gv.rowwise.scales[0].clone()
     g.scale_inv.random_(0, 255)
     moved = ps[0]._rowwise_data = ps[0]._rowwise_data.clone()  # a move the refresh would follow ...
     ps[1]._rowwise_data.untyped_storage().resize_(0)  # ... were it not for a payload freed after it
@@ -344,7 +344,7 @@ def test_refresh_layer_checks_every_entry_before_writing(installed_te) -> None: 
         mok.StorageFreedError, match="refresh_layer entry 1: expert 1 rowwise data: its storage holds 0"
     ):
         mok.refresh_layer([(g, gv), (ps, sv)], backend="torch")
-    assert torch.equal(gv.row_scales, before)  # entry 0 was not written either
+    assert torch.equal(gv.rowwise.scales[0], before)  # entry 0 was not written either
     assert sv.rowwise.data[0].data_ptr() != moved.data_ptr()  # nor entry 1's tensors pointed anywhere new
     with pytest.raises(
         mok.RefreshError, match="entry 0: expected a (quantized )?GroupedExpertWeights or SplitExpertWeights"

@@ -76,7 +76,7 @@ def test_a_buffer_reassigned_while_planning_is_converted_next_time(
     # the racing call read the old buffer; the next refresh must see the new one and convert it
     mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
     assert view.refresh_plan.plans == plans + 1
-    assert torch.equal(view.row_scales[1], spec_layout(_rows(ps[1]._rowwise_scale_inv)))
+    assert torch.equal(view.rowwise.scales[1], spec_layout(_rows(ps[1]._rowwise_scale_inv)))
     mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
     assert view.refresh_plan.plans == plans + 1  # and then nothing changed: the launch reruns
 
@@ -97,7 +97,7 @@ def test_a_flag_set_while_planning_is_seen_next_time(
     between_read_and_plan(te_swizzles)
     view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
-    assert torch.equal(view.row_scales[0], spec_layout(logical))  # copied, not swizzled twice
+    assert torch.equal(view.rowwise.scales[0], spec_layout(logical))  # copied, not swizzled twice
 
 
 def test_a_group_swizzled_while_planning_is_copied_next_time(
@@ -114,7 +114,7 @@ def test_a_group_swizzled_while_planning_is_copied_next_time(
     between_read_and_plan(te_swizzles_the_group)
     view = mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True)
     mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True, cached=view)
-    assert view.refresh_plan.plans == 2 and torch.equal(view.row_scales, spec_layout(logical))
+    assert view.refresh_plan.plans == 2 and torch.equal(view.rowwise.scales[0], spec_layout(logical))
 
 
 def test_a_layer_and_the_drop_in_heal_the_same_way(
@@ -127,7 +127,7 @@ def test_a_layer_and_the_drop_in_heal_the_same_way(
     between_read_and_plan(lambda: setattr(ps[0], "_rowwise_scale_inv", _fresh(ps[0]._rowwise_scale_inv, 5)))
     layer()  # the layer's first call plans (and races)
     layer()
-    assert torch.equal(view.row_scales[0], spec_layout(_rows(ps[0]._rowwise_scale_inv)))
+    assert torch.equal(view.rowwise.scales[0], spec_layout(_rows(ps[0]._rowwise_scale_inv)))
 
     drop_in = W._native_split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     between_read_and_plan(lambda: setattr(ps[1], "_columnwise_scale_inv", _fresh(ps[1]._columnwise_scale_inv, 6)))
@@ -168,7 +168,7 @@ def test_a_layer_checks_its_entries_in_one_bulk_read_and_sees_a_change_in_any(
     ps[expert]._rowwise_scale_inv = _fresh(ps[expert]._rowwise_scale_inv, 3)
     layer()
     assert layer.plan.plans == plans + 1
-    assert torch.equal(view.row_scales[expert], spec_layout(_rows(ps[expert]._rowwise_scale_inv, rows, cols // 32)))
+    assert torch.equal(view.rowwise.scales[expert], spec_layout(_rows(ps[expert]._rowwise_scale_inv, rows, cols // 32)))
 
 
 def test_neighbouring_readings_of_other_names_are_checked_apart(installed_te: Installer) -> None:
@@ -182,7 +182,7 @@ def test_neighbouring_readings_of_other_names_are_checked_apart(installed_te: In
     fc1[1]._rowwise_scale_inv = _fresh(fc1[1]._rowwise_scale_inv, 4)
     layer()
     assert layer.plan.plans == plans + 1
-    assert torch.equal(v1.row_scales[1], spec_layout(_rows(fc1[1]._rowwise_scale_inv)))
+    assert torch.equal(v1.rowwise.scales[1], spec_layout(_rows(fc1[1]._rowwise_scale_inv)))
 
 
 def test_a_reading_joins_only_one_of_its_kind(installed_te: Installer) -> None:
@@ -225,7 +225,7 @@ def test_a_direction_without_data_but_with_a_scale_buffer_is_watched(installed_t
     ps[1]._columnwise_scale_inv = _fresh(ps[1]._columnwise_scale_inv, 4)  # the buffer left, alone
     mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
     assert view.refresh_plan.plans == 2
-    assert torch.equal(view.row_scales[1], spec_layout(_rows(ps[1]._rowwise_scale_inv)))
+    assert torch.equal(view.rowwise.scales[1], spec_layout(_rows(ps[1]._rowwise_scale_inv)))
 
 
 @pytest.mark.parametrize("how", ["refresh_layer", "entries assigned"])
@@ -285,7 +285,7 @@ def _race_and_heal(trial: int) -> None:
     mover.join()
     mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
     for e, p in enumerate(ps):
-        assert torch.equal(view.row_scales[e], spec_layout(_rows(p._rowwise_scale_inv))), (trial, e)
+        assert torch.equal(view.rowwise.scales[e], spec_layout(_rows(p._rowwise_scale_inv))), (trial, e)
 
 
 # ------------------------------------------------------------------ the architecture

@@ -63,7 +63,7 @@ def test_unchanged_split_refresh_plans_nothing_and_converts_new_values(
     for _ in range(3):
         assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
     assert len(planned) == 2 and v.refresh_plan.plans == 1
-    assert torch.equal(v.row_scales[4], spec_layout(_rows(ps[4]._rowwise_scale_inv, R, C // 32)))
+    assert torch.equal(v.rowwise.scales[4], spec_layout(_rows(ps[4]._rowwise_scale_inv, R, C // 32)))
 
 
 def test_a_new_list_of_the_same_parameters_is_unchanged(installed_te: Installer, planned: list[str]) -> None:
@@ -82,7 +82,7 @@ def test_each_storage_change_is_planned_again(change: str, installed_te: Install
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
-    addresses = [t.data_ptr() for t in v.row_scales]
+    addresses = [t.data_ptr() for t in v.rowwise.scales]
     if change == "replace rowwise scales":
         ps[2]._rowwise_scale_inv = ps[2]._rowwise_scale_inv.clone().random_(0, 255)
     elif change == "replace columnwise scales":
@@ -96,15 +96,15 @@ def test_each_storage_change_is_planned_again(change: str, installed_te: Install
         ps[1]._with_gemm_swizzled_scales = True
     else:
         ps[1] = T.mxfp8_tensor("2.20.2", R, C, seed=9, param=True, _rowwise_data=ps[1]._rowwise_data)
-        ps[1]._columnwise_data = v.col_data[1].view(torch.uint8) if v.col_data else None
+        ps[1]._columnwise_data = v.columnwise.data[1].view(torch.uint8) if v.columnwise.data else None
     assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
     assert len(planned) == 4 and v.refresh_plan.plans == 2  # planned again, both directions
-    assert [t.data_ptr() for t in v.row_scales] == addresses  # in place
+    assert [t.data_ptr() for t in v.rowwise.scales] == addresses  # in place
     for e, p in enumerate(ps):
         want = spec_layout(_rows(p._rowwise_scale_inv, R, C // 32))
         if change == "set swizzled flag" and e == 1:
             want = p._rowwise_scale_inv.view(want.shape)  # copied as TE swizzled it, not converted again
-        assert torch.equal(v.row_scales[e], want)
+        assert torch.equal(v.rowwise.scales[e], want)
 
 
 @pytest.mark.parametrize("which", ["_rowwise_data", "_columnwise_data"])
@@ -149,7 +149,7 @@ def test_the_layer_owns_its_plan(installed_te: Installer, planned: list[str]) ->
     g.scale_inv.random_(0, 255)
     layer()
     want = spec_layout(g.scale_inv.view(2, C, 4)[:, :C, : R // 32])
-    assert torch.equal(v2.row_scales, want)
+    assert torch.equal(v2.rowwise.scales[0], want)
 
 
 # ------------------------------------------------------------------------------------- NVFP4
@@ -167,15 +167,21 @@ def test_split_nvfp4_view(release: str, rows: int, cols: int, installed_te: Inst
     v = split_weight_view(ps, rows=rows, columns=cols, format="nvfp4")
     assert v.format == "nvfp4" and not v.use_mxfp8
     for e, p in enumerate(ps):
-        assert v.row_data[e].data_ptr() == p._rowwise_data.data_ptr() and v.row_data[e].shape == (rows, cols // 2)
-        assert v.col_data is not None and v.col_data[e].shape == (cols, rows // 2)  # TE's transposed payload
-        assert v.col_data[e].data_ptr() == p._columnwise_data.data_ptr()
-        assert torch.equal(v.row_scales[e], spec_layout(p._rowwise_scale_inv[:rows, : cols // 16]))
-        assert v.col_scales is not None
-        assert torch.equal(v.col_scales[e], spec_layout(p._columnwise_scale_inv[:cols, : rows // 16]))
-        assert v.row_amax is not None and v.row_amax[e].data_ptr() == p._amax_rowwise.data_ptr()
-        assert v.row_amax[e] is not p._amax_rowwise  # the view's own tensor: a refresh may re-point it
-    assert v.row_amax_ptrs is not None and v.row_amax_ptrs.tolist() == [p._amax_rowwise.data_ptr() for p in ps]
+        assert v.rowwise.data[e].data_ptr() == p._rowwise_data.data_ptr() and v.rowwise.data[e].shape == (
+            rows,
+            cols // 2,
+        )
+        assert v.columnwise.data is not None and v.columnwise.data[e].shape == (
+            cols,
+            rows // 2,
+        )  # TE's transposed payload
+        assert v.columnwise.data[e].data_ptr() == p._columnwise_data.data_ptr()
+        assert torch.equal(v.rowwise.scales[e], spec_layout(p._rowwise_scale_inv[:rows, : cols // 16]))
+        assert v.columnwise.scales is not None
+        assert torch.equal(v.columnwise.scales[e], spec_layout(p._columnwise_scale_inv[:cols, : rows // 16]))
+        assert v.rowwise.amax is not None and v.rowwise.amax[e].data_ptr() == p._amax_rowwise.data_ptr()
+        assert v.rowwise.amax[e] is not p._amax_rowwise  # the view's own tensor: a refresh may re-point it
+    assert v.rowwise.amax_ptrs is not None and v.rowwise.amax_ptrs.tolist() == [p._amax_rowwise.data_ptr() for p in ps]
 
 
 def test_split_nvfp4_refresh_and_swizzled(installed_te: Installer, planned: list[str]) -> None:
@@ -185,13 +191,13 @@ def test_split_nvfp4_refresh_and_swizzled(installed_te: Installer, planned: list
     ps[0]._rowwise_scale_inv.random_(0, 255)
     split_weight_view(ps, rows=R, columns=C, format="nvfp4", cached=v)
     assert planned == ["rowwise scales"]
-    assert torch.equal(v.row_scales[0], spec_layout(ps[0]._rowwise_scale_inv[:R, : C // 16]))
+    assert torch.equal(v.rowwise.scales[0], spec_layout(ps[0]._rowwise_scale_inv[:R, : C // 16]))
     done = [spec_layout(p._rowwise_scale_inv[:R, : C // 16]) for p in ps]
     swz = [T.nvfp4_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False, swizzled=True) for e in range(2)]
     for p, d in zip(swz, done, strict=True):
         p._rowwise_scale_inv = d.view(R, C // 16 // 4 * 4).clone()
     zv = split_weight_view(swz, rows=R, columns=C, format="nvfp4")
-    assert zv.row_scales_zero_copy and zv.row_scales[1].data_ptr() == swz[1]._rowwise_scale_inv.data_ptr()
+    assert zv.rowwise.scales_zero_copy and zv.rowwise.scales[1].data_ptr() == swz[1]._rowwise_scale_inv.data_ptr()
 
 
 def test_nvfp4_needs_multiples_of_16(installed_te: Installer) -> None:
@@ -243,16 +249,19 @@ def test_grouped_nvfp4_view(rows: int, cols: int, installed_te: Installer) -> No
     installed_te("2.20.2")
     g, rows_s, cols_s = _grouped_nvfp4("2.20.2", 3, rows, cols)
     v = grouped_weight_view(g, num_experts=3, rows=rows, columns=cols, format="nvfp4")
-    assert v.row_data.data_ptr() == g.rowwise_data.data_ptr() and v.row_data.shape == (3, rows, cols // 2)
-    assert v.col_data is not None and v.col_data.shape == (3, cols, rows // 2)
-    assert torch.equal(v.row_scales, spec_layout(torch.stack([s[:rows, : cols // 16] for s in rows_s])))
-    assert torch.equal(v.col_scales, spec_layout(torch.stack([s[:cols, : rows // 16] for s in cols_s])))
+    assert v.rowwise.data[0].data_ptr() == g.rowwise_data.data_ptr() and v.rowwise.data[0].shape == (3, rows, cols // 2)
+    assert v.columnwise.data[0] is not None and v.columnwise.data[0].shape == (3, cols, rows // 2)
+    assert torch.equal(v.rowwise.scales[0], spec_layout(torch.stack([s[:rows, : cols // 16] for s in rows_s])))
+    assert torch.equal(v.columnwise.scales[0], spec_layout(torch.stack([s[:cols, : rows // 16] for s in cols_s])))
     # facts.md: the group's amax is "amax" (rowwise) and "columnwise_amax"; a kernel reads each
     # direction's own for its GEMM
-    assert v.row_amax.data_ptr() == g.amax.data_ptr() and v.col_amax.data_ptr() == g.columnwise_amax.data_ptr()
+    assert (
+        v.rowwise.amax[0].data_ptr() == g.amax.data_ptr()
+        and v.columnwise.amax[0].data_ptr() == g.columnwise_amax.data_ptr()
+    )
     g.columnwise_amax = g.columnwise_amax.clone()  # TE reassigned the amax: the view follows it
     grouped_weight_view(g, num_experts=3, rows=rows, columns=cols, format="nvfp4", cached=v)
-    assert v.col_amax.data_ptr() == g.columnwise_amax.data_ptr()
+    assert v.columnwise.amax[0].data_ptr() == g.columnwise_amax.data_ptr()
     g.columnwise_amax.untyped_storage().resize_(0)  # freed: refused, naming it
     freed = "grouped weight (amax )?columnwise( amax)?: its storage holds 0 bytes"
     with pytest.raises(mok.StorageFreedError, match=freed):
@@ -268,8 +277,8 @@ def test_layer_mixes_mxfp8_and_nvfp4_in_one_plan(installed_te: Installer) -> Non
     for p in fp4:
         p._columnwise_scale_inv.random_(0, 255)
     mok.refresh_layer([(mx, v1), (fp4, v2)])
-    assert v2.col_scales is not None
-    assert torch.equal(v2.col_scales[1], spec_layout(fp4[1]._columnwise_scale_inv[:C, : R // 16]))
+    assert v2.columnwise.scales is not None
+    assert torch.equal(v2.columnwise.scales[1], spec_layout(fp4[1]._columnwise_scale_inv[:C, : R // 16]))
 
 
 # ------------------------------------------------------------------------------------ backend
@@ -322,7 +331,7 @@ def test_cached_buffers_over_te_scales_are_refused(installed_te: Installer) -> N
     for owner in (1, 0):
         match = rf"rowwise scales: cached buffers\[1\] overlaps inputs\[{owner}\]"
         te_buffer = ps[owner]._rowwise_scale_inv
-        scales = (v.row_scales[0], te_buffer.view(1, 2, 32, 16))
+        scales = (v.rowwise.scales[0], te_buffer.view(1, 2, 32, 16))
         bad = replace(v, rowwise=replace(v.rowwise, scales=scales), refresh_plan=mok.RefreshPlan())
         before = te_buffer.clone()
         with pytest.raises(mok.LayoutError, match=match):
@@ -344,7 +353,7 @@ def test_a_rowwise_only_refresh_does_not_watch_the_columnwise_te_adds(installed_
     ps[1]._rowwise_scale_inv = torch.randint(0, 256, ps[1]._rowwise_scale_inv.shape, dtype=torch.uint8)
     split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
     assert v.refresh_plan.plans == 2 and v.columnwise is None
-    assert torch.equal(v.row_scales[1], spec_layout(ps[1]._rowwise_scale_inv[:R, : C // 32]))
+    assert torch.equal(v.rowwise.scales[1], spec_layout(ps[1]._rowwise_scale_inv[:R, : C // 32]))
 
 
 # ------------------------------------------------------------------- scales TE already swizzled
@@ -365,7 +374,7 @@ def test_refresh_of_te_swizzled_aligned_scales_moves_no_byte(
     installed_te("2.20.2")
     ps = _te_swizzled("2.20.2", 3)
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
-    assert v.row_scales_zero_copy and _prepared(v).work.work == []
+    assert v.rowwise.scales_zero_copy and _prepared(v).work.work == []
     runs: list[str] = []
     monkeypatch.setattr(mok.work, "swizzle_reference", lambda *a: runs.append("convert"))
     monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: runs.append("copy"))
@@ -373,14 +382,14 @@ def test_refresh_of_te_swizzled_aligned_scales_moves_no_byte(
         p._rowwise_scale_inv.random_(0, 255)
     assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
     assert runs == [] and v.refresh_plan.plans == 1
-    assert [t.data_ptr() for t in v.row_scales] == [p._rowwise_scale_inv.data_ptr() for p in ps]
+    assert [t.data_ptr() for t in v.rowwise.scales] == [p._rowwise_scale_inv.data_ptr() for p in ps]
 
 
 def test_te_swizzled_grouped_aligned_is_a_pointer_check(installed_te: Installer, planned: list[str]) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, R, C, mxfp8=True, swizzled=True, members=False, columnwise=False)
     v = grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True)
-    assert v.row_scales_zero_copy and v.row_scales.data_ptr() == g.scale_inv.data_ptr()
+    assert v.rowwise.scales_zero_copy and v.rowwise.scales[0].data_ptr() == g.scale_inv.data_ptr()
     grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True, cached=v)
     assert planned == ["grouped rowwise scales"] and _prepared(v).work.work == []
 
@@ -395,23 +404,24 @@ def test_hybrid_experts_are_viewed_direction_by_direction(
     installed_te("2.20.2")
     ps = [T.hybrid_tensor("2.20.2", R, C, rowwise=row, columnwise=col, seed=3 * e, param=True) for e in range(2)]
     v = split_weight_view(ps, rows=R, columns=C, format="hybrid")
-    assert (v.format, v.row_format, v.col_format) == ("hybrid", row, col)
+    found = (v.format, v.rowwise.format, None if v.columnwise is None else v.columnwise.format)
+    assert found == ("hybrid", row, col)
     rs = ps[1]._rowwise_storage
     block = 32 if row == "mxfp8" else 16
-    assert torch.equal(v.row_scales[1], spec_layout(rs._rowwise_scale_inv[:R, : C // block]))
+    assert torch.equal(v.rowwise.scales[1], spec_layout(rs._rowwise_scale_inv[:R, : C // block]))
     if col is not None:
         cs = ps[1]._columnwise_storage
         logical = (
             cs._columnwise_scale_inv[: R // 32, :C].t() if col == "mxfp8" else cs._columnwise_scale_inv[:C, : R // 16]
         )
-        assert v.col_scales is not None and torch.equal(v.col_scales[1], spec_layout(logical))
+        assert v.columnwise.scales is not None and torch.equal(v.columnwise.scales[1], spec_layout(logical))
     n = len(planned)
     split_weight_view(ps, rows=R, columns=C, format="hybrid", cached=v)
     assert len(planned) == n  # unchanged: nothing planned
     rs._rowwise_scale_inv = rs._rowwise_scale_inv.clone().random_(0, 255)  # a buffer inside a sub-storage
     split_weight_view(ps, rows=R, columns=C, format="hybrid", cached=v)
     assert len(planned) > n
-    assert torch.equal(v.row_scales[1], spec_layout(rs._rowwise_scale_inv[:R, : C // block]))
+    assert torch.equal(v.rowwise.scales[1], spec_layout(rs._rowwise_scale_inv[:R, : C // block]))
 
 
 def test_hybrid_with_another_format_names_both(installed_te: Installer) -> None:
@@ -428,7 +438,7 @@ def test_run_unchecked_reruns_without_reading_te(installed_te: Installer, monkey
     ps[0]._rowwise_scale_inv.random_(0, 255)
     monkeypatch.setattr(mok.refresh.StorageGuard, "unchanged", lambda *a: pytest.fail("the unchecked run read TE"))
     v.refresh_plan.run_unchecked()
-    assert torch.equal(v.row_scales[0], spec_layout(ps[0]._rowwise_scale_inv[:R, : C // 32]))
+    assert torch.equal(v.rowwise.scales[0], spec_layout(ps[0]._rowwise_scale_inv[:R, : C // 32]))
     with pytest.raises(RefreshError, match="nothing prepared yet"):
         mok.RefreshPlan().run_unchecked()
 
@@ -443,11 +453,11 @@ def test_a_buffer_pointed_at_new_memory_is_caught(installed_te: Installer, plann
     ps[1]._rowwise_scale_inv.data = ps[1]._rowwise_scale_inv.clone().random_(0, 255)  # same object
     split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
     assert len(planned) == 2
-    assert torch.equal(v.row_scales[1], spec_layout(ps[1]._rowwise_scale_inv[:R, : C // 32]))
+    assert torch.equal(v.rowwise.scales[1], spec_layout(ps[1]._rowwise_scale_inv[:R, : C // 32]))
     ps[1]._rowwise_data.data = ps[1]._rowwise_data.clone()  # the payload moved under the same object
     split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
-    assert len(planned) == 3 and v.row_data[1].data_ptr() == ps[1]._rowwise_data.data_ptr()
-    assert v.row_data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
+    assert len(planned) == 3 and v.rowwise.data[1].data_ptr() == ps[1]._rowwise_data.data_ptr()
+    assert v.rowwise.data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
 
 
 def test_a_replaced_nvfp4_amax_is_followed(installed_te: Installer) -> None:
@@ -456,8 +466,8 @@ def test_a_replaced_nvfp4_amax_is_followed(installed_te: Installer) -> None:
     v = split_weight_view(ps, rows=R, columns=C, format="nvfp4")
     ps[1]._amax_rowwise = ps[1]._amax_rowwise.clone()
     split_weight_view(ps, rows=R, columns=C, format="nvfp4", cached=v)
-    assert v.row_amax is not None and v.row_amax[1].data_ptr() == ps[1]._amax_rowwise.data_ptr()
-    assert v.row_amax_ptrs is not None and v.row_amax_ptrs.tolist() == [p._amax_rowwise.data_ptr() for p in ps]
+    assert v.rowwise.amax is not None and v.rowwise.amax[1].data_ptr() == ps[1]._amax_rowwise.data_ptr()
+    assert v.rowwise.amax_ptrs is not None and v.rowwise.amax_ptrs.tolist() == [p._amax_rowwise.data_ptr() for p in ps]
 
 
 def test_a_view_resolves_its_backend_once(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -472,7 +482,7 @@ def test_a_view_resolves_its_backend_once(installed_te: Installer, monkeypatch: 
     ps[0]._rowwise_scale_inv = ps[0]._rowwise_scale_inv.clone().random_(0, 255)  # TE moved a buffer
     split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)  # planned again
     assert v.refresh_plan.plans == 2 and _prepared(v).backend is mok.backend.Backend.TORCH
-    assert torch.equal(v.row_scales[0], spec_layout(_rows(ps[0]._rowwise_scale_inv, R, C // 32)))
+    assert torch.equal(v.rowwise.scales[0], spec_layout(_rows(ps[0]._rowwise_scale_inv, R, C // 32)))
     with pytest.raises(ValueError, match="environment variable TE_COMPAT_KERNEL_BACKEND"):
         split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     with pytest.raises(ValueError, match="backend: expected one of"):
@@ -541,7 +551,7 @@ def test_a_213_group_whose_members_turn_swizzled_is_planned_again(installed_te: 
         m._with_gemm_swizzled_scales = True  # ... and says so on each member
     grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
     assert v.refresh_plan.plans == 2
-    assert torch.equal(v.row_scales, spec_layout(logical))  # copied as they are, not swizzled twice
+    assert torch.equal(v.rowwise.scales[0], spec_layout(logical))  # copied as they are, not swizzled twice
 
 
 def test_a_layer_with_a_213_group_sees_its_members_turn_swizzled(installed_te: Installer) -> None:
@@ -559,4 +569,4 @@ def test_a_layer_with_a_213_group_sees_its_members_turn_swizzled(installed_te: I
         m._with_gemm_swizzled_scales = True
     layer()
     assert layer.plan.plans == 2
-    assert torch.equal(v.row_scales, spec_layout(logical))  # copied as they are, not swizzled twice
+    assert torch.equal(v.rowwise.scales[0], spec_layout(logical))  # copied as they are, not swizzled twice

@@ -110,39 +110,55 @@ def test_a_grouped_bf16_view_quantises_and_refreshes_in_place() -> None:
     w = torch.nn.Parameter(_bf16(2, 128, 256))
     v = mok.grouped_weight_view(w, num_experts=2, rows=128, columns=256, use_mxfp8=True)
     assert v.quantized_on_the_fly and v.format is mok.Format.MXFP8
-    _check((v.row_data, v.row_scales, v.col_data, v.col_scales), w.detach())
-    addresses = [v.row_data.data_ptr(), v.row_scales.data_ptr(), v.col_data.data_ptr(), v.col_scales.data_ptr()]
+    _check((v.rowwise.data[0], v.rowwise.scales[0], v.columnwise.data[0], v.columnwise.scales[0]), w.detach())
+    addresses = [
+        v.rowwise.data[0].data_ptr(),
+        v.rowwise.scales[0].data_ptr(),
+        v.columnwise.data[0].data_ptr(),
+        v.columnwise.scales[0].data_ptr(),
+    ]
     with torch.no_grad():
         w.mul_(-3)  # an optimizer step: new values, same memory
     assert mok.grouped_weight_view(w, num_experts=2, rows=128, columns=256, use_mxfp8=True, cached=v) is v
     assert v.refresh_plan.plans == 1  # nothing moved: the prepared launch ran again
-    assert [v.row_data.data_ptr(), v.row_scales.data_ptr(), v.col_data.data_ptr(), v.col_scales.data_ptr()] == addresses
-    _check((v.row_data, v.row_scales, v.col_data, v.col_scales), w.detach())
+    assert [
+        v.rowwise.data[0].data_ptr(),
+        v.rowwise.scales[0].data_ptr(),
+        v.columnwise.data[0].data_ptr(),
+        v.columnwise.scales[0].data_ptr(),
+    ] == addresses
+    _check((v.rowwise.data[0], v.rowwise.scales[0], v.columnwise.data[0], v.columnwise.scales[0]), w.detach())
 
 
 def test_a_split_bf16_view_follows_a_moved_parameter_into_the_same_buffers() -> None:
     ps = [torch.nn.Parameter(_bf16(128, 96, seed=e)) for e in range(3)]
     v = mok.split_weight_view(ps, rows=128, columns=96, use_mxfp8=True)
-    assert v.quantized_on_the_fly and len(v.row_scales) == 3 and v.row_scale_ptrs is not None
-    tables = [v.row_data_ptrs.tolist(), v.row_scale_ptrs.tolist()]
+    assert v.quantized_on_the_fly and len(v.rowwise.scales) == 3 and v.rowwise.scale_ptrs is not None
+    tables = [v.rowwise.data_ptrs.tolist(), v.rowwise.scale_ptrs.tolist()]
     ps[1].data = _bf16(128, 96, seed=9)  # the BF16 weight now lives elsewhere
     mok.split_weight_view(ps, rows=128, columns=96, use_mxfp8=True, cached=v)
     assert v.refresh_plan.plans == 2  # read again, quantised into the same buffers
-    assert [v.row_data_ptrs.tolist(), v.row_scale_ptrs.tolist()] == tables
+    assert [v.rowwise.data_ptrs.tolist(), v.rowwise.scale_ptrs.tolist()] == tables
     want = _expected(torch.stack([p.detach() for p in ps]))
-    assert torch.equal(_bytes(v.row_data[1]), want[0][1])
-    assert torch.equal(v.col_scales[1], want[3][1:2])  # one 128-row tile of the [96, 4] transpose an expert
+    assert torch.equal(_bytes(v.rowwise.data[1]), want[0][1])
+    assert torch.equal(v.columnwise.scales[1], want[3][1:2])  # one 128-row tile of the [96, 4] transpose an expert
 
 
 def test_a_te_bf16_group_quantises_its_rowwise_data(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=False, seed=4)
     v = mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
-    _check((v.row_data, v.row_scales, v.col_data, v.col_scales), g.rowwise_data.view(2, 128, 128))
+    _check(
+        (v.rowwise.data[0], v.rowwise.scales[0], v.columnwise.data[0], v.columnwise.scales[0]),
+        g.rowwise_data.view(2, 128, 128),
+    )
     g.rowwise_data = g.rowwise_data.clone().mul_(2)  # TE reassigned its buffer
     mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
     assert v.refresh_plan.plans == 2
-    _check((v.row_data, v.row_scales, v.col_data, v.col_scales), g.rowwise_data.view(2, 128, 128))
+    _check(
+        (v.rowwise.data[0], v.rowwise.scales[0], v.columnwise.data[0], v.columnwise.scales[0]),
+        g.rowwise_data.view(2, 128, 128),
+    )
 
 
 def test_a_layer_refreshes_quantised_and_te_views_together(installed_te: Installer) -> None:
@@ -158,8 +174,8 @@ def test_a_layer_refreshes_quantised_and_te_views_together(installed_te: Install
     layer()
     layer()
     assert layer.plan.plans == 1
-    _check((v1.row_data, v1.row_scales, v1.col_data, v1.col_scales), fc1.detach())
-    assert torch.equal(v2.row_scales[1], spec_layout(fc2[1]._rowwise_scale_inv[:128, :8]))
+    _check((v1.rowwise.data[0], v1.rowwise.scales[0], v1.columnwise.data[0], v1.columnwise.scales[0]), fc1.detach())
+    assert torch.equal(v2.rowwise.scales[1], spec_layout(fc2[1]._rowwise_scale_inv[:128, :8]))
 
 
 def test_a_parameter_moved_while_planning_is_quantised_next_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,7 +191,7 @@ def test_a_parameter_moved_while_planning_is_quantised_next_time(monkeypatch: py
     v = mok.split_weight_view(ps, rows=64, columns=64, use_mxfp8=True)
     mok.split_weight_view(ps, rows=64, columns=64, use_mxfp8=True, cached=v)
     assert v.refresh_plan.plans == 2
-    assert torch.equal(_bytes(v.row_data[0]), _expected(ps[0].detach()[None])[0][0])
+    assert torch.equal(_bytes(v.rowwise.data[0]), _expected(ps[0].detach()[None])[0][0])
 
 
 def test_bf16_views_refuse_what_mxfp8_cannot_hold_and_mixed_views() -> None:

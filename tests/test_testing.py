@@ -111,9 +111,16 @@ def _read_mxfp8(fake: Any) -> None:
     assert s.shape == (ROWS_, COLS) and s.scales_swizzled is False
     _check_buffers(s, expected)
     v = mok.split_weight_view([fake], rows=ROWS_, columns=COLS, use_mxfp8=True)
-    assert v.row_data[0].data_ptr() == s.need("rowwise_data").data_ptr() and v.row_data[0].shape == (ROWS_, COLS)
+    assert v.rowwise.data[0].data_ptr() == s.need("rowwise_data").data_ptr() and v.rowwise.data[0].shape == (
+        ROWS_,
+        COLS,
+    )
     row, col = _mxfp8_scales(expected["rowwise_scale_inv"], expected["columnwise_scale_inv"])
-    assert torch.equal(v.row_scales[0], row) and v.col_scales is not None and torch.equal(v.col_scales[0], col)
+    assert (
+        torch.equal(v.rowwise.scales[0], row)
+        and v.columnwise.scales is not None
+        and torch.equal(v.columnwise.scales[0], col)
+    )
 
 
 def _read_nvfp4(fake: Any) -> None:
@@ -122,9 +129,16 @@ def _read_nvfp4(fake: Any) -> None:
     assert s.shape == (ROWS_, COLS) and s.scales_swizzled is False
     _check_buffers(s, expected)
     v = mok.split_weight_view([fake], rows=ROWS_, columns=COLS, format="nvfp4")
-    assert v.row_data[0].data_ptr() == s.need("rowwise_data").data_ptr() and v.row_data[0].shape == (ROWS_, COLS // 2)
+    assert v.rowwise.data[0].data_ptr() == s.need("rowwise_data").data_ptr() and v.rowwise.data[0].shape == (
+        ROWS_,
+        COLS // 2,
+    )
     row, col = _nvfp4_scales(expected["rowwise_scale_inv"], expected["columnwise_scale_inv"])
-    assert torch.equal(v.row_scales[0], row) and v.col_scales is not None and torch.equal(v.col_scales[0], col)
+    assert (
+        torch.equal(v.rowwise.scales[0], row)
+        and v.columnwise.scales is not None
+        and torch.equal(v.columnwise.scales[0], col)
+    )
 
 
 def _read_blockwise(fake: Any) -> None:
@@ -153,9 +167,9 @@ def _read_hybrid(fake: Any) -> None:
     _check_buffers(row, mxfp8_buffers((ROWS_, COLS), _gen(SEED), columnwise=False))
     _check_buffers(col, nvfp4_buffers((ROWS_, COLS), _gen(SEED + 1), rowwise=False))
     v = mok.split_weight_view([fake], rows=ROWS_, columns=COLS, format="hybrid")
-    assert (v.row_format, v.col_format) == ("mxfp8", "nvfp4") and v.col_scales is not None
-    assert torch.equal(v.row_scales[0], spec_layout(row.need("rowwise_scale_inv")[:ROWS_, : COLS // 32]))
-    assert torch.equal(v.col_scales[0], spec_layout(col.need("columnwise_scale_inv")[:COLS, : ROWS_ // 16]))
+    assert (v.rowwise.format, v.columnwise.format) == ("mxfp8", "nvfp4") and v.columnwise.scales is not None
+    assert torch.equal(v.rowwise.scales[0], spec_layout(row.need("rowwise_scale_inv")[:ROWS_, : COLS // 32]))
+    assert torch.equal(v.columnwise.scales[0], spec_layout(col.need("columnwise_scale_inv")[:COLS, : ROWS_ // 16]))
 
 
 def _read_grouped(fake: Any) -> None:
@@ -169,11 +183,13 @@ def _read_grouped(fake: Any) -> None:
     for member, piece in zip(g.members, expected.experts, strict=True):
         _check_buffers(te_compat.mxfp8_storage(member), piece)
     v = mok.grouped_weight_view(fake, num_experts=EXPERTS, rows=ROWS_, columns=COLS, use_mxfp8=True)
-    assert v.row_data.data_ptr() == g.need("rowwise_data").data_ptr()
+    assert v.rowwise.data[0].data_ptr() == g.need("rowwise_data").data_ptr()
     pieces = expected.experts
     rows = torch.stack([p["rowwise_scale_inv"][:ROWS_, : COLS // 32] for p in pieces])
     cols = torch.stack([p["columnwise_scale_inv"][: ROWS_ // 32, :COLS].t() for p in pieces])
-    assert torch.equal(v.row_scales, spec_layout(rows)) and torch.equal(v.col_scales, spec_layout(cols))
+    assert torch.equal(v.rowwise.scales[0], spec_layout(rows)) and torch.equal(
+        v.columnwise.scales[0], spec_layout(cols)
+    )
 
 
 READERS: dict[TensorKind, Callable[[Any], None]] = {
@@ -338,7 +354,9 @@ def test_grouped_variants() -> None:
         assert s.amax_rowwise is not None and s.amax_rowwise.shape == (2,) and s.members is not None
         assert te_compat.tensor_kind(s.members[1]) is TensorKind.NVFP4
         v = mok.grouped_weight_view(fp4, num_experts=2, rows=64, columns=128, format="nvfp4")
-        assert torch.equal(v.row_scales[1:], spec_layout(s.members[1]._rowwise_scale_inv[:64, :8]))  # one tile row each
+        assert torch.equal(
+            v.rowwise.scales[0][1:], spec_layout(s.members[1]._rowwise_scale_inv[:64, :8])
+        )  # one tile row each
 
 
 def test_fake_quantizers_let_request_gemm_layout_scales_work() -> None:
@@ -729,10 +747,10 @@ def test_the_readme_try_it_without_te_block_runs(capsys: pytest.CaptureFixture[s
     exec(compile(_readme_block("Try it without TE"), "README.md (Try it without TE)", "exec"), namespace)
     assert "1 enabled" in capsys.readouterr().out
     assert namespace["g"].num_tensors == namespace["E"] and namespace["h"].columnwise_kind is TensorKind.NVFP4
-    assert namespace["hv"].row_format == "mxfp8" and tuple(namespace["layout"].shape) == (2, 4, 32, 16)
+    assert namespace["hv"].rowwise.format == "mxfp8" and tuple(namespace["layout"].shape) == (2, 4, 32, 16)
     assert (
         len(namespace["many"]) == namespace["E"]
-        and namespace["v"].row_data.data_ptr() == namespace["g"].need("rowwise_data").data_ptr()
+        and namespace["v"].rowwise.data[0].data_ptr() == namespace["g"].need("rowwise_data").data_ptr()
     )
     n, k = namespace["N"], namespace["K"]
     with installed_release("2.20.2"):

@@ -48,16 +48,16 @@ def test_grouped_mxfp8(release: str, rows: int, cols: int, installed_te: Install
     g = T.grouped_tensor(release, e, rows, cols, mxfp8=True)
     v = grouped_weight_view(g, num_experts=e, rows=rows, columns=cols, use_mxfp8=True)
     payload = g.rowwise_data if release >= "2.14" else g.data
-    assert v.row_data.data_ptr() == payload.data_ptr() and v.row_data.shape == (e, rows, cols)
-    assert v.row_data.dtype == torch.float8_e4m3fn
-    assert v.col_data is not None and v.col_data.data_ptr() == g.columnwise_data.data_ptr()
+    assert v.rowwise.data[0].data_ptr() == payload.data_ptr() and v.rowwise.data[0].shape == (e, rows, cols)
+    assert v.rowwise.data[0].dtype == torch.float8_e4m3fn
+    assert v.columnwise.data[0] is not None and v.columnwise.data[0].data_ptr() == g.columnwise_data.data_ptr()
     want_rows = torch.stack([_logical_rows(s, rows, cols) for s in _members_scales(g, "_rowwise_scale_inv")])
     want_cols = torch.stack([_logical_cols_t(s, rows, cols) for s in _members_scales(g, "_columnwise_scale_inv")])
-    assert torch.equal(v.row_scales, spec_layout(want_rows))
-    assert torch.equal(v.col_scales, spec_layout(want_cols))
-    assert not v.row_scales_zero_copy
+    assert torch.equal(v.rowwise.scales[0], spec_layout(want_rows))
+    assert torch.equal(v.columnwise.scales[0], spec_layout(want_cols))
+    assert not v.rowwise.scales_zero_copy
     # TE's padding holds 0xFF garbage; the layout's padding must be zero
-    assert int((v.row_scales == 0xFF).sum()) == int((want_rows == 0xFF).sum())
+    assert int((v.rowwise.scales[0] == 0xFF).sum()) == int((want_rows == 0xFF).sum())
 
 
 @pytest.mark.parametrize("release", GROUPED_RELEASES)
@@ -65,30 +65,30 @@ def test_grouped_refresh_in_place(release: str, installed_te: Installer) -> None
     installed_te(release)
     g = T.grouped_tensor(release, 2, 256, 128, mxfp8=True)
     v = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True)
-    addresses = (v.row_scales.data_ptr(), v.col_scales.data_ptr())
+    addresses = (v.rowwise.scales[0].data_ptr(), v.columnwise.scales[0].data_ptr())
     g.scale_inv.random_(0, 255)  # TE re-quantised in place: new scale bytes, same buffers
     g.columnwise_scale_inv.random_(0, 255)
     again = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True, cached=v)
-    assert again is v and (v.row_scales.data_ptr(), v.col_scales.data_ptr()) == addresses
+    assert again is v and (v.rowwise.scales[0].data_ptr(), v.columnwise.scales[0].data_ptr()) == addresses
     want = torch.stack([_logical_rows(s, 256, 128) for s in _members_scales(g, "_rowwise_scale_inv")])
-    assert torch.equal(v.row_scales, spec_layout(want))
+    assert torch.equal(v.rowwise.scales[0], spec_layout(want))
 
 
 def test_grouped_bf16(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 4, 64, 32, mxfp8=False)
     v = grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=False)
-    assert v.row_data.data_ptr() == g.rowwise_data.data_ptr()
-    assert v.row_data.shape == (4, 64, 32) and v.row_data.dtype == torch.bfloat16
-    assert v.row_scales is None and v.col_data is None
-    assert torch.equal(v.row_data[1], g.rowwise_data[64 * 32 : 2 * 64 * 32].view(64, 32))
-    payload = v.row_data
+    assert v.rowwise.data[0].data_ptr() == g.rowwise_data.data_ptr()
+    assert v.rowwise.data[0].shape == (4, 64, 32) and v.rowwise.data[0].dtype == torch.bfloat16
+    assert v.rowwise.scales is None and v.columnwise is None
+    assert torch.equal(v.rowwise.data[0][1], g.rowwise_data[64 * 32 : 2 * 64 * 32].view(64, 32))
+    payload = v.rowwise.data[0]
     g.rowwise_data = g.rowwise_data.clone()  # TE moved the payload: a refresh points the view there
     assert grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=False, cached=v) is v
-    assert v.row_data is payload and payload.data_ptr() == g.rowwise_data.data_ptr()
+    assert v.rowwise.data[0] is payload and payload.data_ptr() == g.rowwise_data.data_ptr()
     q = grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=True)  # quantised by mok
-    assert q.quantized_on_the_fly and q.row_data.dtype == torch.float8_e4m3fn
-    assert q.row_data.data_ptr() != g.rowwise_data.data_ptr()  # mok's own buffers, not TE's
+    assert q.quantized_on_the_fly and q.rowwise.data[0].dtype == torch.float8_e4m3fn
+    assert q.rowwise.data[0].data_ptr() != g.rowwise_data.data_ptr()  # mok's own buffers, not TE's
     with pytest.raises(ExpertWeightError, match="holds no quantized data"):  # NVFP4: TE's storage only
         grouped_weight_view(g, num_experts=4, rows=64, columns=32, format="nvfp4")
 
@@ -98,17 +98,17 @@ def test_grouped_already_swizzled_aligned_is_zero_copy(installed_te: Installer) 
     g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True, swizzled=True)
     before = g.scale_inv.clone()
     v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
-    assert v.row_scales_zero_copy and v.row_scales.data_ptr() == g.scale_inv.data_ptr()
-    assert v.col_scales_zero_copy and v.col_scales.data_ptr() == g.columnwise_scale_inv.data_ptr()
+    assert v.rowwise.scales_zero_copy and v.rowwise.scales[0].data_ptr() == g.scale_inv.data_ptr()
+    assert v.columnwise.scales_zero_copy and v.columnwise.scales[0].data_ptr() == g.columnwise_scale_inv.data_ptr()
     assert torch.equal(g.scale_inv, before)  # never swizzled a second time
     # TE moves its swizzled buffer: the view's scales (the same tensor) follow it, as a new view's would
-    scales = v.row_scales
+    scales = v.rowwise.scales[0]
     g.scale_inv = torch.randint(0, 256, g.scale_inv.shape, dtype=torch.uint8)
     for e, m in enumerate(g.quantized_tensors):  # the members' views move with it
         m._rowwise_scale_inv = g.scale_inv[e * 512 : (e + 1) * 512].view(128, 4)
     grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
-    assert v.row_scales is scales and scales.data_ptr() == g.scale_inv.data_ptr()
-    assert torch.equal(v.row_scales.flatten(), g.scale_inv)
+    assert v.rowwise.scales[0] is scales and scales.data_ptr() == g.scale_inv.data_ptr()
+    assert torch.equal(v.rowwise.scales[0].flatten(), g.scale_inv)
     # TE now holds unswizzled scales in its buffer: refusing beats corrupting TE's storage
     g._with_gemm_swizzled_scales = False
     with pytest.raises(RefreshError, match="exposes TE's own swizzled scale buffer"):
@@ -119,8 +119,8 @@ def test_grouped_already_swizzled_padded_is_copied_not_converted(installed_te: I
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 160, 96, mxfp8=True, swizzled=True)
     v = grouped_weight_view(g, num_experts=2, rows=160, columns=96, use_mxfp8=True)
-    assert not v.row_scales_zero_copy and v.row_scales.data_ptr() != g.scale_inv.data_ptr()
-    assert torch.equal(v.row_scales.flatten(), g.scale_inv)
+    assert not v.rowwise.scales_zero_copy and v.rowwise.scales[0].data_ptr() != g.scale_inv.data_ptr()
+    assert torch.equal(v.rowwise.scales[0].flatten(), g.scale_inv)
 
 
 def test_grouped_members_not_packed(installed_te: Installer) -> None:
@@ -205,10 +205,10 @@ def test_grouped_refresh_follows_a_moved_payload(installed_te: Installer) -> Non
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 64, mxfp8=True)
     v = grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True)
-    payload = v.row_data
+    payload = v.rowwise.data[0]
     g.rowwise_data = g.rowwise_data.clone()
     grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True, cached=v)
-    assert v.row_data is payload and payload.data_ptr() == g.rowwise_data.data_ptr()
+    assert v.rowwise.data[0] is payload and payload.data_ptr() == g.rowwise_data.data_ptr()
     with pytest.raises(RefreshError, match=r"= \(3, 128, 64\), as asked for; found one of \(2, 128, 64\)"):
         grouped_weight_view(
             T.grouped_tensor("2.20.2", 3, 128, 64, mxfp8=True),
@@ -229,29 +229,31 @@ def test_split_mxfp8(release: str, rows: int, cols: int, installed_te: Installer
     installed_te(release)
     ps = [T.mxfp8_tensor(release, rows, cols, seed=e, param=True) for e in range(3)]
     v = split_weight_view(ps, rows=rows, columns=cols, use_mxfp8=True)
-    assert [t.data_ptr() for t in v.row_data] == [p._rowwise_data.data_ptr() for p in ps]
-    assert v.row_data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
-    assert v.col_data_ptrs is not None and v.col_data_ptrs.tolist() == [p._columnwise_data.data_ptr() for p in ps]
-    assert v.row_scale_ptrs.tolist() == [s.data_ptr() for s in v.row_scales]
-    assert v.col_scale_ptrs is not None and v.col_scales is not None
-    assert v.col_scale_ptrs.tolist() == [s.data_ptr() for s in v.col_scales]
+    assert [t.data_ptr() for t in v.rowwise.data] == [p._rowwise_data.data_ptr() for p in ps]
+    assert v.rowwise.data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
+    assert v.columnwise.data_ptrs is not None and v.columnwise.data_ptrs.tolist() == [
+        p._columnwise_data.data_ptr() for p in ps
+    ]
+    assert v.rowwise.scale_ptrs.tolist() == [s.data_ptr() for s in v.rowwise.scales]
+    assert v.columnwise.scale_ptrs is not None and v.columnwise.scales is not None
+    assert v.columnwise.scale_ptrs.tolist() == [s.data_ptr() for s in v.columnwise.scales]
     for e, p in enumerate(ps):
-        assert torch.equal(v.row_scales[e], spec_layout(_logical_rows(p._rowwise_scale_inv, rows, cols)))
-        assert torch.equal(v.col_scales[e], spec_layout(_logical_cols_t(p._columnwise_scale_inv, rows, cols)))
+        assert torch.equal(v.rowwise.scales[e], spec_layout(_logical_rows(p._rowwise_scale_inv, rows, cols)))
+        assert torch.equal(v.columnwise.scales[e], spec_layout(_logical_cols_t(p._columnwise_scale_inv, rows, cols)))
 
 
 def test_split_refresh_keeps_addresses_and_picks_up_values(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(4)]
     v = split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
-    ptrs = v.row_scale_ptrs.clone()
+    ptrs = v.rowwise.scale_ptrs.clone()
     for p in ps:
         p._rowwise_scale_inv.random_(0, 255)
     assert split_weight_view(ps, rows=128, columns=256, use_mxfp8=True, cached=v) is v
-    assert torch.equal(v.row_scale_ptrs, ptrs)
-    assert [s.data_ptr() for s in v.row_scales] == ptrs.tolist()
+    assert torch.equal(v.rowwise.scale_ptrs, ptrs)
+    assert [s.data_ptr() for s in v.rowwise.scales] == ptrs.tolist()
     for e, p in enumerate(ps):
-        assert torch.equal(v.row_scales[e], spec_layout(_logical_rows(p._rowwise_scale_inv, 128, 256)))
+        assert torch.equal(v.rowwise.scales[e], spec_layout(_logical_rows(p._rowwise_scale_inv, 128, 256)))
 
 
 def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -271,9 +273,9 @@ def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, mon
     split_weight_view(ps, rows=128, columns=256, use_mxfp8=True, cached=sv)
     grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True, cached=gv)
     assert planned == []  # nothing re-planned ...
-    assert torch.equal(sv.row_scales[2], spec_layout(_logical_rows(ps[2]._rowwise_scale_inv, 128, 256)))
+    assert torch.equal(sv.rowwise.scales[2], spec_layout(_logical_rows(ps[2]._rowwise_scale_inv, 128, 256)))
     assert torch.equal(
-        gv.row_scales,
+        gv.rowwise.scales[0],
         spec_layout(torch.stack([_logical_rows(s, 256, 128) for s in _members_scales(g, "_rowwise_scale_inv")])),
     )  # ... values fresh
     ps[1]._columnwise_scale_inv = ps[1]._columnwise_scale_inv.clone()  # TE moved one buffer
@@ -290,7 +292,7 @@ def test_split_refresh_follows_a_moved_payload(installed_te: Installer) -> None:
     v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
     ps[1]._rowwise_data = ps[1]._rowwise_data.clone()
     split_weight_view(ps, rows=128, columns=128, use_mxfp8=True, cached=v)
-    assert v.row_data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
+    assert v.rowwise.data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
 
 
 def test_split_mixed_swizzled_experts(installed_te: Installer) -> None:
@@ -300,8 +302,8 @@ def test_split_mixed_swizzled_experts(installed_te: Installer) -> None:
     ps[1]._rowwise_scale_inv = done.view(128, 4).clone()  # TE swizzled expert 1 in place
     ps[1]._with_gemm_swizzled_scales = True
     v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
-    assert torch.equal(v.row_scales[1], done)  # copied as-is, not converted twice
-    assert torch.equal(v.row_scales[0], spec_layout(_logical_rows(ps[0]._rowwise_scale_inv, 128, 128)))
+    assert torch.equal(v.rowwise.scales[1], done)  # copied as-is, not converted twice
+    assert torch.equal(v.rowwise.scales[0], spec_layout(_logical_rows(ps[0]._rowwise_scale_inv, 128, 128)))
 
 
 def test_split_all_swizzled_aligned_is_zero_copy(installed_te: Installer) -> None:
@@ -311,9 +313,9 @@ def test_split_all_swizzled_aligned_is_zero_copy(installed_te: Installer) -> Non
         for e in range(2)
     ]
     v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
-    assert v.row_scales_zero_copy
-    assert v.row_scale_ptrs.tolist() == [p._rowwise_scale_inv.data_ptr() for p in ps]
-    assert v.col_data is None and v.col_scales is None
+    assert v.rowwise.scales_zero_copy
+    assert v.rowwise.scale_ptrs.tolist() == [p._rowwise_scale_inv.data_ptr() for p in ps]
+    assert v.columnwise is None
 
 
 def test_split_wrong_expert_kind_names_expert_and_quantizer(installed_te: Installer) -> None:
@@ -348,9 +350,9 @@ def test_split_bf16(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [torch.nn.Parameter(torch.randn(64, 32, dtype=torch.bfloat16)) for _ in range(3)]
     v = split_weight_view(ps, rows=64, columns=32, use_mxfp8=False)
-    assert v.row_data_ptrs.tolist() == [p.data_ptr() for p in ps]
-    assert all(t.data_ptr() == p.data_ptr() and not t.requires_grad for t, p in zip(v.row_data, ps, strict=False))
-    table = v.row_data_ptrs
+    assert v.rowwise.data_ptrs.tolist() == [p.data_ptr() for p in ps]
+    assert all(t.data_ptr() == p.data_ptr() and not t.requires_grad for t, p in zip(v.rowwise.data, ps, strict=False))
+    table = v.rowwise.data_ptrs
     for p in ps:  # FSDP between steps: freed, then regathered into new memory
         p.untyped_storage().resize_(0)
     with pytest.raises(mok.StorageFreedError, match="expert 0 weight: its storage holds 0 bytes"):
@@ -358,7 +360,7 @@ def test_split_bf16(installed_te: Installer) -> None:
     for p in ps:
         p.untyped_storage().resize_(64 * 32 * 2)
     assert split_weight_view(ps, rows=64, columns=32, use_mxfp8=False, cached=v) is v
-    assert v.row_data_ptrs is table and table.tolist() == [p.data_ptr() for p in ps]
+    assert v.rowwise.data_ptrs is table and table.tolist() == [p.data_ptr() for p in ps]
     with pytest.raises(ExpertWeightError, match=r"expert 2: expected shape \(64, 32\); found \(32, 64\)"):
         split_weight_view([*ps[:2], torch.nn.Parameter(torch.randn(32, 64))], rows=64, columns=32, use_mxfp8=False)
 

@@ -204,12 +204,12 @@ def test_single_grouped_scale_view(release: str, rows: int, cols: int, installed
         v = W._single_grouped_mxfp8_scale_view(g, member_attr, (e, rows, cols // 32), name="fc1")
         assert v.data_ptr() == g.scale_inv.data_ptr()  # a view of TE's buffer, padding skipped
         assert torch.equal(v, _member_logical(g, "rowwise", rows, cols))
-        assert torch.equal(mok.swizzle_mxfp8_scales(v), public.row_scales)
+        assert torch.equal(mok.swizzle_mxfp8_scales(v), public.rowwise.scales[0])
     for member_attr in ("_columnwise_scale_inv", "columnwise_scale_inv"):
         v = W._single_grouped_mxfp8_scale_view(g, member_attr, (e, rows // 32, cols), name="fc1")
         assert v.data_ptr() == g.columnwise_scale_inv.data_ptr()
         assert torch.equal(v, _member_logical(g, "columnwise", rows, cols))
-        assert torch.equal(mok.swizzle_mxfp8_scales(v.transpose(1, 2)), public.col_scales)
+        assert torch.equal(mok.swizzle_mxfp8_scales(v.transpose(1, 2)), public.columnwise.scales[0])
 
 
 def test_single_grouped_scale_view_errors(installed_te: Installer) -> None:
@@ -274,11 +274,11 @@ def test_grouped_view_is_the_public_view(release: str, rows: int, cols: int, ins
     assert isinstance(got, tuple) and len(got) == 5 and got[4] is True
     row_data, row_scales, col_data, col_scales, _ = got
     payload = g.rowwise_data if T.rel(release) >= T.GROUPED_RENAME_SINCE else g.data
-    assert row_data.data_ptr() == payload.data_ptr() == public.row_data.data_ptr()
-    assert col_data.data_ptr() == g.columnwise_data.data_ptr() == public.col_data.data_ptr()
+    assert row_data.data_ptr() == payload.data_ptr() == public.rowwise.data[0].data_ptr()
+    assert col_data.data_ptr() == g.columnwise_data.data_ptr() == public.columnwise.data[0].data_ptr()
     for data in (row_data, col_data):
         assert data.dtype == torch.float8_e4m3fn and data.shape == (e, rows, cols)
-    assert torch.equal(row_scales, public.row_scales) and torch.equal(col_scales, public.col_scales)
+    assert torch.equal(row_scales, public.rowwise.scales[0]) and torch.equal(col_scales, public.columnwise.scales[0])
     assert torch.equal(row_scales, spec_layout(_member_logical(g, "rowwise", rows, cols)))
     assert torch.equal(col_scales, spec_layout(_member_logical(g, "columnwise", rows, cols).transpose(1, 2)))
 
@@ -330,8 +330,8 @@ def test_grouped_bf16(release: str, installed_te: Installer) -> None:
     got = W._native_single_grouped_weight_view(g, num_experts=3, rows=64, columns=32, use_mxfp8=False)
     public = mok.grouped_weight_view(g, num_experts=3, rows=64, columns=32, use_mxfp8=False)
     payload = g.rowwise_data if T.rel(release) >= T.GROUPED_RENAME_SINCE else g.data
-    assert got.data_ptr() == payload.data_ptr() == public.row_data.data_ptr()
-    assert got.shape == (3, 64, 32) and got.dtype == torch.bfloat16 and torch.equal(got, public.row_data)
+    assert got.data_ptr() == payload.data_ptr() == public.rowwise.data[0].data_ptr()
+    assert got.shape == (3, 64, 32) and got.dtype == torch.bfloat16 and torch.equal(got, public.rowwise.data[0])
 
 
 def test_grouped_bf16_plain_weight() -> None:
@@ -359,14 +359,14 @@ def test_split_view_is_the_public_view(release: str, rows: int, cols: int, insta
     assert got.native_columnwise is True
     assert got.data.data_ptr() == ps[0]._rowwise_data.data_ptr() and got.data.dtype == torch.float8_e4m3fn
     assert got.transposed_data.data_ptr() == ps[0]._columnwise_data.data_ptr()
-    assert got.storage_table.tolist() == public.row_data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
+    assert got.storage_table.tolist() == public.rowwise.data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
     assert got.transposed_storage_table.tolist() == [p._columnwise_data.data_ptr() for p in ps]
     assert got.scale is got.scale_tensors[0] and got.transposed_scale is got.transposed_scale_tensors[0]
     assert got.scale_storage_table.tolist() == [s.data_ptr() for s in got.scale_tensors]
     assert got.transposed_scale_storage_table.tolist() == [s.data_ptr() for s in got.transposed_scale_tensors]
     for e, p in enumerate(ps):
-        assert torch.equal(got.scale_tensors[e], public.row_scales[e])
-        assert torch.equal(got.transposed_scale_tensors[e], public.col_scales[e])
+        assert torch.equal(got.scale_tensors[e], public.rowwise.scales[e])
+        assert torch.equal(got.transposed_scale_tensors[e], public.columnwise.scales[e])
         assert torch.equal(got.scale_tensors[e], spec_layout(p._rowwise_scale_inv[:rows, : cols // 32]))
         assert torch.equal(got.transposed_scale_tensors[e], spec_layout(_col_t(p, rows, cols)))
 

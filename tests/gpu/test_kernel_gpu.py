@@ -353,7 +353,7 @@ def test_refresh_allocates_nothing_and_never_syncs(installed_te) -> None:  # typ
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocations
     for e, p in enumerate(ps):
         logical = p._rowwise_scale_inv[:256, :16]
-        assert torch.equal(view.row_scales[e], mok.swizzle_mxfp8_scales(logical, backend="torch"))
+        assert torch.equal(view.rowwise.scales[e], mok.swizzle_mxfp8_scales(logical, backend="torch"))
 
 
 def test_split_view_cuda_matches_torch(installed_te) -> None:  # type: ignore[no-untyped-def]
@@ -361,8 +361,9 @@ def test_split_view_cuda_matches_torch(installed_te) -> None:  # type: ignore[no
     ps = [T.mxfp8_tensor("2.20.2", 160, 96, seed=e, param=True, device=CUDA) for e in range(5)]
     fast = mok.split_weight_view(ps, rows=160, columns=96, use_mxfp8=True, backend="cuda")
     slow = mok.split_weight_view(ps, rows=160, columns=96, use_mxfp8=True, backend="torch")
-    assert fast.row_scale_ptrs.device.type == "cuda"
-    for a, b in zip(fast.row_scales + fast.col_scales, slow.row_scales + slow.col_scales, strict=True):
+    assert fast.rowwise.scale_ptrs.device.type == "cuda"
+    mine = fast.rowwise.scales + fast.columnwise.scales
+    for a, b in zip(mine, slow.rowwise.scales + slow.columnwise.scales, strict=True):
         assert torch.equal(a, b)
 
 
@@ -379,7 +380,8 @@ def test_refresh_layer_is_one_launch(installed_te, monkeypatch: pytest.MonkeyPat
     # one launch; fc2's four experts per usage merge into one pointer-table job each
     assert launches == [2 + 2]
     want = mok.grouped_weight_view(fc1, num_experts=4, rows=512, columns=256, use_mxfp8=True, backend="torch")
-    assert torch.equal(v1.row_scales, want.row_scales) and torch.equal(v1.col_scales, want.col_scales)
+    assert torch.equal(v1.rowwise.scales[0], want.rowwise.scales[0])
+    assert torch.equal(v1.columnwise.scales[0], want.columnwise.scales[0])
 
 
 def test_bad_input_is_refused_before_launch() -> None:

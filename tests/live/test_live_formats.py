@@ -80,8 +80,8 @@ def test_nvfp4_split_views_match_te_swizzle(m: int, k: int, evidence: Evidence) 
     logical = [seed_nvfp4(evidence, p, m, k) for p in params]
     view = mok.split_weight_view(params, rows=m, columns=k, format="nvfp4")
     assert view.format == "nvfp4"
-    assert view.row_data_ptrs.tolist() == [te_compat.nvfp4_storage(p).rowwise_data.data_ptr() for p in params]  # type: ignore[attr-defined]
-    ours = [(r.clone(), c.clone()) for r, c in zip(view.row_scales, view.col_scales, strict=True)]
+    assert view.rowwise.data_ptrs.tolist() == [te_compat.nvfp4_storage(p).rowwise_data.data_ptr() for p in params]  # type: ignore[attr-defined]
+    ours = [(r.clone(), c.clone()) for r, c in zip(view.rowwise.scales, view.columnwise.scales, strict=True)]
     for e, p in enumerate(params):
         compare_nvfp4_member(evidence, p, logical[e], ours[e], m, k, f"expert {e}")
 
@@ -102,9 +102,9 @@ def test_nvfp4_grouped_view_matches_te_swizzle(m: int, k: int, evidence: Evidenc
         s = te_compat.nvfp4_storage(member)  # type: ignore[attr-defined]
         logical.append((s.rowwise_scale_inv[:m, : k // 16].clone(), s.columnwise_scale_inv[:k, : m // 16].clone()))
     v = mok.grouped_weight_view(w, num_experts=E, rows=m, columns=k, format="nvfp4")
-    assert v.format == "nvfp4" and v.row_data.data_ptr() == gs.rowwise_data.data_ptr()
-    per_row, per_col = v.row_scales.numel() // E, v.col_scales.numel() // E
-    rows_flat, cols_flat = v.row_scales.reshape(-1).clone(), v.col_scales.reshape(-1).clone()
+    assert v.format == "nvfp4" and v.rowwise.data[0].data_ptr() == gs.rowwise_data.data_ptr()
+    per_row, per_col = v.rowwise.scales[0].numel() // E, v.columnwise.scales[0].numel() // E
+    rows_flat, cols_flat = v.rowwise.scales[0].reshape(-1).clone(), v.columnwise.scales[0].reshape(-1).clone()
     for e, member in enumerate(gs.members):
         ours = (rows_flat[e * per_row : (e + 1) * per_row], cols_flat[e * per_col : (e + 1) * per_col])
         compare_nvfp4_member(evidence, member, logical[e], ours, m, k, f"expert {e}")

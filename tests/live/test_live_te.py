@@ -138,10 +138,10 @@ def test_split_views_match_te_swizzle(m: int, k: int, evidence: Evidence) -> Non
         source = seed_mxfp8(evidence, p)
         logical.append([x.clone() for x in logical_mxfp8(source, m, k)])
     view = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True)
-    assert view.row_data_ptrs.tolist() == [p.get_data_tensors()[0].data_ptr() for p in params]
-    assert view.col_data_ptrs.tolist() == [p.get_data_tensors()[1].data_ptr() for p in params]
-    ours_row = [s.clone() for s in view.row_scales]
-    ours_col = [s.clone() for s in view.col_scales]
+    assert view.rowwise.data_ptrs.tolist() == [p.get_data_tensors()[0].data_ptr() for p in params]
+    assert view.columnwise.data_ptrs.tolist() == [p.get_data_tensors()[1].data_ptr() for p in params]
+    ours_row = [s.clone() for s in view.rowwise.scales]
+    ours_col = [s.clone() for s in view.columnwise.scales]
     for p in params:
         swizzle(p)  # TE's own swizzle, in place: new scale buffers, flag set
     for e, p in enumerate(params):
@@ -152,14 +152,14 @@ def test_split_views_match_te_swizzle(m: int, k: int, evidence: Evidence) -> Non
         assert_same_layout(st.rowwise_scale_inv, ours_row[e], m, k // 32, f"expert {e} rowwise")
         assert_same_layout(st.columnwise_scale_inv, ours_col[e], k, m // 32, f"expert {e} columnwise")
     # refresh after TE swizzled: TE's buffers are used as they are (copied to our addresses)
-    addresses = view.row_scale_ptrs.tolist()
+    addresses = view.rowwise.scale_ptrs.tolist()
     mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True, cached=view)
-    assert view.row_scale_ptrs.tolist() == addresses
-    assert all(torch.equal(a, b) for a, b in zip(view.row_scales, ours_row, strict=True))
+    assert view.rowwise.scale_ptrs.tolist() == addresses
+    assert all(torch.equal(a, b) for a, b in zip(view.rowwise.scales, ours_row, strict=True))
     # a fresh view of TE-swizzled aligned scales is zero-copy
     fresh = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True)
     aligned = m % 128 == 0 and (k // 32) % 4 == 0
-    assert fresh.row_scales_zero_copy == aligned
+    assert fresh.rowwise.scales_zero_copy == aligned
 
 
 def _requantize_or_seed(params: list[torch.nn.Parameter], m: int, k: int, ev: Evidence) -> str:
@@ -193,22 +193,22 @@ def test_refresh_after_te_requantizes_in_place(evidence: Evidence) -> None:
     for p in params:
         seed_mxfp8(evidence, p)
     view = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True)
-    addresses = (view.row_scale_ptrs.tolist(), view.col_scale_ptrs.tolist())
-    old_row = [s.clone() for s in view.row_scales]
+    addresses = (view.rowwise.scale_ptrs.tolist(), view.columnwise.scale_ptrs.tolist())
+    old_row = [s.clone() for s in view.rowwise.scales]
     label = _requantize_or_seed(params, m, k, evidence)
     mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True, cached=view)
-    assert (view.row_scale_ptrs.tolist(), view.col_scale_ptrs.tolist()) == addresses
+    assert (view.rowwise.scale_ptrs.tolist(), view.columnwise.scale_ptrs.tolist()) == addresses
     for e, p in enumerate(params):
         st = te_compat.mxfp8_storage(p)
         assert not st.scales_swizzled, "this test re-quantises compact (unswizzled) scales"
         row, col = logical_mxfp8(st, m, k)
         evidence.compared(f"expert {e} rowwise scales after re-quantisation", row, label)
         evidence.compared(f"expert {e} columnwise scales after re-quantisation", col, label)
-        assert not torch.equal(view.row_scales[e], old_row[e]), f"expert {e}: the refresh left the old layout"
+        assert not torch.equal(view.rowwise.scales[e], old_row[e]), f"expert {e}: the refresh left the old layout"
         want_row = spec_layout(row.cpu()).to(row.device)  # the spec's offsets, independent of mok
         want_col = spec_layout(col.t().contiguous().cpu()).to(col.device)
-        assert torch.equal(view.row_scales[e].reshape(-1), want_row.reshape(-1)), f"expert {e} rowwise"
-        assert torch.equal(view.col_scales[e].reshape(-1), want_col.reshape(-1)), f"expert {e} columnwise"
+        assert torch.equal(view.rowwise.scales[e].reshape(-1), want_row.reshape(-1)), f"expert {e} rowwise"
+        assert torch.equal(view.columnwise.scales[e].reshape(-1), want_col.reshape(-1)), f"expert {e} columnwise"
 
 
 def test_uninitialised_padding_never_reaches_the_layout(evidence: Evidence) -> None:
@@ -243,13 +243,15 @@ def test_gemm_layout_request_makes_te_requantise_into_a_zero_copy_view() -> None
     storages = [te_compat.mxfp8_storage(p) for p in params]
     assert all(s.scales_swizzled for s in storages), "TE re-quantised without GEMM-layout scales"
     view = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True)
-    assert view.row_scales_zero_copy and view.col_scales_zero_copy
-    assert view.row_scale_ptrs.tolist() == [s.rowwise_scale_inv.data_ptr() for s in storages]
-    assert view.col_scale_ptrs.tolist() == [s.columnwise_scale_inv.data_ptr() for s in storages]
+    assert view.rowwise.scales_zero_copy and view.columnwise.scales_zero_copy
+    assert view.rowwise.scale_ptrs.tolist() == [s.rowwise_scale_inv.data_ptr() for s in storages]
+    assert view.columnwise.scale_ptrs.tolist() == [s.columnwise_scale_inv.data_ptr() for s in storages]
     for p in params:
         p.quantize_(torch.randn(m, k, dtype=torch.bfloat16, device="cuda"))
     again = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True, cached=view)
-    assert again.row_scale_ptrs.tolist() == [te_compat.mxfp8_storage(p).rowwise_scale_inv.data_ptr() for p in params]
+    assert again.rowwise.scale_ptrs.tolist() == [
+        te_compat.mxfp8_storage(p).rowwise_scale_inv.data_ptr() for p in params
+    ]
 
 
 def _grouped_layer(m: int, k: int, mxfp8: bool) -> torch.nn.Parameter:
@@ -282,8 +284,8 @@ def test_grouped_bf16_view_is_zero_copy() -> None:
     w = _grouped_layer(m, k, mxfp8=False)
     assert te_compat.tensor_kind(w) is TensorKind.GROUPED
     v = mok.grouped_weight_view(w, num_experts=E, rows=m, columns=k, use_mxfp8=False)
-    assert v.row_data.data_ptr() == te_compat.storage_attr(w, "rowwise_data").data_ptr()
-    assert v.row_data.shape == (E, m, k) and v.row_data.dtype == torch.bfloat16
+    assert v.rowwise.data[0].data_ptr() == te_compat.storage_attr(w, "rowwise_data").data_ptr()
+    assert v.rowwise.data[0].shape == (E, m, k) and v.rowwise.data[0].dtype == torch.bfloat16
 
 
 def check_grouped_mxfp8_against_te(w: object, m: int, k: int, ev: Evidence) -> None:
@@ -295,17 +297,17 @@ def check_grouped_mxfp8_against_te(w: object, m: int, k: int, ev: Evidence) -> N
     label = ev.fill_random_(gs.rowwise_data, gs.rowwise_scale_inv, gs.columnwise_data, gs.columnwise_scale_inv)
     logical = [[x.clone() for x in logical_mxfp8(te_compat.mxfp8_storage(mem), m, k)] for mem in gs.members]
     v = mok.grouped_weight_view(w, num_experts=E, rows=m, columns=k, use_mxfp8=True)
-    assert v.row_data.data_ptr() == gs.rowwise_data.data_ptr()
-    assert v.col_data is not None and v.col_data.data_ptr() == gs.columnwise_data.data_ptr()
-    per_row = v.row_scales.numel() // E
-    per_col = v.col_scales.numel() // E
+    assert v.rowwise.data[0].data_ptr() == gs.rowwise_data.data_ptr()
+    assert v.columnwise.data[0] is not None and v.columnwise.data[0].data_ptr() == gs.columnwise_data.data_ptr()
+    per_row = v.rowwise.scales[0].numel() // E
+    per_col = v.columnwise.scales[0].numel() // E
     for e, member in enumerate(gs.members):
         ev.compared(f"expert {e} rowwise scales", logical[e][0], label)
         ev.compared(f"expert {e} columnwise scales", logical[e][1], label)
         swizzle(member)  # TE swizzles each member's scales into a new buffer
         st = te_compat.mxfp8_storage(member)
-        ours_row = v.row_scales.reshape(-1)[e * per_row : (e + 1) * per_row]
-        ours_col = v.col_scales.reshape(-1)[e * per_col : (e + 1) * per_col]
+        ours_row = v.rowwise.scales[0].reshape(-1)[e * per_row : (e + 1) * per_row]
+        ours_col = v.columnwise.scales[0].reshape(-1)[e * per_col : (e + 1) * per_col]
         assert_same_layout(st.rowwise_scale_inv, ours_row, m, k // 32, f"expert {e} rowwise")
         assert_same_layout(st.columnwise_scale_inv, ours_col, k, m // 32, f"expert {e} columnwise")
 
