@@ -98,12 +98,12 @@ def pipelined_us(fns: Sequence[Callable[[], object]]) -> float:
 @contextlib.contextmanager
 def conversion_not_run() -> Iterator[None]:
     """CPU only: skip the torch reference's work so that what is timed is mok's host path."""
-    real = mok.work.PreparedWork.run
-    mok.work.PreparedWork.run = lambda self: None  # type: ignore[method-assign]
+    real = mok.plan.work.PreparedWork.run
+    mok.plan.work.PreparedWork.run = lambda self: None  # type: ignore[method-assign]
     try:
         yield
     finally:
-        mok.work.PreparedWork.run = real  # type: ignore[method-assign]
+        mok.plan.work.PreparedWork.run = real  # type: ignore[method-assign]
 
 
 # ------------------------------------------------------------------------------ weights

@@ -58,7 +58,7 @@ from mok.kernels.config import SHAPE_ENV, KernelConfig, launch_shapes
 from mok.kernels.jobs import Job, convert_job, copy_job
 from mok.kernels.launch import Launch
 from mok.layout import swizzle_reference, unswizzle_reference
-from mok.work import ScaleWork, run_work
+from mok.plan.work import ScaleWork, run_work
 
 Fn = Callable[[], object]
 ROW_CASES = [(256, 2048, 7168), (32, 4096, 7168), (8, 7168, 2048), (1, 65536, 7168), (256, 2080, 7200)]

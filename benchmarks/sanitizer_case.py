@@ -6,7 +6,7 @@ launch), or the shapes named as arguments.
     compute-sanitizer --tool racecheck python benchmarks/sanitizer_case.py
     compute-sanitizer --tool synccheck python benchmarks/sanitizer_case.py [default 16x128]
 
-Public API only: mok.swizzle_mxfp8_scales(_many), mok.work.run_work and mok.kernels' job API
+Public API only: mok.swizzle_mxfp8_scales(_many), mok.plan.work.run_work and mok.kernels' job API
 (jobs.convert_job, jobs.copy_job, launch.Launch); a shape is chosen through MOK_KERNEL_SHAPE
 (bench_swizzle.use_shape). Every job mode (rows 16/4/1-byte, padded slabs, rows wider than a slab,
 columnwise transpose, gather, copy), per-expert pointer tables (conversions and copies of one size),
@@ -28,7 +28,7 @@ import mok
 from mok.kernels.jobs import convert_job, copy_job
 from mok.kernels.launch import Launch
 from mok.layout import swizzle_reference
-from mok.work import ScaleWork, run_work
+from mok.plan.work import ScaleWork, run_work
 
 SHAPES = ["default", "16x128", "32x256"]
 

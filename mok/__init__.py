@@ -10,10 +10,10 @@ from mok.grouped import grouped_weight_view
 from mok.kernels.quantize import QuantizeOutputs
 from mok.layer import LayerRefresh, refresh_layer
 from mok.layout import layout_offset, layout_shape, padded_shape
-from mok.per_expert import split_weight_view
 from mok.quantize import quantize_mxfp8
 from mok.readback import logical_scales
 from mok.shared_expert import prepare_shared_expert_config
+from mok.split import split_weight_view
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many, unswizzle_mxfp8_scales
 from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights, ViewDirection, storage_view
 

@@ -6,7 +6,7 @@ decided and checked here, once.
 quantised by mok (on the fly, when MXFP8 is asked of BF16 weights), TE's MXFP8/NVFP4/hybrid
 storage one Parameter per expert or one grouped Parameter; and checks every argument (sizes,
 format, the list of experts) before anything is read. The reader then goes through the one
-pipeline (mok.pipeline), whose refresh guard compares what the reader read.
+pipeline (mok.plan.pipeline), whose refresh guard compares what the reader read.
 
 A caller that brings its own functions for the steps of a view (the mok.weights drop-in, as
 Megatron's module composes them) passes them in as mok.seams.Seams: where they are mok's own and
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from mok.formats import Format
-from mok.pipeline import Reader
-from mok.readers import BF16Reader, GroupedReader, SplitReader, is_bf16_group
+from mok.plan.pipeline import Reader
+from mok.read.readers import BF16Reader, GroupedReader, SplitReader, is_bf16_group
 from mok.views import ExpertWeights, check_sizes, param_list
 from te_compat import TensorKind, tensor_kind_or_none
 

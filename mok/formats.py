@@ -1,7 +1,7 @@
 """The formats of mok's views: the enum a view's format is, and the one place a name becomes one.
 
 How TE stores a block-scaled format (payload packing, padded scale buffers, orientation) is
-te_compat's to say (te_compat.geometry); how mok reads it, mok.blocks'.
+te_compat's to say (te_compat.geometry); how mok reads it, mok.read.blocks'.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Views over one grouped expert Parameter ``(E, rows, columns)``: the public entry through the
-one door (mok.door) and the one pipeline (mok.pipeline)."""
+one door (mok.door) and the one pipeline (mok.plan.pipeline)."""
 
 from __future__ import annotations
 
 from mok.backend import backend_argument, preference
 from mok.door import reader_for
 from mok.formats import Format, format_named
-from mok.pipeline import view_or_refresh
+from mok.plan.pipeline import view_or_refresh
 from mok.views import GroupedExpertWeights
 
 

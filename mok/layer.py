@@ -1,5 +1,5 @@
 """One kernel launch for every cached view of a MoE layer, planned once and owned by the layer:
-the layer's entries go through the one pipeline (mok.pipeline.refresh) together."""
+the layer's entries go through the one pipeline (mok.plan.pipeline.refresh) together."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from mok.backend import backend_argument
 from mok.door import reader_for
 from mok.errors import RefreshError
-from mok.pipeline import LayerRerun, Reader, refresh
+from mok.plan.pipeline import LayerRerun, Reader, refresh
 from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights
 from te_compat import on_refresh
 

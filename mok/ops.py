@@ -44,8 +44,8 @@ from mok.errors import LayoutError
 from mok.kernels.quantize import DTYPES, QuantizeOutputs, check_outputs, check_source, output_shapes
 from mok.layout import as_batch, check_layout_of, check_out, check_writable
 from mok.overlap import check_no_overlap, self_overlapping
+from mok.plan.work import QuantizeWork, ScaleWork, run_work
 from mok.quantize_reference import check_input
-from mok.work import QuantizeWork, ScaleWork, run_work
 
 _LIB = torch.library.Library("mok", "DEF")  # type: ignore[no-untyped-call]
 _SCHEMAS = (
@@ -197,7 +197,7 @@ for _name, _impl, _check in (
     ("unswizzle_mxfp8_scales", _unswizzle, _unswizzle_args),
     ("quantize_mxfp8", _quantize, _quantize_shapes),
 ):
-    for _key in ("CPU", "CUDA"):  # mok.work.run_work: the reference on the CPU, the kernel on CUDA
+    for _key in ("CPU", "CUDA"):  # mok.plan.work.run_work: the reference on the CPU, the kernel on CUDA
         _LIB.impl(_name, _impl, _key)  # type: ignore[no-untyped-call]
     torch.library.register_fake(f"mok::{_name}", _checks_only(_check), lib=_LIB)
 # Two empty lists are no tensor argument, hence no dispatch key: the dispatcher then runs the

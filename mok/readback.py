@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import torch
 
-from mok.blocks import BLOCK_OF_KIND, BlockFormat, Direction, block_format
 from mok.errors import ExpertWeightError
 from mok.layout import layout_shape, te_swizzled_layout
+from mok.plan.work import ScaleWork, run_work
+from mok.read.blocks import BLOCK_OF_KIND, BlockFormat, Direction, block_format
 from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
-from mok.work import ScaleWork, run_work
 from te_compat import tensor_kind
 
 DIRECTIONS = ("rowwise", "columnwise")

@@ -23,12 +23,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from mok.blocks import BLOCKS
 from mok.checks import check_int, check_sequence, describe
 from mok.errors import ExpertWeightError, LayoutError, RefreshError
 from mok.formats import Format
 from mok.layout import MXFP8_BLOCK
-from mok.readers import GroupedReader, is_bf16_group
+from mok.read.blocks import BLOCKS
+from mok.read.readers import GroupedReader, is_bf16_group
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
 from te_compat import TensorKind, grouped_storage, known_storage_name, scale_matrix, storage_field, tensor_kind_or_none

@@ -1,4 +1,4 @@
-"""The view types of mok and what the grouped (mok.grouped) and per-expert (mok.per_expert)
+"""The view types of mok and what the grouped (mok.grouped) and per-expert (mok.split)
 paths share: zero-copy payload views and device pointer tables.
 
 A view is a weight's shape and format and one :class:`ViewDirection` per direction TE stores
@@ -6,7 +6,7 @@ A view is a weight's shape and format and one :class:`ViewDirection` per directi
 backward ones). Payloads are views of TE's own buffers (same data pointers). Block scales
 (MXFP8, NVFP4) are in the tcgen05 layout, in buffers the view owns (or TE's own, when TE wrote
 them swizzled and aligned), refreshed in place (``cached=``) so kernels captured in a CUDA graph
-keep valid addresses. Data only: reading, planning and launching are mok.pipeline's. This module
+keep valid addresses. Data only: reading, planning and launching are mok.plan.pipeline's. This module
 names no TE attribute.
 """
 
@@ -51,14 +51,14 @@ class _Runs(Protocol):
 
 
 class Prepared(Protocol):
-    """A prepared refresh (mok.pipeline.PreparedRefresh): its ``work`` runs the launch again."""
+    """A prepared refresh (mok.plan.pipeline.PreparedRefresh): its ``work`` runs the launch again."""
 
     @property
     def work(self) -> _Runs: ...
 
 
 class RefreshPlan:
-    """The prepared refresh of one view or one layer, as mok.pipeline leaves it: ``prepared``
+    """The prepared refresh of one view or one layer, as mok.plan.pipeline leaves it: ``prepared``
     (the launch, its guard and backend: one object, replaced whole when planned again) and how
     often it was planned."""
 

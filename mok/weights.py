@@ -28,7 +28,7 @@ from mok import door, seams
 from mok.checks import check_bool, describe
 from mok.errors import MokError, RefreshError
 from mok.formats import Format
-from mok.pipeline import view_or_refresh
+from mok.plan.pipeline import view_or_refresh
 from mok.shared_expert import bf16_copy, warn_shared_experts_bf16
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device
 from te_compat import TECompatError, TensorKind

@@ -29,7 +29,7 @@ from te_compat.probe import (
     tensor_kind_or_none,
 )
 from te_compat.quantize import mxfp8_quantize_into
-from te_compat.snapshots import (
+from te_compat.storage import (
     BlockwiseStorage,
     Float8Storage,
     GroupedStorage,

@@ -944,7 +944,7 @@ def test_a_group_with_a_shape_short_of_its_experts_is_refused(shapes: object, in
 
 def test_records_needs_a_column_for_every_field() -> None:
     """snapshot.records makes named tuples through tuple.__new__, which checks no arity."""
-    from mok.snapshot import ScaleSource, records
+    from mok.read.reading import ScaleSource, records
 
     with pytest.raises(TypeError, match=r"expected a column for each field of ScaleSource .*; found 2"):
         records(ScaleSource, ["a"], ["b"])

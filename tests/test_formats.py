@@ -17,7 +17,7 @@ from matrix.check import check_record, check_release, lineage, uncovered_quantiz
 from matrix.extract import load_record
 from matrix.releases import matrix_release
 from te_compat import StorageNotFoundError, TensorKind, UnsupportedTensorError
-from te_compat.snapshots import blockwise_storage, hybrid_storage, nvfp4_storage
+from te_compat.storage import blockwise_storage, hybrid_storage, nvfp4_storage
 from tests import te_objects as T
 
 Installer = Callable[..., None]

@@ -16,7 +16,7 @@ from mok.kernels import launch
 from mok.kernels.abi import FLAG_INDIRECT, FLAG_PARTS, FLAG_SLAB, MODE_COLS, MODE_COPY, MODE_GATHER, MODE_ROWS
 from mok.kernels.config import KernelConfig, LaunchShapes
 from mok.kernels.jobs import DescriptorTable, Job, JobGroup, config_for, convert_job, copy_job, describe, jobs_of
-from mok.work import ScaleWork, run_work
+from mok.plan.work import ScaleWork, run_work
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 
@@ -101,8 +101,8 @@ def test_jobs_of_a_view_equal_a_job_per_item(shape: tuple[int, ...], strides: tu
     outs = torch.empty(mok.layout_shape(256, 8, 8), dtype=torch.uint8).split(mok.layout_shape(256, 8)[0])
     offsets = [0, 16, 4, 1, 32, 12, 0, 3]
     pairs = zip(offsets, outs, strict=True)
-    work = [mok.work.ScaleWork(_ptr_tensor(shape, strides, offset=o), out) for o, out in pairs]
-    work.append(mok.work.ScaleWork(outs[0].flatten(), outs[1].flatten(), copy=True))
+    work = [mok.plan.work.ScaleWork(_ptr_tensor(shape, strides, offset=o), out) for o, out in pairs]
+    work.append(mok.plan.work.ScaleWork(outs[0].flatten(), outs[1].flatten(), copy=True))
     want = [convert_job(w.src, w.dst) for w in work[:-1]] + [copy_job(work[-1].src, work[-1].dst)]
     got = jobs_of(work)
     expanded = [j for g in got for j in (g.expand() if isinstance(g, JobGroup) else [g])]

@@ -23,7 +23,7 @@ from mok.kernels.abi import (
 )
 from mok.kernels.config import KernelConfig, LaunchShapes
 from mok.kernels.jobs import Job, JobGroup, config_for, convert_job, describe, inverse_jobs, jobs_of, unswizzle_job
-from mok.work import ScaleWork
+from mok.plan.work import ScaleWork
 
 CONFIGS = [LaunchShapes().other, LaunchShapes().rowwise]  # both shapes a launch takes
 SOURCE = Path(mok.kernels.__file__).with_name("mxfp8_swizzle.cu")

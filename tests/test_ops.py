@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mok
 import te_compat
-from mok import work
+from mok.plan import work
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 

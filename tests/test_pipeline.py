@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import mok
-from mok import pipeline, snapshot
 from mok import weights as W
+from mok.plan import pipeline
+from mok.read import reading as snapshot
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 from tests.test_imports import _import_graph
@@ -209,7 +210,7 @@ def test_a_reading_answers_with_what_it_read_whenever_asked(installed_te: Instal
         p._rowwise_scale_inv = _fresh(p._rowwise_scale_inv, 3)
     assert reading.names == names and reading.tensor_columns == (1, 2, 3, 4)
     assert all(a is b for a, b in zip(reading.column("rowwise_scale_inv"), old_scales, strict=True))
-    assert not mok.refresh.StorageGuard(ps, [reading]).unchanged(ps)
+    assert not mok.plan.guard.StorageGuard(ps, [reading]).unchanged(ps)
 
 
 def test_a_direction_without_data_but_with_a_scale_buffer_is_watched(installed_te: Installer) -> None:
@@ -317,7 +318,14 @@ def test_views_hold_data_only() -> None:
     def below(module: str) -> set[str]:
         return set().union(*({d} | below(d) for d in graph[module])) if graph[module] else set()
 
-    stack = {"mok.pipeline", "mok.readers", "mok.refresh", "mok.snapshot", "mok.work", "mok.kernels.launch"}
+    stack = {
+        "mok.plan.pipeline",
+        "mok.read.readers",
+        "mok.plan.guard",
+        "mok.read.reading",
+        "mok.plan.work",
+        "mok.kernels.launch",
+    }
     assert not below("mok.views") & stack, below("mok.views")
 
 
@@ -356,11 +364,11 @@ def test_a_first_view_enters_each_module_once(installed_te: Installer, entry: st
 
     first_view()  # compiled regexes, cached readers: the steady state
     stacks = list(_mok_stacks(first_view))
-    module = "mok.per_expert" if entry == "split" else "mok.grouped"
+    module = "mok.split" if entry == "split" else "mok.grouped"
     called = [callee for callee, below in stacks if below and below[-1] == module and callee != module]
     in_order = [m for m, _ in itertools.groupby(called) if m.startswith("mok")]
     assert len(in_order) == len(set(in_order)), in_order
-    assert in_order[-1] == "mok.pipeline"  # which reads through the reader, plans and launches
+    assert in_order[-1] == "mok.plan.pipeline"  # which reads through the reader, plans and launches
     for callee, below in stacks:
         chain = [m for m, _ in itertools.groupby([*below, callee]) if m.startswith("mok")]
         assert len(chain) == len(set(chain)), chain  # a module re-entered from below it

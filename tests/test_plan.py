@@ -14,7 +14,7 @@ import torch
 
 import mok
 from mok import ExpertWeightError, RefreshError, grouped_weight_view, split_weight_view
-from mok import pipeline as mok_plan
+from mok.plan import pipeline as mok_plan
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 from tests.standins import make_standin
@@ -38,9 +38,9 @@ def planned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def _prepared(v: Any) -> mok.pipeline.PreparedRefresh:
+def _prepared(v: Any) -> mok.plan.pipeline.PreparedRefresh:
     prepared = v.refresh_plan.prepared
-    assert isinstance(prepared, mok.pipeline.PreparedRefresh)
+    assert isinstance(prepared, mok.plan.pipeline.PreparedRefresh)
     return prepared
 
 
@@ -376,7 +376,7 @@ def test_refresh_of_te_swizzled_aligned_scales_moves_no_byte(
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     assert v.rowwise.scales_zero_copy and _prepared(v).work.work == []
     runs: list[str] = []
-    monkeypatch.setattr(mok.work, "swizzle_reference", lambda *a: runs.append("convert"))
+    monkeypatch.setattr(mok.plan.work, "swizzle_reference", lambda *a: runs.append("convert"))
     monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: runs.append("copy"))
     for p in ps:  # TE re-quantised in place, GEMM layout again: same buffers, new bytes
         p._rowwise_scale_inv.random_(0, 255)
@@ -436,7 +436,7 @@ def test_run_unchecked_reruns_without_reading_te(installed_te: Installer, monkey
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     ps[0]._rowwise_scale_inv.random_(0, 255)
-    monkeypatch.setattr(mok.refresh.StorageGuard, "unchanged", lambda *a: pytest.fail("the unchecked run read TE"))
+    monkeypatch.setattr(mok.plan.guard.StorageGuard, "unchanged", lambda *a: pytest.fail("the unchecked run read TE"))
     v.refresh_plan.run_unchecked()
     assert torch.equal(v.rowwise.scales[0], spec_layout(ps[0]._rowwise_scale_inv[:R, : C // 32]))
     with pytest.raises(RefreshError, match="nothing prepared yet"):
@@ -501,8 +501,8 @@ def test_the_guard_catches_each_change_whatever_it_reads(
         ws[0]._columnwise_scale_inv = None
     elif layout == "two classes":
         ws[2] = _nvfp4_params("2.20.2", R, C, 1)[0]
-    names = None if layout == "two classes" else mok.blocks.BLOCKS[mok.Format.MXFP8].storage_names
-    guard = mok.refresh.StorageGuard(ws, [mok.snapshot.read_storage(ws, names)])
+    names = None if layout == "two classes" else mok.read.blocks.BLOCKS[mok.Format.MXFP8].storage_names
+    guard = mok.plan.guard.StorageGuard(ws, [mok.read.reading.read_storage(ws, names)])
     assert guard.unchanged(list(ws))
     target = ws[1]
     if change == "memory under the same object":
@@ -520,7 +520,7 @@ def test_work_on_two_devices_is_refused() -> None:
     src = torch.zeros(1, 128, 4, dtype=torch.uint8)
     dst = torch.empty(mok.layout_shape(128, 4), dtype=torch.uint8, device="meta")
     with pytest.raises(mok.LayoutError, match="scale work item 0 has tensors on cpu and meta"):
-        mok.work.PreparedWork([mok.work.ScaleWork(src, dst)], "torch")
+        mok.plan.work.PreparedWork([mok.plan.work.ScaleWork(src, dst)], "torch")
 
 
 def test_the_guard_keeps_the_old_memory_alive(installed_te: Installer) -> None:

@@ -17,8 +17,8 @@ from mok.backend import Backend
 from mok.errors import LayoutError
 from mok.kernels import quantize as Q
 from mok.layout import layout_shape
+from mok.plan.work import QuantizeWork
 from mok.quantize_reference import ProductRule, ReciprocalRule
-from mok.work import QuantizeWork
 from tests.emulator import emulate_quantize as EQ
 
 SOURCE = Path(Q.__file__).with_name(Q.SOURCE_NAME)

@@ -13,8 +13,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mok
-from mok import pipeline
 from mok.kernels.quantize import empty_outputs
+from mok.plan import pipeline
 from mok.quantize_reference import quantize_mxfp8_reference
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout

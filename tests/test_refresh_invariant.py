@@ -527,7 +527,8 @@ def test_installed_release_clears_every_cache_it_filled_on_exit() -> None:
     memory classes, the CUDA device, the verified rows of the table) is forgotten when it ends."""
     from packaging.version import Version
 
-    from mok import layer, memory
+    from mok import layer
+    from mok.read import memory
     from te_compat import probe
 
     capabilities = importlib.import_module("te_compat.capabilities")

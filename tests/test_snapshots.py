@@ -19,7 +19,7 @@ from te_compat import (
     UnknownStorageNameError,
     UnsupportedTensorError,
 )
-from te_compat.snapshots import StorageSnapshot
+from te_compat.storage import StorageSnapshot
 from tests import te_objects as T
 from tests.standins import make_standin
 
@@ -63,7 +63,7 @@ def _snapshot(name: str, release: str, swizzled: bool) -> tuple[object, Callable
     if name == "MXFP8Tensor":
         extra = {SWIZZLE_ATTR: swizzled} if swizzled else {}
         return T.mxfp8_tensor(release, 128, 128, param=True, **extra), te_compat.mxfp8_storage
-    return T.nvfp4_tensor(release, 128, 128, param=True, swizzled=swizzled), te_compat.snapshots.nvfp4_storage
+    return T.nvfp4_tensor(release, 128, 128, param=True, swizzled=swizzled), te_compat.storage.nvfp4_storage
 
 
 @pytest.mark.parametrize(("name", "release"), FLAG_CASES, ids=[f"{n}-{v}" for n, v in FLAG_CASES])

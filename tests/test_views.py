@@ -258,7 +258,7 @@ def test_split_refresh_keeps_addresses_and_picks_up_values(installed_te: Install
 
 def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
     installed_te("2.20.2")
-    from mok import pipeline as plan
+    from mok.plan import pipeline as plan
 
     ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(3)]
     g = T.grouped_tensor("2.20.2", 2, 256, 128, mxfp8=True)

@@ -18,7 +18,7 @@ import torch
 
 import mok
 from mok import weights as W
-from mok import work as mok_work
+from mok.plan import work as mok_work
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 from tests.upstream import refused

@@ -3,7 +3,7 @@
 
 A job converts ``experts`` logical scale matrices into the layout, or copies a buffer already in
 it, or (an inverse job) brings a layout back into logical matrices. :func:`jobs_of` makes the jobs
-of mok.work's items; :func:`describe` turns jobs into the table rows mxfp8_swizzle.cu reads
+of mok.plan.work's items; :func:`describe` turns jobs into the table rows mxfp8_swizzle.cu reads
 (its ``struct Job``), under one :class:`KernelConfig`. A launch runs one of the source's two
 kernels: conversions and copies (``mxfp8_swizzle_jobs``) or inverse jobs
 (``mxfp8_unswizzle_jobs``), never both.
@@ -195,7 +195,7 @@ def copy_job(src: torch.Tensor, dst: torch.Tensor) -> Job:
 
 
 def jobs_of(work: Sequence[Any]) -> list[Job | JobGroup]:
-    """The jobs of ``work`` items (mok.work.ScaleWork: ``src``, ``dst``, ``copy``,
+    """The jobs of ``work`` items (mok.plan.work.ScaleWork: ``src``, ``dst``, ``copy``,
     ``geometry``, ``inverse``): a ``convert_job``, ``copy_job`` or ``unswizzle_job`` each, with the
     single-matrix ones of one logical geometry (every expert of a view) as one :class:`JobGroup`
     of their addresses, which needs no Job per expert (``geometry``, where given, is the logical

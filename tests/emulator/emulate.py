@@ -34,7 +34,7 @@ from mok.kernels.config import KernelConfig
 from mok.kernels.jobs import describe, jobs_of
 from mok.kernels.launch import upload
 from mok.layout import layout_shape, swizzle_reference, unswizzle_reference
-from mok.work import ScaleWork
+from mok.plan.work import ScaleWork
 
 HERE = Path(__file__).parent
 KERNEL_DIR = Path(mok.kernels.__file__).parent  # emulator_main.cpp includes mxfp8_swizzle.cu from here
@@ -76,7 +76,7 @@ def build(config: KernelConfig, kernel_dir: Path = KERNEL_DIR) -> ctypes.CDLL:
 def run(work: list[ScaleWork], config: KernelConfig, grid: int, kernel_dir: Path = KERNEL_DIR) -> None:
     """Run ``work`` (on the CPU) in one emulated launch of ``grid`` blocks (at most one a unit; 0:
     one a unit), on the inverse kernel where the items are inverse ones."""
-    jobs = jobs_of(work)  # what mok.work launches
+    jobs = jobs_of(work)  # what mok.plan.work launches
     table = describe(jobs, config)
     words = upload(table, torch.device("cpu"))
     grid = table.units if grid == 0 else min(grid, table.units)

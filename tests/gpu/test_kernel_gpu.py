@@ -404,7 +404,9 @@ def _run_inverse(pairs: emulate.Pairs, what: str) -> None:
     """ONE inverse launch of ``pairs`` (layout, output), each output's whole buffer against the
     reference's."""
     wants = emulate.inverse_reference(pairs)
-    mok.work.run_work([mok.work.ScaleWork(layout, out, inverse=True) for layout, out in pairs], backend="cuda")
+    mok.plan.work.run_work(
+        [mok.plan.work.ScaleWork(layout, out, inverse=True) for layout, out in pairs], backend="cuda"
+    )
     torch.cuda.synchronize()
     emulate.compare_buffers(pairs, wants, what)
 
@@ -477,8 +479,8 @@ def test_round_trip(experts: int, rows: int, cols: int, layout: str, seed: int, 
 def test_inverse_graph_capture_and_replay(shape: str) -> None:
     g = torch.Generator().manual_seed(7)
     pairs = emulate.inverse_rows(4, 2080, 225, 228, 0, CUDA)(g) + emulate.inverse_columns(4, 7200, 65, 7296, CUDA)(g)
-    work = [mok.work.ScaleWork(layout, out, inverse=True) for layout, out in pairs]
-    prepared = mok.work.PreparedWork(work, backend="cuda")
+    work = [mok.plan.work.ScaleWork(layout, out, inverse=True) for layout, out in pairs]
+    prepared = mok.plan.work.PreparedWork(work, backend="cuda")
     prepared.run()  # outside capture first, as users must
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -497,6 +499,9 @@ def test_a_launch_of_both_directions_is_refused() -> None:
     logical = torch.randint(0, 256, (1, 128, 4), dtype=torch.uint8, device=CUDA)
     layout = mok.swizzle_mxfp8_scales(logical, backend="cuda")
     back = torch.empty_like(logical)
-    work = [mok.work.ScaleWork(logical, torch.empty_like(layout)), mok.work.ScaleWork(layout, back, inverse=True)]
+    work = [
+        mok.plan.work.ScaleWork(logical, torch.empty_like(layout)),
+        mok.plan.work.ScaleWork(layout, back, inverse=True),
+    ]
     with pytest.raises(mok.LayoutError, match="not both"):
-        mok.work.run_work(work, backend="cuda")
+        mok.plan.work.run_work(work, backend="cuda")

@@ -8,7 +8,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mok
-from mok import work
+from mok.plan import work
 from tests.spec_oracle import spec_layout
 
 CUDA = "cuda"

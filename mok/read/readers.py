@@ -1,5 +1,5 @@
 """The readers of TE: one per weight layout, each reading the weights once into a
-:class:`~mok.snapshot.Snapshot` (what it read, and the directions planned from exactly that).
+:class:`~mok.read.reading.Snapshot` (what it read, and the directions planned from exactly that).
 
 - :class:`SplitReader`: one Parameter per expert (MXFP8, NVFP4), and TE 2.19+ hybrid weights,
   each direction read off its own sub-storage, in its own format.
@@ -8,7 +8,7 @@
   MXFP8 itself, at every view and refresh.
 
 A reader checks what it reads (kinds, shapes, packing) and raises naming the expert; it never
-plans, allocates or launches (mok.pipeline does). Everything TE-specific comes from te_compat.
+plans, allocates or launches (mok.plan.pipeline does). Everything TE-specific comes from te_compat.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from mok.blocks import BLOCK_OF_KIND, BLOCKS, BlockFormat, Direction, block_format
 from mok.checks import describe
 from mok.errors import ExpertWeightError
 from mok.formats import Format
 from mok.layout import grouped_scales
-from mok.snapshot import (
+from mok.read.blocks import BLOCK_OF_KIND, BLOCKS, BlockFormat, Direction, block_format
+from mok.read.reading import (
     DirectionSource,
     Reading,
     Recorder,

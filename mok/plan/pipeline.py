@@ -1,16 +1,16 @@
 """The one refresh pipeline: read TE once, plan from that read, prepare the launch, guard exactly
 what was read.
 
-Every view and every refresh goes through here, whatever reads the weights (mok.readers: one
+Every view and every refresh goes through here, whatever reads the weights (mok.read.readers: one
 Parameter per expert, one grouped Parameter, hybrid weights):
 
 1. a refresh checks the prepared state: the same views, the same backend, and a guard that reads
-   back what the last planning read (mok.refresh). Then it reruns the prepared launch: no reading
+   back what the last planning read (mok.plan.guard). Then it reruns the prepared launch: no reading
    of storage beyond that check, no planning, no allocation;
-2. otherwise the reader reads the weights once into a :class:`~mok.snapshot.Snapshot`;
+2. otherwise the reader reads the weights once into a :class:`~mok.read.reading.Snapshot`;
 3. :func:`plan_directions` decides the layout buffers (new ones, the cached view's, or TE's own
    swizzled ones) and the work that fills them, from the snapshot alone;
-4. the work is bound to the view's backend and run (mok.work: one kernel launch on CUDA), and the
+4. the work is bound to the view's backend and run (mok.plan.work: one kernel launch on CUDA), and the
    view keeps it with a guard built from the snapshot's readings, never from a new read.
 
 :func:`view_or_refresh` serves one view (split_weight_view, grouped_weight_view, mok.weights);
@@ -28,17 +28,17 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import torch
 
 from mok.backend import Backend, backend_for
-from mok.blocks import BLOCKS, Direction
 from mok.errors import MokError, RefreshError
 from mok.formats import Format
 from mok.kernels.quantize import QuantizeOutputs, empty_outputs
 from mok.layout import check_out, empty_layout, layout_shape, padded_shape, te_swizzled_layout
-from mok.memory import OWN_ADVICE, owned_memory, read_memory
 from mok.overlap import check_no_overlap
-from mok.refresh import StorageGuard
-from mok.snapshot import DirectionSource, Reading, ScaleSource, Snapshot, records
+from mok.plan.guard import StorageGuard
+from mok.plan.work import PreparedWork, QuantizeWork, ScaleWork
+from mok.read.blocks import BLOCKS, Direction
+from mok.read.memory import OWN_ADVICE, owned_memory, read_memory
+from mok.read.reading import DirectionSource, Reading, ScaleSource, Snapshot, records
 from mok.views import ExpertWeights, RefreshPlan, SplitExpertWeights, ViewDirection, ptr_table
-from mok.work import PreparedWork, QuantizeWork, ScaleWork
 from te_compat import TECompatError
 
 V = TypeVar("V", bound=ExpertWeights)
@@ -46,7 +46,7 @@ V_co = TypeVar("V_co", bound=ExpertWeights, covariant=True)
 
 
 class Reader(Protocol[V_co]):
-    """What mok.readers provide: the view type they read for, and one read of the weights."""
+    """What mok.read.readers provide: the view type they read for, and one read of the weights."""
 
     @property
     def view_type(self) -> type[V_co]: ...

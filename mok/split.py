@@ -1,5 +1,5 @@
 """Views over one Parameter per expert, with device pointer tables for a kernel: the public
-entry through the one door (mok.door) and the one pipeline (mok.pipeline)."""
+entry through the one door (mok.door) and the one pipeline (mok.plan.pipeline)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from mok.backend import backend_argument, preference
 from mok.door import reader_for
 from mok.formats import Format, format_named
-from mok.pipeline import view_or_refresh
+from mok.plan.pipeline import view_or_refresh
 from mok.views import SplitExpertWeights
 
 

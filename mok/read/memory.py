@@ -189,7 +189,7 @@ def comparer(memory: Memory) -> Callable[[Sequence[Any]], bool]:
 
 def owned_memory(tensors: Iterable[torch.Tensor]) -> Memory:
     """The storages of ``tensors`` (buffers a view owns and a launch writes), each once, with
-    their sizes: what a refresh guard compares (mok.refresh). Their addresses and shapes are the view's
+    their sizes: what a refresh guard compares (mok.plan.guard). Their addresses and shapes are the view's
     own, which nothing re-views."""
     found = list(map(_untyped_storage, tensors))
     storages = tuple(dict(zip(map(_storage_ptr, found), found, strict=True)).values())

@@ -3,8 +3,8 @@
 A refresh of weights whose storage nothing changed reruns the prepared launch; the guard says
 whether it may, comparing exactly what the first view's checks read: the same objects as read;
 every tensor read still at its address, of its shape, dtype and strides, its storage still
-holding what it held (mok.memory); every flag and count the same; and the view's own buffers
-still allocated. Anything else plans again, with the checks of a new view (mok.pipeline). It
+holding what it held (mok.read.memory); every flag and count the same; and the view's own buffers
+still allocated. Anything else plans again, with the checks of a new view (mok.plan.pipeline). It
 never reads TE to learn what to expect, so a buffer TE reassigns while a view is planned shows at
 the next refresh.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from mok.memory import NO_MEMORY, Memory, comparer, holds_memory
-from mok.snapshot import ITSELF, Reading
+from mok.read.memory import NO_MEMORY, Memory, comparer, holds_memory
+from mok.read.reading import ITSELF, Reading
 from te_compat import storage_reader, storage_values
 
 _nbytes = torch.UntypedStorage.nbytes
@@ -47,7 +47,7 @@ class StorageGuard:
 
     Host cost is what a checked refresh pays, so a reading of one class is checked in bulk: one
     C-level read per object of its tensors, fed straight into C-level passes over their memory
-    (mok.memory.same_memory), and one of its flags; nothing else per object. Neighbouring
+    (mok.read.memory.same_memory), and one of its flags; nothing else per object. Neighbouring
     readings of one class under the same names (a layer's fc1 and fc2) are one such read. The
     checks are made at the first refresh, not with the view.
     """
@@ -77,7 +77,7 @@ class StorageGuard:
                     return False
         except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
             return False
-        owned = self.owned  # mok.memory.still_held, inlined
+        owned = self.owned  # mok.read.memory.still_held, inlined
         return tuple(map(_nbytes, owned.storages)) == owned.sizes
 
 

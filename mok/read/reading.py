@@ -19,10 +19,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from mok.blocks import Direction
 from mok.formats import Format
 from mok.layout import Geometry, logical_view
-from mok.memory import Memory, holds_memory, memory_classes, read_memory, tensors_in
+from mok.read.blocks import Direction
+from mok.read.memory import Memory, holds_memory, memory_classes, read_memory, tensors_in
 from te_compat import storage_reader, storage_values
 
 ITSELF = "(the tensor itself)"  # the one name of a reading of plain tensors: their own memory
