@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mok.formats import Format
-from mok.plan.pipeline import Reader
+from mok.backend import backend_argument, preference
+from mok.formats import Format, format_named
+from mok.plan.pipeline import Reader, view_or_refresh
 from mok.read.readers import BF16Reader, GroupedReader, SplitReader, is_bf16_group
 from mok.views import ExpertWeights, check_sizes, param_list
 from te_compat import TensorKind, tensor_kind_or_none
@@ -60,3 +61,23 @@ def reader_for(
     if fmt is Format.BF16 or (fmt is Format.MXFP8 and quantize):
         return BF16Reader(params, False, shape, fmt is Format.MXFP8)
     return SplitReader(params, fmt, rows, columns)
+
+
+def open_view(
+    weights: object,
+    *,
+    grouped: bool,
+    format: object,
+    use_mxfp8: object,
+    dims: tuple[object, ...],
+    cached: ExpertWeights | None,
+    backend: object,
+) -> Any:
+    """A new view of ``weights``, or ``cached`` refreshed, as mok.split_weight_view and
+    mok.grouped_weight_view ask for it: the format named, the backend checked (on every path, though
+    a BF16 view converts nothing), then the reader through the pipeline."""
+    fmt = format_named(format, use_mxfp8)
+    request = backend_argument(backend)
+    if fmt is Format.BF16:
+        preference(request)
+    return view_or_refresh(reader_for(weights, grouped=grouped, fmt=fmt, dims=dims, cached=cached), cached, request)

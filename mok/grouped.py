@@ -3,10 +3,7 @@ one door (mok.door) and the one pipeline (mok.plan.pipeline)."""
 
 from __future__ import annotations
 
-from mok.backend import backend_argument, preference
-from mok.door import reader_for
-from mok.formats import Format, format_named
-from mok.plan.pipeline import view_or_refresh
+from mok.door import open_view
 from mok.views import GroupedExpertWeights
 
 
@@ -31,10 +28,13 @@ def grouped_weight_view(
 
     Threads: as :func:`mok.split_weight_view`.
     """
-    fmt = format_named(format, use_mxfp8)
-    backend = backend_argument(backend)
-    if fmt is Format.BF16:
-        preference(backend)  # checked on every path, though a BF16 view converts nothing
-    reader = reader_for(weight, grouped=True, fmt=fmt, dims=(num_experts, rows, columns), cached=cached)
-    view: GroupedExpertWeights = view_or_refresh(reader, cached, backend)  # a grouped reader's view
+    view: GroupedExpertWeights = open_view(
+        weight,
+        grouped=True,
+        format=format,
+        use_mxfp8=use_mxfp8,
+        dims=(num_experts, rows, columns),
+        cached=cached,
+        backend=backend,
+    )
     return view

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mok.backend import backend_argument, preference
-from mok.door import reader_for
-from mok.formats import Format, format_named
-from mok.plan.pipeline import view_or_refresh
+from mok.door import open_view
 from mok.views import SplitExpertWeights
 
 
@@ -40,10 +37,7 @@ def split_weight_view(
     another thread that makes TE reassign these weights' buffers may convert the old buffers; the
     next refresh that nothing races sees the change and converts the new ones.
     """
-    fmt = format_named(format, use_mxfp8)
-    backend = backend_argument(backend)
-    if fmt is Format.BF16:
-        preference(backend)  # checked on every path, though a BF16 view converts nothing
-    reader = reader_for(params, grouped=False, fmt=fmt, dims=(rows, columns), cached=cached)
-    view: SplitExpertWeights = view_or_refresh(reader, cached, backend)  # a split reader's view
+    view: SplitExpertWeights = open_view(
+        params, grouped=False, format=format, use_mxfp8=use_mxfp8, dims=(rows, columns), cached=cached, backend=backend
+    )
     return view

@@ -181,24 +181,14 @@ class GemmLayoutReport:
     release: Version | None
     entries: tuple[GemmLayoutEntry, ...] = field(default_factory=tuple)
 
-    def _names(self, status: GemmLayoutStatus) -> tuple[str, ...]:
+    def named(self, status: GemmLayoutStatus) -> tuple[str, ...]:
+        """The names of the parameters with ``status``."""
         return tuple(e.name for e in self.entries if e.status is status)
 
-    @property
-    def enabled(self) -> tuple[str, ...]:
-        return self._names(GemmLayoutStatus.ENABLED)
-
-    @property
-    def already_on(self) -> tuple[str, ...]:
-        return self._names(GemmLayoutStatus.ALREADY_ON)
-
-    @property
-    def unsupported(self) -> tuple[str, ...]:
-        return self._names(GemmLayoutStatus.UNSUPPORTED)
-
-    @property
-    def not_quantized(self) -> tuple[str, ...]:
-        return self._names(GemmLayoutStatus.NOT_QUANTIZED)
+    enabled = property(lambda self: self.named(GemmLayoutStatus.ENABLED), doc="Parameters now set to GEMM layout.")
+    already_on = property(lambda self: self.named(GemmLayoutStatus.ALREADY_ON), doc="Parameters already set.")
+    unsupported = property(lambda self: self.named(GemmLayoutStatus.UNSUPPORTED), doc="Parameters TE cannot set.")
+    not_quantized = property(lambda self: self.named(GemmLayoutStatus.NOT_QUANTIZED), doc="Unquantized parameters.")
 
     def __str__(self) -> str:
         head = ("parameter", "kind", "status", "reason")

@@ -309,17 +309,28 @@ def _matrix(snapshot: MXFP8Storage | NVFP4Storage, kind: TensorKind, direction: 
     return scale_matrix(snapshot.need(str(d.scales)), math.prod(shape[:-1]), shape[-1], kind=kind, direction=direction)
 
 
+def _payloads(v: _Values, first: str, second: str, transposed: bool, packed: int = 1) -> dict[str, Any]:
+    """What every snapshot starts with: the object, its two payloads (at least one there) and its
+    logical shape, from TE's own or from the payloads (``transposed``: TE keeps the second one
+    the other way round; ``packed`` values an element of the last dim)."""
+    a, b = v.payloads(first, second)
+    shape = _logical_shape(v.obj, [(a, False), (b, transposed)], packed)
+    return {"owner": v.obj, "shape": shape, first: a, second: b}
+
+
+def _scales(v: _Values) -> dict[str, Any]:
+    return {
+        "rowwise_scale_inv": v.tensor("rowwise_scale_inv"),
+        "columnwise_scale_inv": v.tensor("columnwise_scale_inv"),
+    }
+
+
 def mxfp8_storage(param: object) -> MXFP8Storage:
     """Snapshot of an MXFP8 tensor or Parameter. Raises if it holds neither usage."""
     v = _Values(param, TensorKind.MXFP8, "mxfp8_storage")
-    row, col = v.payloads("rowwise_data", "columnwise_data")
     return MXFP8Storage(
-        owner=param,
-        shape=_logical_shape(param, [(row, False), (col, False)]),
-        rowwise_data=row,
-        rowwise_scale_inv=v.tensor("rowwise_scale_inv"),
-        columnwise_data=col,
-        columnwise_scale_inv=v.tensor("columnwise_scale_inv"),
+        **_payloads(v, "rowwise_data", "columnwise_data", False),
+        **_scales(v),
         scales_swizzled=bool(v.flag("scales_swizzled")),  # None: a release before the flag
     )
 
@@ -327,14 +338,7 @@ def mxfp8_storage(param: object) -> MXFP8Storage:
 def float8_storage(param: object) -> Float8Storage:
     """Snapshot of a Float8 tensor or Parameter (1.x ``_fp8_attrs`` and 2.x layouts)."""
     v = _Values(param, TensorKind.FLOAT8, "float8_storage")
-    data, transpose = v.payloads("data", "transpose")
-    return Float8Storage(
-        owner=param,
-        shape=_logical_shape(param, [(data, False), (transpose, True)]),
-        data=data,
-        transpose=transpose,
-        scale_inv=v.tensor("scale_inv"),
-    )
+    return Float8Storage(**_payloads(v, "data", "transpose", True), scale_inv=v.tensor("scale_inv"))
 
 
 def _group_swizzled(v: _Values, members: tuple[object, ...] | None, read: StorageRead | None) -> bool:
@@ -420,15 +424,10 @@ def nvfp4_storage(param: object) -> NVFP4Storage:
     """Snapshot of an NVFP4 tensor, Parameter, ``.data`` or storage. Raises if it holds neither
     direction."""
     v = _Values(param, TensorKind.NVFP4, "nvfp4_storage")
-    row, col = v.payloads("rowwise_data", "columnwise_data")
     return NVFP4Storage(
-        owner=param,
         # TE's NVFP4 size(): rowwise bytes [..., K/2] -> [..., K]; columnwise [K, M/2] -> [M, K]
-        shape=_logical_shape(param, [(row, False), (col, True)], packed=2),
-        rowwise_data=row,
-        rowwise_scale_inv=v.tensor("rowwise_scale_inv"),
-        columnwise_data=col,
-        columnwise_scale_inv=v.tensor("columnwise_scale_inv"),
+        **_payloads(v, "rowwise_data", "columnwise_data", True, packed=2),
+        **_scales(v),
         amax_rowwise=v.tensor("amax_rowwise"),
         amax_columnwise=v.tensor("amax_columnwise"),
         scales_swizzled=bool(v.flag("scales_swizzled")),  # None: a release before the flag
@@ -479,17 +478,12 @@ def _format_name(value: Any) -> str | None:
 def blockwise_storage(param: object) -> BlockwiseStorage:
     """Snapshot of a Float8 blockwise tensor, Parameter, ``.data`` or storage (TE 2.3+)."""
     v = _Values(param, TensorKind.FLOAT8_BLOCKWISE, "blockwise_storage")
-    row, col = v.payloads("rowwise_data", "columnwise_data")
     is_2d: bool = v.needed(v.flag("is_2d_scaled"), "is_2d_scaled")
     data_format = _format_name(v.raw("data_format"))
     transposed = not (data_format == "COMPACT" and not is_2d)
     return BlockwiseStorage(
-        owner=param,
-        shape=_logical_shape(param, [(row, False), (col, transposed)]),
-        rowwise_data=row,
-        rowwise_scale_inv=v.tensor("rowwise_scale_inv"),
-        columnwise_data=col,
-        columnwise_scale_inv=v.tensor("columnwise_scale_inv"),
+        **_payloads(v, "rowwise_data", "columnwise_data", transposed),
+        **_scales(v),
         is_2d_scaled=is_2d,
         data_format=data_format,
         columnwise_transposed=transposed,

@@ -365,8 +365,13 @@ def test_a_first_view_enters_each_module_once(installed_te: Installer, entry: st
     first_view()  # compiled regexes, cached readers: the steady state
     stacks = list(_mok_stacks(first_view))
     module = "mok.split" if entry == "split" else "mok.grouped"
-    called = [callee for callee, below in stacks if below and below[-1] == module and callee != module]
-    in_order = [m for m, _ in itertools.groupby(called) if m.startswith("mok")]
+
+    def callees(caller: str) -> list[str]:
+        called = [callee for callee, below in stacks if below and below[-1] == caller and callee != caller]
+        return [m for m, _ in itertools.groupby(called) if m.startswith("mok")]
+
+    assert callees(module) == ["mok.door"]  # the public entry goes through the one door
+    in_order = callees("mok.door")
     assert len(in_order) == len(set(in_order)), in_order
     assert in_order[-1] == "mok.plan.pipeline"  # which reads through the reader, plans and launches
     for callee, below in stacks:

@@ -37,22 +37,10 @@ class BlockFormat:
     format: Format
     geometry: BlockGeometry
     snapshot: Callable[[object], Any]
-
-    @property
-    def kind(self) -> TensorKind:
-        return self.geometry.kind
-
-    @property
-    def block(self) -> int:
-        return self.geometry.block
-
-    @property
-    def rowwise(self) -> Direction:
-        return self.geometry.rowwise
-
-    @property
-    def columnwise(self) -> Direction:
-        return self.geometry.columnwise
+    kind: TensorKind  # te_compat's kind of its tensors, and the rest of geometry's, as fields
+    block: int
+    rowwise: Direction
+    columnwise: Direction
 
     @cached_property
     def payload_dtype(self) -> torch.dtype:
@@ -164,9 +152,13 @@ def _scale_geometry(d: Direction, buffer: torch.Tensor, rows: int, columns: int,
     return (e, r, c), (es, rs, cs)
 
 
+def _reading(fmt: Format, geometry: BlockGeometry, snapshot: Callable[[object], Any]) -> BlockFormat:
+    return BlockFormat(fmt, geometry, snapshot, geometry.kind, geometry.block, geometry.rowwise, geometry.columnwise)
+
+
 BLOCKS = {
-    Format.MXFP8: BlockFormat(Format.MXFP8, MXFP8, mxfp8_storage),
-    Format.NVFP4: BlockFormat(Format.NVFP4, NVFP4, nvfp4_storage),
+    Format.MXFP8: _reading(Format.MXFP8, MXFP8, mxfp8_storage),
+    Format.NVFP4: _reading(Format.NVFP4, NVFP4, nvfp4_storage),
 }
 BLOCK_OF_KIND = {block.kind: block for block in BLOCKS.values()}
 

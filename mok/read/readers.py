@@ -199,37 +199,23 @@ class _Stored(NamedTuple):
 
 
 class SplitReader(NamedTuple):
-    """Reads one Parameter per expert, each ``(rows, columns)``, in ``format`` (MXFP8, NVFP4, or
-    HYBRID: each direction in its own sub-storage and block format). A named tuple: a refresh
-    makes one, and pays a C-level construction. ``tensors_checked``: the caller found every
-    parameter a tensor already (a new view's, just checked), so a read need not check again."""
+    """Reads one Parameter per expert (``objects``, checked by mok.door), each ``(rows,
+    columns)``, in ``format`` (MXFP8, NVFP4, or HYBRID: each direction in its own sub-storage and
+    block format). A named tuple: a refresh makes one, and pays a C-level construction."""
 
-    params: tuple[object, ...]
+    objects: tuple[object, ...]
     format: Format
     rows: int
     columns: int
-    tensors_checked: bool = False
-
-    @property
-    def view_type(self) -> type[SplitExpertWeights]:
-        return SplitExpertWeights
-
-    @property
-    def what(self) -> str:
-        return ""
-
-    @property
-    def objects(self) -> tuple[object, ...]:
-        return self.params
+    view_type: type[SplitExpertWeights] = SplitExpertWeights
+    what: str = ""  # how messages name the weights
 
     @property
     def dims(self) -> tuple[int, int, int]:
-        return len(self.params), self.rows, self.columns
+        return len(self.objects), self.rows, self.columns
 
     def read(self, cached: ExpertWeights | None = None) -> Snapshot:
         """Every direction TE stores of the experts (a refresh: those ``cached`` has), rowwise first."""
-        if not self.tensors_checked:
-            param_list(self.params)  # tensors, each named if not
         recorder = Recorder()
         sources: list[DirectionSource] = []
         for stored in self._stored(recorder, cached):
@@ -251,8 +237,8 @@ class SplitReader(NamedTuple):
     def _stored(self, recorder: Recorder, cached: ExpertWeights | None) -> list[_Stored]:
         if self.format is not Format.HYBRID:
             block = block_format(self.format)
-            return [_Stored(self.params, block, _read_directions(block, cached))]
-        return _hybrid_stored(self.params, recorder, cached)
+            return [_Stored(self.objects, block, _read_directions(block, cached))]
+        return _hybrid_stored(self.objects, recorder, cached)
 
 
 def _sub_storage(direction: str) -> Callable[[int], str]:
@@ -416,14 +402,8 @@ class GroupedReader(NamedTuple):
     weight: object
     format: Format
     dims: tuple[int, int, int]
-
-    @property
-    def view_type(self) -> type[GroupedExpertWeights]:
-        return GroupedExpertWeights
-
-    @property
-    def what(self) -> str:
-        return "grouped "
+    view_type: type[GroupedExpertWeights] = GroupedExpertWeights
+    what: str = "grouped "  # how messages name the weights
 
     @property
     def objects(self) -> tuple[object, ...]:
