@@ -1,9 +1,16 @@
-"""The kernel's ABI, written once: what a descriptor-table row's mode and flag bits mean, and the
-byte count of a copy unit. mok.kernels.jobs writes rows with these values and every compile of
-mxfp8_swizzle.cu (NVRTC, nvcc, the CPU emulator) receives them as macros from :func:`macros`, so
-the two sides cannot disagree (the source refuses to compile without them)."""
+"""The kernels' ABIs, written once, each side of the launch reading the same values.
+
+The swizzle kernel (mxfp8_swizzle.cu): what a descriptor-table row's mode and flag bits mean, and
+the byte count of a copy unit; mok.kernels.jobs writes rows with these values and every compile
+(NVRTC, nvcc, the CPU emulator) receives them as macros from :func:`macros`. The quantize kernel
+(mxfp8_quantize.cu): the bits of its ``flags`` argument (:class:`QuantizeFlag`, the QF_* macros
+of :func:`quantize_macros`), which mok.kernels.quantize sets. Neither source defines any of them
+and both refuse to compile without them, so the two sides cannot disagree.
+"""
 
 from __future__ import annotations
+
+from enum import IntFlag
 
 COPY_CHUNK = 16384  # bytes of a copy unit
 MODE_ROWS = 0  # cs == 1: rows contiguous
@@ -31,6 +38,22 @@ _NAMES = (
 
 
 def macros() -> list[tuple[str, str]]:
-    """The ABI as preprocessor definitions, for every compile of the kernel source."""
+    """The swizzle kernel's ABI as preprocessor definitions, for every compile of its source."""
     values = globals()
     return [(name, str(values[name])) for name in _NAMES]
+
+
+class QuantizeFlag(IntFlag):
+    """Bits of the quantize kernel's ``flags`` argument (the QF_* macros)."""
+
+    ROWWISE = 1  # write the rowwise payload and scales
+    COLWISE = 2  # write the columnwise payload and scales
+    POINTERS = 4  # the source is a device table of per-expert addresses
+    RCP_SHIFT = 8  # TE 2.9's exp2f_rcp (ReciprocalRule.SHIFT); else ReciprocalRule.EXACT
+    LOGICAL = 16  # scales logical and compact, [E, R, C/32] and [E, R/32, C]; else the 128x4 layout
+    FMA_ZERO = 32  # payloads from fma(x, rcp, +0) (ProductRule.FMA_ZERO); else x * rcp
+
+
+def quantize_macros() -> list[tuple[str, str]]:
+    """The quantize kernel's ABI (its flag bits) as preprocessor definitions."""
+    return [(f"QF_{flag.name}", str(int(flag))) for flag in QuantizeFlag]

@@ -2,8 +2,8 @@
 mxfp8_quantize.cu (compiled by NVRTC through cuda.core, as launch.py compiles the swizzle kernel),
 or the torch reference (mok.quantize_reference) on the CPU.
 
-The kernel's launch ABI (tile shape, mode flags) is defined here once, in :class:`QuantizeConfig`
-and :class:`QuantizeFlag`, and handed to the compiler as macros; the source defines none of them.
+The kernel's shape is :class:`QuantizeConfig`, its flag bits mok.kernels.abi's QuantizeFlag, as
+the swizzle kernel's are; both reach the compiler as macros, and the source defines none of them.
 
 A :class:`QuantizeLaunch` is prepared once for a source (one grouped ``[E, R, C]`` BF16 tensor, or
 E ``[R, C]`` tensors, one per expert, read through a device table of their addresses) and its
@@ -18,7 +18,6 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import IntFlag
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
@@ -27,6 +26,7 @@ import torch
 from mok.checks import describe
 from mok.errors import LayoutError
 from mok.kernels import include_path
+from mok.kernels.abi import QuantizeFlag, quantize_macros
 from mok.kernels.streams import CurrentStream
 from mok.layout import check_writable, layout_shape, new_buffers, swizzle_reference
 from mok.overlap import check_no_overlap
@@ -39,17 +39,6 @@ KERNEL_NAME = "mxfp8_quantize"
 SOURCE_NAME = "mxfp8_quantize.cu"
 MAX_GRID = 2**31 - 1
 ALIGN = 16  # bytes: the kernel reads the BF16 rows with 16-byte loads
-
-
-class QuantizeFlag(IntFlag):
-    """Bits of the kernel's ``flags`` argument (the QF_* macros)."""
-
-    ROWWISE = 1  # write the rowwise payload and scales
-    COLWISE = 2  # write the columnwise payload and scales
-    POINTERS = 4  # the source is a device table of per-expert addresses
-    RCP_SHIFT = 8  # TE 2.9's exp2f_rcp (ReciprocalRule.SHIFT); else ReciprocalRule.EXACT
-    LOGICAL = 16  # scales logical and compact, [E, R, C/32] and [E, R/32, C]; else the 128x4 layout
-    FMA_ZERO = 32  # payloads from fma(x, rcp, +0) (ProductRule.FMA_ZERO); else x * rcp
 
 
 @dataclass(frozen=True)
@@ -75,8 +64,7 @@ class QuantizeConfig:
         """The preprocessor definitions of the launch ABI (NVRTC options, or g++ -D)."""
         shape = [("QTHREADS", self.threads), ("QMIN_BLOCKS", self.min_blocks)]
         shape += [("QTILE_ROWS", self.tile_rows), ("QTILE_COLS", self.tile_cols)]
-        flags = [(f"QF_{flag.name}", int(flag)) for flag in QuantizeFlag]
-        return [(name, str(value)) for name, value in shape + flags]
+        return [(name, str(value)) for name, value in shape] + quantize_macros()
 
     def tiles(self, experts: int, rows: int, cols: int) -> int:
         """Tiles (blocks of work) of ``experts`` matrices ``[rows, cols]``."""
