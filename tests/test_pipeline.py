@@ -392,9 +392,10 @@ def _faked_launch_view(ps: list[Any]) -> mok.SplitExpertWeights:
     launch = object.__new__(launch_module.Launch)  # a launch as Launch makes it, minus the device
     launch._launch = zip
     launch._launch_config, launch.kernel, launch._args = "config", "kernel", ("args",)
-    launch._stream = streams.CurrentStream(0)
-    launch._stream._handle = abs
-    launch._stream._last = (0, "stream")
+    stream = streams.CurrentStream(0)
+    stream._handle = abs
+    stream._last = (0, "stream")
+    launch._stream = stream.current
     prepared.work._launch = launch
     return view
 
@@ -422,7 +423,7 @@ def test_an_unchecked_rerun_passes_four_python_frames(installed_te: Installer) -
     installed_te("2.20.2")
     view = _faked_launch_view([T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)])
     called = _python_calls(view.refresh_plan.run_unchecked)
-    assert called == ["run_unchecked", "run", "__call__", "__call__"], called
+    assert called == ["run_unchecked", "run", "__call__", "current"], called
 
 
 @pytest.mark.parametrize("experts", [3, 64])
@@ -437,5 +438,5 @@ def test_a_checked_refresh_makes_as_many_python_calls_as_the_code_before(install
     refresh = functools.partial(mok.split_weight_view, ps, rows=R, columns=C, use_mxfp8=True, cached=view)
     refresh()  # the guard's checks are made at the first refresh
     called = _python_calls(refresh)
-    assert "check" in called and called[-3:] == ["run", "__call__", "__call__"], called  # guarded, then rerun
+    assert "check" in called and called[-3:] == ["run", "__call__", "current"], called  # guarded, then rerun
     assert len(called) <= 24, called

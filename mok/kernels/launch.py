@@ -133,7 +133,7 @@ class Launch:
         self._launch = launch
         self._launch_config = LaunchConfig(grid=self.grid, block=self.config.threads)
         self._args = (np.uint64(self.table.data_ptr()), np.int32(self.njobs), np.int64(self.total))
-        self._stream = CurrentStream(self._index)
+        self._stream = CurrentStream(self._index).current
 
     def __call__(self) -> None:
         self._launch(self._stream(), self._launch_config, self.kernel, *self._args)

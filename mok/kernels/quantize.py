@@ -304,7 +304,7 @@ class QuantizeLaunch:
         self._launch = launch
         self._threads = config.threads
         self._launch_config = LaunchConfig(grid=self.grid, block=config.threads)
-        self._stream = CurrentStream(self._index)
+        self._stream = CurrentStream(self._index).current
 
     def __call__(self) -> None:
         self._launch(self._stream(), self._launch_config, self.kernel, *self._args)

@@ -29,9 +29,11 @@ def _stream(handle: int) -> Any:
 
 
 class CurrentStream:
-    """Calling it gives cuda.core's Stream for torch's current stream on one device. The handle
-    is looked up at each call (graph capture uses the capturing stream); the Stream of the last
-    handle is kept, as one pair read once, since another thread may replace it meanwhile."""
+    """:meth:`current` gives cuda.core's Stream for torch's current stream on one device. The
+    handle is looked up at each call (graph capture uses the capturing stream); the Stream of the
+    last handle is kept, as one pair read once, since another thread may replace it meanwhile.
+    A launch keeps the bound method: calling it skips the type's ``__call__`` slot, a launch's
+    one Python frame besides its own."""
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -39,7 +41,7 @@ class CurrentStream:
         # torch's own getter where it has one (C, no Python frame a launch), else the slow path
         self._handle: Callable[[int], int] = _raw_stream if _raw_stream is not None else _handle
 
-    def __call__(self) -> Any:
+    def current(self) -> Any:
         handle = self._handle(self.index)
         last_handle, stream = self._last
         if handle != last_handle:
