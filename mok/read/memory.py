@@ -30,13 +30,8 @@ from mok.errors import ExpertWeightError, StorageFreedError
 from te_compat import TensorKind, on_refresh, tensor_kind_or_none
 
 _data_ptr, _untyped_storage, _offset = torch.Tensor.data_ptr, torch.Tensor.untyped_storage, torch.Tensor.storage_offset
-_size, _dtype, _stride, _is_contiguous = (
-    torch.Tensor.size,
-    attrgetter("dtype"),
-    torch.Tensor.stride,
-    torch.Tensor.is_contiguous,
-)
-_nbytes = torch.UntypedStorage.nbytes
+_size, _dtype, _is_contiguous = torch.Tensor.size, attrgetter("dtype"), torch.Tensor.is_contiguous
+_nbytes, _tensor_nbytes = torch.UntypedStorage.nbytes, attrgetter("nbytes")
 _storage_ptr = torch.UntypedStorage.data_ptr
 
 # whether instances of a class hold memory of their own; decided once per class (te_compat's
@@ -107,15 +102,12 @@ class Memory(NamedTuple):
 NO_MEMORY = Memory((), (), (), (), (), (), ())
 
 
-def _spans(keys: Iterable[tuple[torch.Size, torch.dtype, tuple[int, ...]]]) -> tuple[dict[Any, int], dict[Any, int]]:
-    """The itemsize, and the bytes spanned from the first element, of each distinct (shape,
-    dtype, strides): a view's experts share one, so this is worked out once, not per tensor."""
-    itemsizes, spans = {}, {}
-    for key in set(keys):
-        shape, dtype, strides = key
-        spanned = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
-        itemsizes[key], spans[key] = dtype.itemsize, spanned * dtype.itemsize
-    return itemsizes, spans
+def _span(tensor: torch.Tensor) -> int:
+    """Bytes ``tensor`` spans from its first element (any strides; 0 when it has no element)."""
+    spanned = (
+        0 if tensor.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    )
+    return spanned * tensor.element_size()
 
 
 def _sizes(
@@ -149,21 +141,26 @@ def read_memory(tensors: Sequence[torch.Tensor], name: Callable[[int], str], adv
     ``advice``)."""
     if not tensors:
         return NO_MEMORY
-    shapes, dtypes, strides = tuple(map(_size, tensors)), tuple(map(_dtype, tensors)), tuple(map(_stride, tensors))
+    shapes, dtypes, contiguous = (
+        tuple(map(_size, tensors)),
+        tuple(map(_dtype, tensors)),
+        tuple(map(_is_contiguous, tensors)),
+    )
     storages = tuple(map(_untyped_storage, tensors))
     sizes = _sizes(tensors, storages, name)
-    keys = list(zip(shapes, dtypes, strides, strict=True))
-    itemsizes, spans = _spans(keys)
-    starts = list(map(operator.mul, map(_offset, tensors), map(itemsizes.__getitem__, keys)))
-    ends = list(map(operator.add, starts, map(spans.__getitem__, keys)))
+    itemsizes = {dtype: dtype.itemsize for dtype in set(dtypes)}
+    starts = list(map(operator.mul, map(_offset, tensors), map(itemsizes.__getitem__, dtypes)))
+    spans = list(map(_tensor_nbytes, tensors))  # a contiguous tensor spans its own bytes
+    strided = tuple((i, tensors[i].stride()) for i in compress(range(len(tensors)), map(operator.not_, contiguous)))
+    for i, _ in strided:
+        spans[i] = _span(tensors[i])
+    ends = list(map(operator.add, starts, spans))
     if not all(map(operator.le, ends, sizes)):  # C-level passes: a view reads a thousand tensors
         i = next(i for i, (end, size) in enumerate(zip(ends, sizes, strict=True)) if end > size)
         raise StorageFreedError(
-            f"{name(i)}: its storage holds {sizes[i]} bytes, but the tensor spans {ends[i] - starts[i]} bytes from "
+            f"{name(i)}: its storage holds {sizes[i]} bytes, but the tensor spans {spans[i]} bytes from "
             f"byte {starts[i]} of it: {advice}"
         )
-    contiguous = tuple(map(_is_contiguous, tensors))
-    strided = tuple((i, strides[i]) for i in compress(range(len(tensors)), map(operator.not_, contiguous)))
     return Memory(tuple(map(_data_ptr, tensors)), shapes, dtypes, contiguous, strided, storages, sizes)
 
 
