@@ -109,10 +109,14 @@ class PreparedWork:
 
     def run(self) -> None:
         """Run the work: its quantize launches, then its one scale launch (or the reference)."""
+        launch = self._launch
+        if launch is not None and not self._quantize:  # a refresh's usual rerun: one launch, nothing else
+            launch()
+            return
         for quantize in self._quantize:
             quantize()
-        if self._launch is not None:
-            self._launch()
+        if launch is not None:
+            launch()
             return
         for item in self.work:
             if item.copy:
