@@ -131,7 +131,7 @@ run_tests() {  # $1: junit file, $2: evidence file, then the test paths
     local junit=$1 evidence=$2
     shift 2
     need_time 40
-    TE_COMPAT_LIVE_EVIDENCE=$evidence PYTHONUNBUFFERED=1 timeout $(($(left) - 25)) \
+    TE_COMPAT_LIVE_EVIDENCE=$evidence TE_COMPAT_FSDP_RECORD=$OUT PYTHONUNBUFFERED=1 timeout $(($(left) - 25)) \
         python3 -m pytest -q -p no:cacheprovider -rfEs ${GPU_LIVE_PYTEST_ARGS:-} "$@" --junitxml="$junit" ||
         echo "pytest exit status $?"
 }
