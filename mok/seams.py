@@ -115,12 +115,6 @@ def convert_scale(
 # ------------------------------------------------------------------------------ a grouped weight's scales
 
 
-def members_of(param: object) -> Any:
-    """A grouped weight's per-expert quantized tensors where Megatron's fp8_utils is not there:
-    TE's GroupedTensor's, or any object's ``quantized_tensors``."""
-    return storage_attr(param, "quantized_tensors")
-
-
 def grouped_scales(
     param: object, member_attr: str, shape: tuple[int, int, int], name: str, members: MembersOf
 ) -> torch.Tensor:
@@ -215,11 +209,27 @@ def _packed(members: list[Any], member_attr: str, shape: tuple[int, int, int], n
 # --------------------------------------------------------------------- the composition over a caller's functions
 
 
+class StorageNames(NamedTuple):
+    """The storage attribute names a composition asks a caller's ``storage_attr`` for: the names
+    the caller's module passes (Megatron's module passes TE's); mok's own ``storage_attr``
+    translates them through te_compat's table."""
+
+    rowwise_data: str
+    columnwise_data: str
+    rowwise_scales: str
+    columnwise_scales: str
+
+    def of(self, direction: str) -> str:
+        """The payload name of ``direction`` ("rowwise" or "columnwise")."""
+        return self.rowwise_data if direction == "rowwise" else self.columnwise_data
+
+
 class Seams(NamedTuple):
     """The functions a caller brings for the steps of a view (mok.weights: Megatron's module's
-    own names, looked up at each call). ``own``: every one is mok's, so TE's weights may go
-    through the pipeline instead."""
+    own names, looked up at each call), and the storage names they are asked for. ``own``: every
+    function is mok's, so TE's weights may go through the pipeline instead."""
 
+    names: StorageNames
     storage_attr: Callable[[object, str], Any]  # a storage attribute off any object, or None
     storage_view: Callable[..., Any]  # (storage, shape, *, dtype, name): a payload view
     grouped_scales: Callable[..., Any]  # (weight, member_attr, shape, *, name): [E, a, b] scales
@@ -262,19 +272,22 @@ def compose_grouped(weight: object, dims: tuple[int, int, int], seams: Seams, ou
         )
     fp8 = torch.float8_e4m3fn
     row_data = seams.storage_view(
-        _storage(seams, weight, "rowwise_data", "grouped weight"), dims, dtype=fp8, name="single-grouped MXFP8 rowwise"
+        _storage(seams, weight, seams.names.rowwise_data, "grouped weight"),
+        dims,
+        dtype=fp8,
+        name="single-grouped MXFP8 rowwise",
     )
     col_data = seams.storage_view(
-        _storage(seams, weight, "columnwise_data", "grouped weight"),
+        _storage(seams, weight, seams.names.columnwise_data, "grouped weight"),
         dims,
         dtype=fp8,
         name="single-grouped MXFP8 columnwise",
     )
     row = seams.grouped_scales(
-        weight, "_rowwise_scale_inv", (experts, rows, columns // 32), name="single-grouped rowwise"
+        weight, seams.names.rowwise_scales, (experts, rows, columns // 32), name="single-grouped rowwise"
     )
     col = seams.grouped_scales(
-        weight, "_columnwise_scale_inv", (experts, rows // 32, columns), name="single-grouped columnwise"
+        weight, seams.names.columnwise_scales, (experts, rows // 32, columns), name="single-grouped columnwise"
     ).transpose(-2, -1)  # the [columns, rows/32] transpose: the dgrad GEMM reads [M, K] as [K, M]
     return (
         row_data,
@@ -283,9 +296,6 @@ def compose_grouped(weight: object, dims: tuple[int, int, int], seams: Seams, ou
         seams.convert(col, rows=columns, columns=rows, out=outs[1]),
         True,
     )
-
-
-SPLIT_STORAGE = ("rowwise_data", "columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
 
 
 def _expert_storage(e: int, param: object, seams: Seams, names: Sequence[str]) -> dict[str, Any]:
@@ -299,12 +309,14 @@ def _expert_storage(e: int, param: object, seams: Seams, names: Sequence[str]) -
     return found
 
 
-def _logical_pair(e: int, storage: dict[str, Any], rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _logical_pair(
+    e: int, storage: dict[str, Any], names: StorageNames, rows: int, columns: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One expert's scale matrices as the GEMMs read them, cut from TE's padded buffers (no copy)."""
     try:
         return (
-            scale_matrix(storage["_rowwise_scale_inv"], rows, columns),
-            scale_matrix(storage["_columnwise_scale_inv"], rows, columns, direction="columnwise"),
+            scale_matrix(storage[names.rowwise_scales], rows, columns),
+            scale_matrix(storage[names.columnwise_scales], rows, columns, direction="columnwise"),
         )
     except (TypeError, ValueError) as exc:
         raise LayoutError(f"expert {e}: {exc}") from exc
@@ -316,7 +328,7 @@ def compose_split(
     """Megatron's split MXFP8 view over ``seams``: the row payloads, column payloads, row layouts
     and column layouts of every expert. A refresh (``outs``, the cached layout buffers) reads the
     scales again and converts them into ``outs``, expert by expert as Megatron does."""
-    names = SPLIT_STORAGE[2:] if outs is not None else SPLIT_STORAGE
+    names = seams.names[2:] if outs is not None else tuple(seams.names)
     storage = [_expert_storage(e, p, seams, names) for e, p in enumerate(params)]
     row_data: list[Any] = []
     col_data: list[Any] = []
@@ -327,13 +339,13 @@ def compose_split(
             for direction, payloads in (("rowwise", row_data), ("columnwise", col_data)):
                 payloads.append(
                     seams.storage_view(
-                        found[f"{direction}_data"],
+                        found[seams.names.of(direction)],
                         (rows, columns),
                         dtype=torch.float8_e4m3fn,
                         name=f"expert {e} MXFP8 {direction}",
                     )
                 )
-    logical = [_logical_pair(e, found, rows, columns) for e, found in enumerate(storage)]
+    logical = [_logical_pair(e, found, seams.names, rows, columns) for e, found in enumerate(storage)]
     row_scales, col_scales = _convert(logical, rows, columns, seams, outs)
     return row_data, col_data, row_scales, col_scales
 
@@ -426,7 +438,7 @@ def compose_grouped_bf16(weight: Any, shape: tuple[int, ...], seams: Seams) -> A
         raise ExpertWeightError(
             f"grouped weight: expected a contiguous torch.bfloat16 tensor of shape {shape}; found {dtype}{state}"
         )
-    storage = seams.storage_attr(weight, "rowwise_data")
+    storage = seams.storage_attr(weight, seams.names.rowwise_data)
     if storage is not None:
         return seams.storage_view(storage, shape, dtype=torch.bfloat16, name="single-grouped BF16 rowwise")
     if not isinstance(weight, torch.Tensor):
@@ -450,7 +462,7 @@ def check_experts(params: object) -> tuple[Any, ...]:
 def compose_split_bf16(experts: Sequence[object], rows: int, columns: int, seams: Seams) -> list[Any]:
     """Megatron's BF16 split view: each expert's TE high-precision payload (``rowwise_data``)
     where it has one, else the expert itself, viewed as ``(rows, columns)``."""
-    held = [seams.storage_attr(p, "rowwise_data") for p in experts]
+    held = [seams.storage_attr(p, seams.names.rowwise_data) for p in experts]
     return [
         seams.storage_view(
             p if h is None else h, (rows, columns), dtype=torch.bfloat16, name=f"expert {e} BF16 rowwise"

@@ -83,8 +83,14 @@ def _single_grouped_mxfp8_scale_view(
     members from ``get_grouped_quantized_members`` (mok.seams.grouped_scales)."""
     if not isinstance(member_attr, str) or not isinstance(name, str):
         raise TypeError(f"member_attr and name: expected str; found {describe(member_attr)}, {describe(name)}")
-    members = seams.megatron("get_grouped_quantized_members", seams.members_of)
+    members = seams.megatron("get_grouped_quantized_members", _quantized_members)
     return seams.grouped_scales(param, member_attr, seams.check_scale_shape(shape), name, members)
+
+
+def _quantized_members(param: object) -> Any:
+    """A grouped parameter's per-expert quantized tensors where Megatron's fp8_utils is not there:
+    its ``quantized_tensors`` (TE's GroupedTensor's through te_compat's table)."""
+    return seams.storage_attr(param, "quantized_tensors")
 
 
 @_upstream_errors
@@ -96,6 +102,8 @@ def _swizzle_mxfp8_scale(
     return seams.convert_scale(logical_scale, rows=rows, columns=columns, out=out)
 
 
+# The storage names Megatron's module asks its steps for: TE's, as its callers' replacements expect.
+_NAMES = seams.StorageNames("rowwise_data", "columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
 _OWN: dict[str, object] = {
     f.__name__: f
     for f in (_parameter_storage_attr, _storage_view, _single_grouped_mxfp8_scale_view, _swizzle_mxfp8_scale)
@@ -106,6 +114,7 @@ def _seams() -> seams.Seams:
     """The steps as they are at this call: this module's globals and Megatron's fp8_utils."""
     now = globals()
     return seams.Seams(
+        _NAMES,
         now["_parameter_storage_attr"],
         now["_storage_view"],
         now["_single_grouped_mxfp8_scale_view"],
