@@ -32,7 +32,7 @@ from te_compat.probe import (
     storage_reader,
     tensor_kind,
 )
-from te_compat.table import TensorKind
+from te_compat.table import TensorKind, quantizer_flag_rows
 
 if TYPE_CHECKING:
     import torch
@@ -223,6 +223,10 @@ class MXFP8Storage(StorageSnapshot):
     columnwise_data: torch.Tensor | None
     columnwise_scale_inv: torch.Tensor | None
     scales_swizzled: bool  # TE 2.12+: scales already in GEMM layout; always False before
+    # TE 2.19+ (PR 2634): quantized in 32x32 blocks, as its quantizer's with_2d_quantization says;
+    # None where the release has no such flag or the tensor no quantizer. The scale layout is the
+    # 1x32 one either way: each block's scale is written at every 1x32 position it covers.
+    quantized_2d: bool | None = None
 
     def scale_matrix(self, direction: str = "rowwise") -> torch.Tensor:
         """``direction``'s scale matrix as a GEMM reads it (:func:`scale_matrix`)."""
@@ -332,7 +336,30 @@ def mxfp8_storage(param: object) -> MXFP8Storage:
         **_payloads(v, "rowwise_data", "columnwise_data", False),
         **_scales(v),
         scales_swizzled=bool(v.flag("scales_swizzled")),  # None: a release before the flag
+        quantized_2d=_quantizer_flag(v, TensorKind.MXFP8, "quantized_2d"),
     )
+
+
+def _quantizer_flag(v: _Values, kind: TensorKind, field: str) -> bool | None:
+    """A quantizer flag of te_compat's quantizer flag rows, read from the tensor's quantizer (TE
+    keeps it there, not on the tensor): None where the release has no such row or the tensor no
+    quantizer; a value that is not a bool is a StorageValueError, never coerced."""
+    quantizer = v.raw("quantizer")
+    if quantizer is None:
+        return None
+    release = resolve(type(v.obj), "quantizer").release
+    for row in quantizer_flag_rows(kind, release):
+        if row.storage != field:
+            continue
+        value = getattr(quantizer, row.attribute, None)
+        if value is None or isinstance(value, bool):
+            return value
+        raise StorageValueError(
+            f"{class_path(type(quantizer))}.{row.attribute} (the quantizer of a {class_path(type(v.obj))}; "
+            f"TE {row.span}) is expected to be a bool (TE stores True or False); found {type(value).__name__} "
+            f"{reprlib.repr(value)}"
+        )
+    return None
 
 
 def float8_storage(param: object) -> Float8Storage:
