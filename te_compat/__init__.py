@@ -6,7 +6,8 @@ when a function is called. See README.md for a tour.
 
 from te_compat.behaviour import mxfp8_reciprocal_rule
 from te_compat.caches import on_refresh, refresh
-from te_compat.capabilities import Capabilities, capabilities, cuda_device, has_cuda_core
+from te_compat.capabilities import Capabilities, capabilities
+from te_compat.device import cuda_device, has_cuda_core
 from te_compat.errors import (
     AmbiguousStorageNameError,
     MissingFeatureError,

@@ -5,17 +5,15 @@ Call once at start-up; ``require`` turns a missing feature into one clear error.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import cache
 from typing import Any
 
 from packaging.version import Version
 
 from te_compat import table
 from te_compat.behaviour import post_all_gather_support, reciprocal_rule_source, two_d_quantization
-from te_compat.caches import on_refresh
+from te_compat.device import cuda_device, has_cuda_core
 from te_compat.errors import MissingFeatureError, TECompatError, TEVersionError
 from te_compat.quantize import describe as describe_quantize
 from te_compat.quantize import quantize_row, support
@@ -25,33 +23,6 @@ from te_compat.version import parse_te_version, release_of, te_import_status, te
 # TE's recipe check asks for compute capability 10.0 for MXFP8 GEMMs (tcgen05). Where TE's MXFP8
 # quantisation writes is te_compat.quantize's MXFP8_QUANTIZE_CC (10.x only: on an H200 it writes nothing).
 MXFP8_GEMM_MIN_CC = (10, 0)
-
-
-@cache
-def has_cuda_core() -> bool:
-    """cuda.core (the NVRTC compiler and launcher mok's kernel uses) is importable."""
-    try:
-        return importlib.util.find_spec("cuda.core") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-@cache
-def cuda_device() -> tuple[str | None, tuple[int, int] | None, str]:
-    """(name, compute capability, why none) of the current CUDA device; cached (refresh() clears)."""
-    try:
-        import torch  # already imported whenever a tensor was handed to us
-    except ImportError:
-        return None, None, "torch is not installed"
-    if not torch.cuda.is_available():
-        return None, None, f"torch {torch.__version__} sees no CUDA device"
-    index = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    return torch.cuda.get_device_name(index), (major, minor), ""
-
-
-on_refresh(has_cuda_core.cache_clear)
-on_refresh(cuda_device.cache_clear)
 
 
 @dataclass(frozen=True)
