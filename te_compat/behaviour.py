@@ -32,7 +32,7 @@ def _release(release: object) -> Version:
 
 
 def _newest(why: str) -> tuple[Rule, str]:
-    return NEWEST_RULE, f"{why}: the newest rule ({_NEWEST.introduced_by.split(':')[0]})"
+    return NEWEST_RULE, f"{why}: the newest rule, exp2f_rcp of TE {_NEWEST.since} and later ({_NEWEST.where})"
 
 
 def _from_row(row: ReciprocalRow, release: Version) -> tuple[Rule, str]:

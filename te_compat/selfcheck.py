@@ -30,7 +30,7 @@ from typing import Any
 from packaging.version import Version
 
 from te_compat.caches import on_refresh
-from te_compat.capabilities import cuda_device
+from te_compat.device import cuda_device
 from te_compat.errors import TECompatError
 from te_compat.table import TensorKind, kinds_in
 from te_compat.version import release_of, te_import_status, te_status
@@ -218,7 +218,11 @@ def contributed_checks() -> list[tuple[str, Check]]:
     except Exception as exc:
         return [_failed_load(SELFTEST_CHECKS, f"importlib.metadata.entry_points raised {type(exc).__name__}: {exc}")]
     checks: list[tuple[str, Check]] = []
+    seen = set()
     for ep in found:
+        if (ep.name, ep.value) in seen:  # one package installed twice (editable and on a path): once
+            continue
+        seen.add((ep.name, ep.value))
         checks += _provided(ep.name, ep.value, ep.load)
     return checks
 
