@@ -10,9 +10,13 @@ Nothing here imports TE or torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from packaging.version import Version
 
 from te_compat import table
+from te_compat.source_facts import Classes, keyword_call, lineage
 from te_compat.table import NEWEST_RULE, RECIPROCAL_ROWS, ReciprocalRow, Rule
 from te_compat.version import parse_te_version, release_of, te_status
 
@@ -103,3 +107,92 @@ def two_d_quantization(release: Version | None) -> tuple[bool, str]:
         return True, found[0].introduced_by
     first = rows[0].since
     return False, f"needs TE >= {first}; found {release or 'no TE'}"
+
+
+# --- the matrix check ---------------------------------------------------------------------------
+
+
+def mxfp8_post_all_gather(classes: Classes, functions: Mapping[str, Any]) -> str:
+    """What one release's ``post_all_gather_processing`` does with an MXFP8 weight, from its
+    recorded facts: "absent", or the outcome of the first ``isinstance`` branch an MXFP8Tensor
+    takes (it or a TE base of it), "no-op" where none does."""
+    facts = functions.get(table.POST_ALL_GATHER_FUNCTION)
+    if facts is None:
+        return "absent"
+    bases = set(lineage(classes, table.MXFP8_TENSOR)) or {table.MXFP8_TENSOR}
+    for tested, outcome in facts["dispatch"]:
+        if bases & set(tested):
+            return "raises" if str(outcome).startswith("raises") else str(outcome)
+    return "no-op"
+
+
+def check_post_all_gather_rows(release: str, classes: Classes, functions: Mapping[str, Any]) -> list[str]:
+    """Every disagreement between the post_all_gather_processing rows and one release's record."""
+    version = Version(release)
+    covering = [r for r in table.POST_ALL_GATHER_ROWS if r.covers(version)]
+    found = mxfp8_post_all_gather(classes, functions)
+    if len(covering) != 1:
+        spans = ", ".join(r.span for r in covering) or "none"
+        return [f"TE {release}: {len(covering)} post_all_gather_processing rows cover it ({spans}); expected one"]
+    row = covering[0]
+    if found == row.mxfp8:
+        return []
+    line = functions.get(table.POST_ALL_GATHER_FUNCTION, {}).get("line")
+    where = f" (pytorch/tensor/utils.py:{line})" if line else ""
+    return [
+        f"TE {release}: post_all_gather_processing row {row.span} says {row.mxfp8!r} for MXFP8 weights; the "
+        f"release's source{where}: {found!r}"
+    ]
+
+
+def check_quantizer_flag_rows(release: str, classes: Classes) -> list[str]:
+    """Every disagreement between the quantizer flag rows and one release's classes: a covered
+    release's quantizer assigns the attribute and its constructor takes it as a keyword; a release
+    before the row whose quantizer class exists does not assign it."""
+    version = Version(release)
+    problems = []
+    for row in table.QUANTIZER_FLAG_ROWS:
+        chain = lineage(classes, row.quantizer)
+        assigns = {a for c in chain for a in classes[c]["assigns"]}
+        if not row.covers(version):
+            if row.attribute in assigns:
+                problems.append(
+                    f"TE {release}: {row.quantizer} assigns {row.attribute!r}, but the quantizer flag row "
+                    f"{row.span} does not cover this release"
+                )
+            continue
+        if not chain:
+            problems.append(
+                f"TE {release}: quantizer flag row {row.span} names {row.quantizer}, which it does not define"
+            )
+            continue
+        call = keyword_call(classes, row.quantizer, "__init__")
+        if row.attribute not in assigns:
+            problems.append(f"TE {release}: {row.quantizer} never assigns {row.attribute!r} (row {row.span})")
+        if call is None or (row.attribute not in call.accepted and not call.open_ended):
+            problems.append(f"TE {release}: {row.quantizer}.__init__ takes no {row.attribute!r} (row {row.span})")
+    return problems
+
+
+def check_reciprocal_rows(release: str, native: Mapping[str, Any]) -> list[str]:
+    """Every disagreement between the reciprocal rows and one release's native record
+    (matrix/native.py): the covering row's form and file are the source's, and a release whose
+    source defines no exp2f_rcp has no row."""
+    version = Version(release)
+    fact = native.get("exp2f_rcp", {})
+    form = fact.get("form", "absent")
+    where = f"{fact.get('file')}:{fact.get('line')}" if form != "absent" else ""
+    row = table.reciprocal_row(version)
+    if row is None:
+        return (
+            []
+            if form == "absent"
+            else [f"TE {release}: defines exp2f_rcp ({form}, {where}), but no reciprocal row covers it"]
+        )
+    problems = []
+    if form != row.form:
+        shown = f"{form} ({where})" + (f": {fact['body']}" if form == "unknown" else "")
+        problems.append(f"TE {release}: reciprocal row {row.span} says exp2f_rcp is {row.form!r}; the source: {shown}")
+    elif fact.get("file") != row.where:
+        problems.append(f"TE {release}: reciprocal row {row.span} cites {row.where}; exp2f_rcp is in {where}")
+    return problems

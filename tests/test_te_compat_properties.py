@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from packaging.version import Version
 
 import te_compat
 from matrix.check import lineage
