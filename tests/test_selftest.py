@@ -6,6 +6,7 @@ backend, and the TE ones run against tests/fake_te.py's stand-in TE."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -403,3 +404,26 @@ def test_without_te_every_te_check_skips_saying_so() -> None:
         for name, check in TE_CHECKS.items():
             result = selfcheck.run_check(name, check)
             assert result.status == "skipped" and result.why.startswith("no Transformer Engine installed"), result
+
+
+# --- docs/selftest.md ------------------------------------------------------------------------------
+
+DOC = ROOT / "docs" / "selftest.md"
+
+
+def _doc_blocks() -> list[tuple[int, str]]:
+    text = DOC.read_text()
+    fences = re.finditer(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+    return [(text.count("\n", 0, m.start()) + 1, m["body"]) for m in fences if m["lang"] == "python"]
+
+
+@pytest.mark.parametrize(("line", "code"), _doc_blocks(), ids=[f"line {n}" for n, _ in _doc_blocks()])
+def test_every_python_block_of_the_docs_runs(line: int, code: str) -> None:
+    exec(compile(code, f"docs/selftest.md:{line}", "exec"), {"__name__": "docs_selftest"})
+
+
+def test_the_readme_points_at_the_docs_and_shows_the_startup_line() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "te-compat selftest [--json]" in readme and "docs/selftest.md" in readme
+    assert 'te_compat.capabilities().require("selftest")' in readme
+    assert len(_doc_blocks()) >= 4
