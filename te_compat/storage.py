@@ -260,6 +260,7 @@ class GroupedStorage(StorageSnapshot):
     scales_swizzled: bool
     amax_rowwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("amax")
     amax_columnwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("columnwise_amax")
+    quantized_2d: bool | None = None  # MXFP8 groups, TE 2.19+: as MXFP8Storage.quantized_2d, from the group's quantizer
 
 
 def _positive(name: str, value: object) -> int:
@@ -348,8 +349,9 @@ def _quantizer_flag(v: _Values, kind: TensorKind, field: str) -> bool | None:
     if quantizer is None:
         return None
     release = resolve(type(v.obj), "quantizer").release
+    lineage = {class_path(c) for c in type(quantizer).__mro__}
     for row in quantizer_flag_rows(kind, release):
-        if row.storage != field:
+        if row.storage != field or row.quantizer not in lineage:  # another quantizer's flag of that name
             continue
         value = getattr(quantizer, row.attribute, None)
         if value is None or isinstance(value, bool):
@@ -401,6 +403,7 @@ def grouped_storage(param: object, *, read: StorageRead | None = None) -> Groupe
         scales_swizzled=_group_swizzled(v, member_tuple, read),
         amax_rowwise=v.tensor("amax_rowwise"),
         amax_columnwise=v.tensor("amax_columnwise"),
+        quantized_2d=_quantizer_flag(v, TensorKind.GROUPED, "quantized_2d"),
     )
 
 

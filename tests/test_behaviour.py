@@ -172,6 +172,20 @@ def test_quantized_2d_is_read_from_the_quantizer() -> None:
             fake_mxfp8((64, 96), quantized_2d=True)
 
 
+def test_a_group_reads_the_flag_of_its_own_mxfp8_quantizer_only() -> None:
+    from te_compat.testing import fake_grouped
+
+    with installed_release("2.20.2"):
+        group = fake_grouped((2, 64, 64), format="mxfp8")
+        assert te_compat.grouped_storage(group).quantized_2d is False
+        group.quantizer.with_2d_quantization = True
+        assert te_compat.grouped_storage(group).quantized_2d is True
+        nvfp4 = fake_grouped((2, 64, 64), format="nvfp4")
+        nvfp4.quantizer.with_2d_quantization = True  # NVFP4's 16x16 flag, not MXFP8's
+        assert te_compat.grouped_storage(nvfp4).quantized_2d is None
+        assert te_compat.grouped_storage(fake_grouped((2, 64, 64), format="bf16")).quantized_2d is None
+
+
 def test_a_2d_fake_holds_one_scale_per_block_as_te_writes_them() -> None:
     with installed_release("2.20.2"):
         s = te_compat.mxfp8_storage(fake_mxfp8((64, 96), quantized_2d=True))
