@@ -427,3 +427,22 @@ def test_the_readme_points_at_the_docs_and_shows_the_startup_line() -> None:
     assert "te-compat selftest [--json]" in readme and "docs/selftest.md" in readme
     assert 'te_compat.capabilities().require("selftest")' in readme
     assert len(_doc_blocks()) >= 4
+
+
+def _stand_in_dequantize(t: Any) -> torch.Tensor:
+    """TE's MXFP8 dequantize, from TE's own compact buffers (not through mok): payload times 2^(code - 127)."""
+    s = te_compat.mxfp8_storage(t)
+    rows, columns = s.shape
+    codes = s.rowwise_scale_inv[:rows, : columns // 32].to(torch.float32)
+    factor = torch.exp2(codes - 127).repeat_interleave(32, dim=1)
+    return s.rowwise_data.view(torch.float8_e4m3fn).to(torch.float32) * factor
+
+
+def test_the_dequantize_check_against_a_stand_in_dequantize(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(te_compat, "cuda_device", lambda: ("NVIDIA B200", (10, 0), ""))
+    monkeypatch.setattr(ms, "_te_dequantize", _stand_in_dequantize)
+    with fake_te(monkeypatch, "2.20.2"):
+        assert ms.check_te_mxfp8_dequantize() == "TE 2.20.2: 2 experts' values equal TE's dequantize"
+        monkeypatch.setattr(ms, "_te_dequantize", lambda t: _stand_in_dequantize(t) * 2)
+        with pytest.raises(AssertionError, match="expert 0 dequantized through mok's layout against TE's dequantize"):
+            ms.check_te_mxfp8_dequantize()
