@@ -739,11 +739,29 @@ def check_te_mxfp8_grouped() -> str:
         distinct(row, f"TE grouped expert {e} rowwise scales")
         same_bytes(rows_ours[e], spec_layout(row), f"TE grouped expert {e} rowwise")
         same_bytes(cols_ours[e], spec_layout(col), f"TE grouped expert {e} columnwise")
+    done = []
+    grouped_swizzle = getattr(tex, "grouped_swizzle_for_gemm", None)
+    if callable(grouped_swizzle):  # TE 2.14+: the whole group at once, into new buffers of the group's
+        grouped_swizzle(weight, rowwise=True, columnwise=True)
+        swizzled = te_compat.grouped_storage(weight)
+        if not swizzled.scales_swizzled or swizzled.rowwise_scale_inv is None or swizzled.columnwise_scale_inv is None:
+            raise AssertionError("TE's grouped_swizzle_for_gemm left no swizzled scales on the group")
+        same_bytes(
+            view.rowwise.scales[0], swizzled.rowwise_scale_inv, "TE grouped mxfp8 rowwise against TE's grouped swizzle"
+        )
+        same_bytes(
+            view.columnwise.scales[0],
+            swizzled.columnwise_scale_inv,
+            "TE grouped mxfp8 columnwise against TE's grouped swizzle",
+        )
+        done.append("TE's grouped swizzle")
     swizzle = _te_swizzle(tex)
-    if swizzle is None:
+    if swizzle is not None:  # each member TE made for the group, on its own (its buffers are still compact)
+        _against_te_swizzle(swizzle, members, rows_ours, cols_ours, TensorKind.MXFP8, rows, columns, "TE grouped mxfp8")
+        done.append("TE's swizzle of each member")
+    if not done:
         return f"TE {release}: compared with the spec over TE's buffers (no swizzle_scales_for_gemm_)"
-    _against_te_swizzle(swizzle, members, rows_ours, cols_ours, TensorKind.MXFP8, rows, columns, "TE grouped mxfp8")
-    return f"TE {release}: {EXPERTS} experts in one GroupedTensor, byte for byte with TE's swizzle"
+    return f"TE {release}: {EXPERTS} experts in one GroupedTensor, byte for byte with {' and '.join(done)}"
 
 
 def _te_call(t: object, method: str, *args: object, **kwargs: object) -> Any:

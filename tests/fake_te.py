@@ -121,6 +121,23 @@ def swizzle_scales_for_gemm_(t: Any) -> None:
     t._with_gemm_swizzled_scales = True
 
 
+def grouped_swizzle_for_gemm(t: Any, *, rowwise: bool, columnwise: bool) -> None:
+    """TE 2.14+'s grouped swizzle as the spec lays it out: each member's layout, one after another,
+    in new buffers of the group's; the group's flag set (the members are left as they were)."""
+    gs = te_compat.grouped_storage(t)
+    members = gs.members or ()
+    rows, columns = gs.tensor_shapes[0]
+    row = [te_compat.mxfp8_storage(m).rowwise_scale_inv[:rows, : columns // 32] for m in members]
+    col = [te_compat.mxfp8_storage(m).columnwise_scale_inv[: rows // 32, :columns].t() for m in members]
+    if rowwise:
+        t.scale_inv = torch.cat([spec_layout(m.contiguous()).reshape(-1) for m in row]).to(gs.rowwise_scale_inv.device)
+    if columnwise:
+        t.columnwise_scale_inv = torch.cat([spec_layout(m.contiguous()).reshape(-1) for m in col]).to(
+            gs.columnwise_scale_inv.device
+        )
+    t._with_gemm_swizzled_scales = True
+
+
 def _module(name: str, **attrs: object) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
@@ -136,6 +153,8 @@ def fake_te(
     tex = _module("transformer_engine_torch", DType=types.SimpleNamespace(kFloat8E4M3="kFloat8E4M3"))
     if version >= Version("2.12"):
         tex.swizzle_scales_for_gemm_ = swizzle or swizzle_scales_for_gemm_  # type: ignore[attr-defined]
+    if version >= Version("2.14"):
+        tex.grouped_swizzle_for_gemm = grouped_swizzle_for_gemm  # type: ignore[attr-defined]
     pytorch = _module(
         "transformer_engine.pytorch",
         GroupedLinear=GroupedLinear,

@@ -332,7 +332,8 @@ TE_CHECKS = {
 EXPECTED = {
     "2.20.2": {
         "mok.te.mxfp8_split": "TE 2.20.2: 2 experts, byte for byte with TE's swizzle",
-        "mok.te.mxfp8_grouped": "TE 2.20.2: 2 experts in one GroupedTensor, byte for byte with TE's swizzle",
+        "mok.te.mxfp8_grouped": "TE 2.20.2: 2 experts in one GroupedTensor, byte for byte with TE's grouped "
+        "swizzle and TE's swizzle of each member",
         "mok.te.mxfp8_2d": "TE 2.20.2: flag read and layout checked; TE quantizes no MXFP8 on this device",
         "mok.te.nvfp4": "TE 2.20.2: per expert and grouped, byte for byte with TE's swizzle",
         "mok.te.blockwise": "TE 2.20.2: refused by name as mxfp8, nvfp4 and bf16",
@@ -354,6 +355,10 @@ EXPECTED = {
         "mok.te.nvfp4": "TE 2.9.0: compared with the spec over TE's buffers (no swizzle_scales_for_gemm_)",
     },
     "2.5.0": {"mok.te.nvfp4": "SKIP TE 2.5.0 has no nvfp4 tensors (TE 2.8+)"},
+    "2.13.0": {
+        "mok.te.mxfp8_grouped": "TE 2.13.0: 2 experts in one GroupedTensor, byte for byte with TE's swizzle of "
+        "each member",
+    },
 }
 
 
@@ -446,3 +451,16 @@ def test_the_dequantize_check_against_a_stand_in_dequantize(monkeypatch: pytest.
         monkeypatch.setattr(ms, "_te_dequantize", lambda t: _stand_in_dequantize(t) * 2)
         with pytest.raises(AssertionError, match="expert 0 dequantized through mok's layout against TE's dequantize"):
             ms.check_te_mxfp8_dequantize()
+
+
+def test_a_te_grouped_swizzle_that_differs_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import fake_te as stand_in
+
+    def off_by_one(t: Any, **usage: bool) -> None:
+        stand_in.grouped_swizzle_for_gemm(t, **usage)
+        t.columnwise_scale_inv[-1] += 1
+
+    with fake_te(monkeypatch, "2.20.2"):
+        monkeypatch.setattr(sys.modules["transformer_engine_torch"], "grouped_swizzle_for_gemm", off_by_one)
+        with pytest.raises(AssertionError, match=r"grouped mxfp8 columnwise against TE's grouped swizzle: 1 of"):
+            ms.check_te_mxfp8_grouped()
