@@ -307,10 +307,10 @@ def test_cli_require_fails_with_a_te_that_does_not_import(tmp_path: Path) -> Non
 # ---- never a traceback: output that cannot be written, internal errors, a bare call ----
 
 
-HELP_COMMANDS = [["--help"], ["report", "--help"], ["verify", "-h"], ["releases", "--help"]]
+HELP_COMMANDS = [["--help"], ["report", "--help"], ["verify", "-h"], ["releases", "--help"], ["selftest", "--help"]]
 
 
-@pytest.mark.parametrize("command", [["releases", "--json"], *HELP_COMMANDS])
+@pytest.mark.parametrize("command", [["releases", "--json"], ["selftest", "--json"], *HELP_COMMANDS])
 def test_a_closed_pipe_is_one_line_and_exit_3(command: list[str]) -> None:
     # te-compat releases | true (or te-compat --help | head -0): the reader is gone before the
     # output is written
@@ -330,7 +330,7 @@ def test_a_closed_pipe_is_one_line_and_exit_3(command: list[str]) -> None:
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize(
-    "command", [["report"], ["report", "--json"], ["releases"], ["verify", "--json"], *HELP_COMMANDS]
+    "command", [["report"], ["report", "--json"], ["releases"], ["verify", "--json"], ["selftest"], *HELP_COMMANDS]
 )
 def test_a_full_disk_is_one_line_and_exit_3(command: list[str]) -> None:
     with open("/dev/full", "w") as full:
@@ -340,7 +340,17 @@ def test_a_full_disk_is_one_line_and_exit_3(command: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "command", ["report", "report --json", "releases", "releases --json", "verify --json", "--help", "verify -h"]
+    "command",
+    [
+        "report",
+        "report --json",
+        "releases",
+        "releases --json",
+        "verify --json",
+        "selftest --json",
+        "--help",
+        "verify -h",
+    ],
 )
 def test_a_closed_stdout_is_one_line_and_exit_3(command: str) -> None:
     # te-compat releases >&-: Python starts with sys.stdout None

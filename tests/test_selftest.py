@@ -464,3 +464,17 @@ def test_a_te_grouped_swizzle_that_differs_fails(monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(sys.modules["transformer_engine_torch"], "grouped_swizzle_for_gemm", off_by_one)
         with pytest.raises(AssertionError, match=r"grouped mxfp8 columnwise against TE's grouped swizzle: 1 of"):
             ms.check_te_mxfp8_grouped()
+
+
+def test_an_internal_error_of_the_selftest_is_one_line_and_exit_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from te_compat import cli
+
+    def broken() -> object:
+        raise RuntimeError("cache\nbroke")
+
+    monkeypatch.setattr(cli, "selftest", broken)
+    assert main(["selftest", "--json"]) == 4
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "te-compat selftest: internal error: RuntimeError: cache broke\n"
