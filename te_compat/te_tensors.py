@@ -14,9 +14,8 @@ from typing import Any
 import torch
 from packaging.version import Version
 
+from te_compat import mxfp8_storage, nvfp4_storage, tensor_kind  # imported by the check, after te_compat
 from te_compat.geometry import block_geometry
-from te_compat.probe import tensor_kind
-from te_compat.snapshots import mxfp8_storage, nvfp4_storage
 from te_compat.table import TensorKind, kinds_in
 
 ROWS, COLUMNS = 224, 320  # padded both ways: rows to 256, MXFP8 K/32 = 10 to 12, NVFP4 M/16 = 14 to 16
