@@ -51,9 +51,11 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("te", release_versions())
 def release(session: nox.Session, te: str) -> None:
-    """One TE release: download its wheel (cached), re-extract its record, check the table."""
+    """One TE release: download its wheel and its torch extension's source archive (cached),
+    re-extract their records, check the table."""
     install_project(session)
     session.run("python", "-m", "matrix.extract", te, "--check")
+    session.run("python", "-m", "matrix.native", te, "--check")
     session.run("python", "-m", "matrix.check", te)
     session.run("python", "-m", "matrix.provenance", te)  # a warning line when its live record is stale
 

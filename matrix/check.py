@@ -8,7 +8,11 @@ For every release in the matrix and every tensor kind the table covers there:
   rename in a future release fails here instead of being silently missed;
 - a release that defines a covered class the table has no row for fails;
 - the quantizer rows (te_compat.gemm_layout) and quantize rows (te_compat.quantize) name classes,
-  methods, attributes and keyword parameters the release defines, and pass every required one.
+  methods, attributes and keyword parameters the release defines, and pass every required one;
+- the behaviour rows (te_compat.table): what post_all_gather_processing does with MXFP8 weights
+  (its isinstance dispatch, in the record's functions), the quantizer flags (assigned and taken
+  by the constructor exactly in their range), and, from the release's C++ (matrix/native.py's
+  records), the form of exp2f_rcp and the facts that start the GEMM-layout rows.
 
 The check itself is ``te_compat.source_facts.check_classes``, shared with ``te-compat verify``.
 
@@ -24,9 +28,11 @@ from typing import Any
 from packaging.version import Version
 
 from matrix.extract import load_record
+from matrix.native import load_native
 from matrix.releases import matrix_release, release_versions
 from te_compat import table
-from te_compat.gemm_layout import check_quantizer_rows
+from te_compat.behaviour import check_post_all_gather_rows, check_quantizer_flag_rows, check_reciprocal_rows
+from te_compat.gemm_layout import check_native_quantizer_rows, check_quantizer_rows
 from te_compat.quantize import check_quantize_rows
 from te_compat.source_facts import check_classes, lineage
 from te_compat.source_facts import uncovered_quantized as _uncovered
@@ -45,17 +51,32 @@ def uncovered_quantized(record: dict[str, Any]) -> list[str]:
     return _uncovered(record["classes"])
 
 
-def check_release(version: str, record: dict[str, Any] | None = None) -> list[str]:
-    """Check one matrix release (its own record, or its source release's record)."""
+def check_native(version: str, native: dict[str, Any] | None) -> list[str]:
+    """The rows whose facts live in TE's C++ (the reciprocal rows; the GEMM-layout rows' start)
+    against one release's native record (matrix/native.py)."""
+    if native is None:
+        return [f"TE {version}: no native record (python -m matrix.native {version})"]
+    return check_reciprocal_rows(version, native) + check_native_quantizer_rows(version, native)
+
+
+def check_release(
+    version: str, record: dict[str, Any] | None = None, native: dict[str, Any] | None = None
+) -> list[str]:
+    """Check one matrix release (its own record, or its source release's record; its native record)."""
     if record is None:
         record = load_record(matrix_release(version).source_from)
-    # the storage rows, the quantizer rows behind te_compat.request_gemm_layout_scales, and the
-    # quantize rows behind te_compat.mxfp8_quantize_into
+    if native is None:
+        native = load_native(version)
+    # the storage rows, the quantizer rows behind te_compat.request_gemm_layout_scales, the
+    # quantize rows behind te_compat.mxfp8_quantize_into, and the behaviour rows
     classes = record["classes"]
     return (
         check_record({**record, "release": version})
         + check_quantizer_rows(version, classes)
         + check_quantize_rows(version, classes)
+        + check_post_all_gather_rows(version, classes, record.get("functions", {}))
+        + check_quantizer_flag_rows(version, classes)
+        + check_native(version, native)
     )
 
 

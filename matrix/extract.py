@@ -31,7 +31,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from te_compat.source_facts import extract_sources, is_source_file
+from te_compat.source_facts import extract_functions, extract_sources, is_source_file
 
 MATRIX_DIR = Path(__file__).resolve().parent
 RECORDS_DIR = MATRIX_DIR / "records"
@@ -129,11 +129,17 @@ def wheel_path(release: str, cache: Path = WHEEL_CACHE) -> Path:
 
 
 def extract_wheel(wheel: Path) -> dict[str, Any]:
-    """The record of one release: every class of its PyTorch tensor modules."""
+    """The record of one release: every class of its PyTorch tensor modules, and the functions
+    whose behaviour the table records (te_compat.source_facts.FUNCTIONS; absent ones left out)."""
     release = wheel.name.split("-")[1]
     with zipfile.ZipFile(wheel) as archive:
         sources = [(n, archive.read(n)) for n in archive.namelist() if is_source_file(n)]
-    return {"release": release, "source": wheel.name, "classes": extract_sources(sources)}
+    return {
+        "release": release,
+        "source": wheel.name,
+        "classes": extract_sources(sources),
+        "functions": extract_functions(sources),
+    }
 
 
 def record_path(release: str) -> Path:

@@ -6,11 +6,12 @@
 Writes ``<DIR>/<TE release>.json`` (``<release>.no-seed.json`` for a run with
 TE_COMPAT_LIVE_NO_SEED=1): release, machine, date, the commit and a digest of the code that ran
 (matrix/provenance.py), the TE build, environment notes, pass/fail/skip counts, which tests ran,
-every skip and failure with its reason, and for each comparison with TE the bytes it ran on (from
-the side file tests/live/conftest.py writes, by default beside the junit XML as
-``JUNIT.evidence.json``). With --could-not-load the record says that TE did not build or import on
-the machine, why, and what was tried (the tests, if any ran, are those that need no TE). Run it in
-the environment that ran the tests.
+every skip and failure with its reason, for each comparison with TE the bytes it ran on, and what
+``te-compat selftest --json`` printed (``selftest``; from format 4), all from the side file
+tests/live/conftest.py writes, by default beside the junit XML as ``JUNIT.evidence.json``. With
+--could-not-load the record says that TE did not build or import on the machine, why, and what
+was tried (the tests, if any ran, are those that need no TE). Run it in the environment that ran
+the tests.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from typing import Any
 from matrix import provenance
 
 LIVE_DIR = Path(__file__).resolve().parent / "live"
-RECORD_FORMAT = 3  # 1: counts and reasons only; 2: no commit nor code digest (records before 2026-12-04)
+# 1: counts and reasons only; 2: no commit nor code digest (records before 2026-12-04); 3: no
+# "selftest" (what `te-compat selftest --json` printed in the run; None where it did not run)
+RECORD_FORMAT = 4
 STUB_LIBRARY = "cublaslt_grouped_stub"  # shared/gpu/cublaslt-grouped-stub.c, built by matrix/gpu_live.sh
 STUB_NOTE = "cuBLASLt grouped stub preloaded: TE grouped GEMM unavailable"
 NO_SEED_ENV = "TE_COMPAT_LIVE_NO_SEED"  # tests/live/evidence.py: leave TE's buffers as allocated
@@ -131,6 +134,16 @@ def environment(machine: str | None) -> dict[str, Any]:
     }
 
 
+def selftest_of(evidence: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What `te-compat selftest --json` printed in the run (tests/live/test_live_selftest.py puts it
+    in its evidence), or None where that test did not run."""
+    for test in (evidence or {}).get("tests", {}).values():
+        found = test.get("selftest")
+        if isinstance(found, dict):
+            return found
+    return None
+
+
 def seeding_text(evidence: dict[str, Any] | None) -> str:
     if evidence is None:
         return "unknown (no evidence file: the live tests did not run or wrote none)"
@@ -164,6 +177,7 @@ def build_record(
         "seeding": seeding_text(evidence),
         **summarize(junit),
         "bytes": bytes_by_test(evidence),
+        "selftest": selftest_of(evidence),
     }
 
 

@@ -3,7 +3,8 @@
     python -m matrix.refresh            (or: nox -s refresh)
 
 Lists transformer-engine releases on PyPI, adds the new ones to matrix/releases.toml, writes
-their records (python -m matrix.extract), checks te_compat's table against them, regenerates
+their records (python -m matrix.extract) and native records (python -m matrix.native: the C++
+facts, from each release's torch source archive), checks te_compat's table against them, regenerates
 the README's support table, and, when every check passes, moves CHECKED_THROUGH in
 te_compat/table.py to the newest release. Review the diff and commit it.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from matrix import extract, support
+from matrix import extract, native, support
 from matrix.check import check_release
 from matrix.releases import RELEASES_FILE, release_versions
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if new:
         add_releases(new)
         extract.main(new)
+        native.main(new)
         print(f"added {', '.join(new)}")
     else:
         print("the matrix already lists every release on PyPI")

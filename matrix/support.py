@@ -55,7 +55,17 @@ def _live(rec: dict[str, Any] | None, live_cuda: int = 13) -> str:
         text += " (TE did not import there; kernel tests only)"
     if rec.get("record_format", 1) >= 2:
         text += _on_which_bytes(rec)
-    return text
+    return text + _selftest(rec.get("selftest"))
+
+
+def _selftest(found: object) -> str:
+    """Records from format 4 hold what `te-compat selftest --json` printed (None: it did not run)."""
+    if not isinstance(found, dict) or not isinstance(found.get("checks"), list):
+        return ""
+    counts = {s: sum(c.get("status") == s for c in found["checks"]) for s in ("passed", "failed", "skipped")}
+    verdict = "ok" if found.get("ok") else "FAILED"
+    tally = ", ".join(f"{n} {s}" for s, n in counts.items())
+    return f"; te-compat selftest {verdict}: {tally}"
 
 
 def live_columns(rec: dict[str, Any] | None, live_cuda: int, now: dict[str, str]) -> str:

@@ -56,6 +56,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from mok.errors import LayoutError
+from te_compat import mxfp8_reciprocal_rule
 
 BLOCK = 32  # values per E8M0 scale
 E4M3_MAX = 448.0
@@ -69,6 +70,14 @@ class ReciprocalRule(str, Enum):
 
     SHIFT = "shift"  # TE 2.9 ptx.cuh: code 0 -> 1; else (254 - code) << 23: 254 -> 0, 255 -> -inf
     EXACT = "exact"  # after TE PR 2647: 2^(127 - code) for codes 0..254 (0 -> 2^127), 255 -> NaN
+
+
+def installed_rule() -> ReciprocalRule:
+    """The rule of the installed TE release, as te_compat's release table records it
+    (``te_compat.mxfp8_reciprocal_rule``): SHIFT for TE 2.0 to 2.12, EXACT from TE 2.13 (PR 2647),
+    and EXACT, the newest, where TE is absent, has no MXFP8 or states no readable version. TE is
+    not imported."""
+    return ReciprocalRule(mxfp8_reciprocal_rule())
 
 
 class ProductRule(str, Enum):

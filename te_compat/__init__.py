@@ -4,8 +4,10 @@ Importing this package imports neither Transformer Engine nor torch; both are lo
 when a function is called. See README.md for a tour.
 """
 
+from te_compat.behaviour import mxfp8_reciprocal_rule
 from te_compat.caches import on_refresh, refresh
-from te_compat.capabilities import Capabilities, capabilities, cuda_device, has_cuda_core
+from te_compat.capabilities import Capabilities, capabilities
+from te_compat.device import cuda_device, has_cuda_core
 from te_compat.errors import (
     AmbiguousStorageNameError,
     MissingFeatureError,
@@ -29,6 +31,7 @@ from te_compat.probe import (
     tensor_kind_or_none,
 )
 from te_compat.quantize import mxfp8_quantize_into
+from te_compat.selfcheck import CheckResult, SelftestResult, SkipCheck, selftest
 from te_compat.storage import (
     BlockwiseStorage,
     Float8Storage,
@@ -62,6 +65,7 @@ __all__ = [
     "AmbiguousStorageNameError",
     "BlockwiseStorage",
     "Capabilities",
+    "CheckResult",
     "Float8Storage",
     "GemmLayoutEntry",
     "GemmLayoutReport",
@@ -71,6 +75,8 @@ __all__ = [
     "MXFP8Storage",
     "MissingFeatureError",
     "NVFP4Storage",
+    "SelftestResult",
+    "SkipCheck",
     "StorageName",
     "StorageNotFoundError",
     "StorageReader",
@@ -94,6 +100,7 @@ __all__ = [
     "known_storage_name",
     "logical_storage_name",
     "mxfp8_quantize_into",
+    "mxfp8_reciprocal_rule",
     "mxfp8_storage",
     "nvfp4_storage",
     "on_refresh",
@@ -102,6 +109,7 @@ __all__ = [
     "request_gemm_layout_scales",
     "require_te",
     "scale_matrix",
+    "selftest",
     "storage_attr",
     "storage_field",
     "storage_fingerprint",

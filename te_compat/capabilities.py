@@ -5,16 +5,15 @@ Call once at start-up; ``require`` turns a missing feature into one clear error.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import cache
 from typing import Any
 
 from packaging.version import Version
 
 from te_compat import table
-from te_compat.caches import on_refresh
+from te_compat.behaviour import post_all_gather_support, reciprocal_rule_source, two_d_quantization
+from te_compat.device import cuda_device, has_cuda_core
 from te_compat.errors import MissingFeatureError, TECompatError, TEVersionError
 from te_compat.quantize import describe as describe_quantize
 from te_compat.quantize import quantize_row, support
@@ -24,33 +23,6 @@ from te_compat.version import parse_te_version, release_of, te_import_status, te
 # TE's recipe check asks for compute capability 10.0 for MXFP8 GEMMs (tcgen05). Where TE's MXFP8
 # quantisation writes is te_compat.quantize's MXFP8_QUANTIZE_CC (10.x only: on an H200 it writes nothing).
 MXFP8_GEMM_MIN_CC = (10, 0)
-
-
-@cache
-def has_cuda_core() -> bool:
-    """cuda.core (the NVRTC compiler and launcher mok's kernel uses) is importable."""
-    try:
-        return importlib.util.find_spec("cuda.core") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-@cache
-def cuda_device() -> tuple[str | None, tuple[int, int] | None, str]:
-    """(name, compute capability, why none) of the current CUDA device; cached (refresh() clears)."""
-    try:
-        import torch  # already imported whenever a tensor was handed to us
-    except ImportError:
-        return None, None, "torch is not installed"
-    if not torch.cuda.is_available():
-        return None, None, f"torch {torch.__version__} sees no CUDA device"
-    index = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    return torch.cuda.get_device_name(index), (major, minor), ""
-
-
-on_refresh(has_cuda_core.cache_clear)
-on_refresh(cuda_device.cache_clear)
 
 
 @dataclass(frozen=True)
@@ -75,6 +47,11 @@ class Capabilities:
     mxfp8_hardware: bool
     mxfp8_quantization: bool  # TE can quantise MXFP8 here: usable, a quantize row, a 10.x device
     mxfp8_quantize_api: str | None  # how (te_compat.mxfp8_quantize_into's call); None before TE 2.0
+    mxfp8_reciprocal_rule: str  # "shift" or "exact": TE's exp2f_rcp, the rule a quantiser follows to match TE
+    mxfp8_reciprocal_rule_source: str  # the release, file and PR that say so
+    mxfp8_2d_quantization: bool  # TE 2.19+: MXFP8Quantizer(with_2d_quantization=...), 32x32 blocks
+    post_all_gather_processing: bool  # TE's post_all_gather_processing takes MXFP8 weights (a no-op)
+    post_all_gather_processing_reason: str
     cuda_core: bool  # mok's kernel needs it (pip install te-compat[cuda]) and a CUDA device
 
     def as_dict(self) -> dict[str, Any]:
@@ -131,6 +108,14 @@ def _quantize_reason(c: Capabilities) -> str:
     return why or "TE can quantise MXFP8 on this device"
 
 
+def _selftest(c: Capabilities) -> tuple[bool, str]:
+    """te_compat.selftest(): run once per process, whatever else ``c`` says."""
+    from te_compat.selfcheck import selftest
+
+    result = selftest()
+    return result.ok, result.failures() or f"every check that ran passed: {result.summary()}"
+
+
 _CHECKS: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
     "te": lambda c: (c.te_usable, _te_reason(c) or "transformer_engine is usable"),
     "cuda": lambda c: (c.cuda_device is not None, "no CUDA device visible to torch"),
@@ -148,11 +133,13 @@ _CHECKS: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
         f"found {c.compute_capability or 'no CUDA device'}",
     ),
     "mxfp8_quantization": lambda c: (c.mxfp8_quantization, _quantize_reason(c)),
+    "post_all_gather_processing": lambda c: (c.post_all_gather_processing, c.post_all_gather_processing_reason),
     "cuda_kernel": lambda c: (
         c.cuda_core and c.cuda_device is not None,
         f"mok's CUDA kernel needs cuda.core ({'present' if c.cuda_core else 'pip install te-compat[cuda]'}) "
         f"and a CUDA device ({c.cuda_device or 'none visible to torch'})",
     ),
+    "selftest": _selftest,
 }
 
 # Features that use the installed TE: where TE is present but unusable (its import failed), each
@@ -169,6 +156,7 @@ TE_FEATURES = (
     "verified",
     "swizzled_scale_flag",
     "mxfp8_quantization",
+    "post_all_gather_processing",
 )
 
 
@@ -222,6 +210,8 @@ def capabilities(*, import_te: bool = True, verify: bool = True) -> Capabilities
     qrow = quantize_row(release) if release is not None else None
     usable = bool(status.usable) if import_te else status.present
     verified, verdict = _verification(status.present, verify)
+    rule, rule_source = reciprocal_rule_source()
+    gather, gather_reason = post_all_gather_support(release, usable)
     return Capabilities(
         te_present=status.present,
         te_version=str(status.version) if status.version is not None else status.raw_version,
@@ -241,5 +231,10 @@ def capabilities(*, import_te: bool = True, verify: bool = True) -> Capabilities
         mxfp8_hardware=cc is not None and cc >= MXFP8_GEMM_MIN_CC,
         mxfp8_quantization=support(release, usable, cc)[0],
         mxfp8_quantize_api=None if qrow is None or release is None else describe_quantize(qrow, release),
+        mxfp8_reciprocal_rule=rule,
+        mxfp8_reciprocal_rule_source=rule_source,
+        mxfp8_2d_quantization=two_d_quantization(release)[0],
+        post_all_gather_processing=gather,
+        post_all_gather_processing_reason=gather_reason,
         cuda_core=has_cuda_core(),
     )

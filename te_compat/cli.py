@@ -8,6 +8,7 @@ releases prints that table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import os
@@ -20,6 +21,7 @@ from typing import Any
 from te_compat import table
 from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities, capabilities, describe_missing
 from te_compat.errors import TECompatError
+from te_compat.selfcheck import SelftestResult, selftest
 from te_compat.verify import CLI_HINTS, Verification, verify_installed
 
 # Entry points of this group add a section to the report: a zero-argument callable returning
@@ -31,6 +33,8 @@ te-compat report: what this process can do (TE, torch, the GPU), plus sections t
   installed packages contribute. te-compat alone (or python -m te_compat) prints the report.
 te-compat verify: check the installed TE's own source against the release table.
 te-compat releases: the release table.
+te-compat selftest: checks of behaviour on this machine (te_compat's own and those installed
+  packages contribute), each passed, failed or skipped with why.
 """
 # Every command: an error is one line on stderr, never a traceback.
 COMMON_EXIT_CODES = """\
@@ -41,7 +45,8 @@ COMMON_EXIT_CODES = """\
 REPORT_EXIT_CODES = f"""\
 exit codes:
   0  the report was printed; with --require, every FEATURE is available
-  1  --require: a FEATURE is not available (the reasons go to stderr)
+  1  --require: a FEATURE is not available (the reasons go to stderr; selftest:
+     the checks that failed)
   2  usage error (an unknown FEATURE name: the known ones are listed), or the
      capabilities could not be read at all
 {COMMON_EXIT_CODES}"""
@@ -52,6 +57,12 @@ exit codes:
   2  no TE to verify: not installed, or its version or source cannot be read (a
      file that is not UTF-8 or not Python, a tree that does not say its release);
      or a usage error
+{COMMON_EXIT_CODES}"""
+SELFTEST_EXIT_CODES = f"""\
+exit codes:
+  0  every check that ran passed (skipped ones say why)
+  1  a check failed (stderr names each, and what differed)
+  2  usage error
 {COMMON_EXIT_CODES}"""
 RELEASES_EXIT_CODES = f"""\
 exit codes:
@@ -137,13 +148,20 @@ def report_sections() -> dict[str, dict[str, object]]:
     return sections
 
 
-def _report_text(caps: Capabilities, sections: dict[str, dict[str, object]], as_json: bool) -> str:
+def _report_text(
+    caps: Capabilities, sections: dict[str, dict[str, object]], as_json: bool, tested: SelftestResult | None = None
+) -> str:
     if as_json:
-        return json.dumps({**caps.as_dict(), "sections": sections}, indent=2, sort_keys=True, default=str) + "\n"
+        extra = {} if tested is None else {"selftest": tested.as_dict()}
+        return (
+            json.dumps({**caps.as_dict(), "sections": sections, **extra}, indent=2, sort_keys=True, default=str) + "\n"
+        )
     rows = [(k.replace("_", " "), _fmt(v)) for k, v in caps.as_dict().items()]
     lines = ["te-compat report", _table(rows, ("capability", "value"))]
     for name, section in sections.items():
         lines += ["", name, _table([(k.replace("_", " "), _fmt(v)) for k, v in section.items()], ("item", "value"))]
+    if tested is not None:
+        lines += ["", _selftest_table(tested)]
     return "\n".join(lines) + "\n"
 
 
@@ -152,12 +170,16 @@ def report(args: argparse.Namespace) -> Outcome:
     if unknown:
         names = ", ".join(repr(f) for f in unknown)
         return _failed(args, 2, f"te-compat report: unknown feature {names}; known features: {', '.join(FEATURES)}")
+    if args.no_import and "selftest" in (args.require or ()):
+        return _failed(args, 2, "te-compat report: --require selftest imports TE to run its checks; drop --no-import")
     try:
         caps = capabilities(import_te=not args.no_import)
     except Exception as exc:  # capabilities() promises not to raise; if it does, say so plainly
         return _failed(args, 2, f"te-compat report: could not read the capabilities: {type(exc).__name__}: {exc}")
-    text = _report_text(caps, report_sections(), args.json)
-    missing = caps.missing(*args.require or ())
+    required = args.require or ()
+    tested = selftest() if "selftest" in required else None
+    text = _report_text(caps, report_sections(), args.json, tested)
+    missing = caps.missing(*required)
     if missing:
         return Outcome(1, text, f"te-compat: {describe_missing(missing)}")
     return Outcome(0, text)
@@ -182,9 +204,10 @@ def verify(args: argparse.Namespace) -> Outcome:
     return Outcome(0 if result.ok else 1, _verification_text(result, args.json))
 
 
-def releases(args: argparse.Namespace) -> Outcome:
-    if args.json:
-        data = [
+def releases_data() -> dict[str, Any]:
+    """The release table as JSON data: storage rows and TE's behaviour per release range."""
+    return {
+        "storage": [
             {
                 "kind": r.kind.value,
                 "since": r.since,
@@ -194,14 +217,49 @@ def releases(args: argparse.Namespace) -> Outcome:
                 "introduced_by": r.introduced_by,
             }
             for r in table.ROWS
-        ]
-        return Outcome(0, json.dumps(data, indent=2) + "\n")
+        ],
+        "reciprocal": [dataclasses.asdict(r) for r in table.RECIPROCAL_ROWS],
+        "post_all_gather_processing": [dataclasses.asdict(r) for r in table.POST_ALL_GATHER_ROWS],
+        "quantizer_flags": [
+            {**dataclasses.asdict(r), "kinds": sorted(k.value for k in r.kinds)} for r in table.QUANTIZER_FLAG_ROWS
+        ],
+        "checked_through": table.CHECKED_THROUGH,
+    }
+
+
+def releases(args: argparse.Namespace) -> Outcome:
+    if args.json:
+        return Outcome(0, json.dumps(releases_data(), indent=2) + "\n")
     rows = []
     for r in table.ROWS:
         attrs = " ".join(sorted(set(r.storage.values())))
         rows.append((r.kind.value, r.span, r.classes[-1].rsplit(".", 1)[1], r.introduced_by, attrs))
-    table_text = _table(rows, ("kind", "TE", "storage class", "introduced by", "attributes probed"))
-    return Outcome(0, f"{table_text}\n\nchecked against real release sources through TE {table.CHECKED_THROUGH}\n")
+    parts = [_table(rows, ("kind", "TE", "storage class", "introduced by", "attributes probed"))]
+    reciprocal = [(r.span, r.rule, r.introduced_by + (f"; {r.note}" if r.note else "")) for r in table.RECIPROCAL_ROWS]
+    parts += ["MXFP8 reciprocal of a scale code (exp2f_rcp)", _table(reciprocal, ("TE", "rule", "source"))]
+    gather = [(r.span, r.mxfp8, r.introduced_by) for r in table.POST_ALL_GATHER_ROWS]
+    parts += [f"{table.POST_ALL_GATHER_FUNCTION} with MXFP8 weights", _table(gather, ("TE", "mxfp8", "source"))]
+    flags = [
+        (r.span, f"{r.quantizer.rsplit('.', 1)[1]}.{r.attribute}", r.storage, r.introduced_by)
+        for r in table.QUANTIZER_FLAG_ROWS
+    ]
+    parts += ["quantizer flags", _table(flags, ("TE", "flag", "snapshot field", "source"))]
+    checked = f"checked against real release sources through TE {table.CHECKED_THROUGH}"
+    return Outcome(0, "\n\n".join(parts) + f"\n\n{checked}\n")
+
+
+def _selftest_table(result: SelftestResult) -> str:
+    rows = [(c.name, c.status, f"{c.seconds:.3f}", c.why or "-") for c in result.checks]
+    head = f"te-compat selftest: {'ok' if result.ok else 'FAILED'}: {result.summary()}"
+    return head + "\n" + _table(rows, ("check", "status", "seconds", "why"))
+
+
+def run_selftest_command(args: argparse.Namespace) -> Outcome:
+    result = selftest()
+    out = json.dumps(result.as_dict(), indent=2) + "\n" if args.json else _selftest_table(result) + "\n"
+    if result.ok:
+        return Outcome(0, out)
+    return Outcome(1, out, f"te-compat selftest: {result.failures()}")
 
 
 class _HelpAsked(Exception):
@@ -246,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="te-compat",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"report {REPORT_EXIT_CODES}\nverify {VERIFY_EXIT_CODES}\nreleases {RELEASES_EXIT_CODES}",
+        epilog=f"report {REPORT_EXIT_CODES}\nverify {VERIFY_EXIT_CODES}\nreleases {RELEASES_EXIT_CODES}\n"
+        f"selftest {SELFTEST_EXIT_CODES}",
     )
     sub = parser.add_subparsers(dest="command")
     rep = _subparser(sub, "report", help="what TE, torch and the GPU offer this process", epilog=REPORT_EXIT_CODES)
@@ -276,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     rel = _subparser(sub, "releases", help="the per-release storage table", epilog=RELEASES_EXIT_CODES)
     rel.add_argument("--json", action="store_true", help="print JSON")
     rel.set_defaults(func=releases)
+    tst = _subparser(
+        sub, "selftest", help="checks of behaviour on this machine (TE, the GPU, mok)", epilog=SELFTEST_EXIT_CODES
+    )
+    tst.add_argument("--json", action="store_true", help="print JSON: ok, checks (name, status, why, seconds), ...")
+    tst.set_defaults(func=run_selftest_command)
     return parser
 
 

@@ -67,6 +67,9 @@ class QuantizerRow:
     conditions: tuple[LayoutCondition, ...]  # at least one must hold
     introduced_by: str
     min_compute_capability: tuple[int, int] | None = None
+    # the fact of matrix/native.py's records that holds in exactly the releases this quantizer's
+    # rows cover: what makes TE write GEMM-layout scales lives in its C++, not in the wheel
+    native: str | None = None
 
     def covers(self, release: Version) -> bool:
         return in_range(release, self.since, self.until)
@@ -110,31 +113,37 @@ QUANTIZER_ROWS: tuple[QuantizerRow, ...] = (
         conditions=(LayoutCondition({}, 32, 32, "MXFP8Quantizer.is_quantizable: both dims divisible by 32"),),
         introduced_by=(
             "TE 2.12 (PR 2486, issue 2446): Quantizer.optimize_for_gemm (quantized_tensor.py:216); "
-            "MXFP8Quantizer.make_empty passes it as with_gemm_swizzled_scales (mxfp8_tensor.py:160); "
-            "2.13+ GroupedTensor members take it from the grouped quantizer"
+            "MXFP8Quantizer.make_empty passes it as with_gemm_swizzled_scales (mxfp8_tensor.py:160), and so "
+            "does MXFP8Quantizer::create_tensor (csrc/quantizer.cpp:865); 2.13+ GroupedTensor members take it "
+            "from the grouped quantizer"
         ),
+        native="mxfp8_create_swizzled",
     ),
     QuantizerRow(
         _NVFP4_QUANTIZER,
-        "2.18",
+        "2.17",
         None,
         attribute="optimize_for_gemm",
         value=True,
         kinds=frozenset({TensorKind.NVFP4, TensorKind.GROUPED}),
         conditions=(
-            LayoutCondition({"with_rht": True}, 64, 128, "RHT cast fusion (base.py _enable_weight_preswizzle)"),
             LayoutCondition(
-                {"with_rht": False, "with_2d_quantization": True, "row_scaled_nvfp4": False, "nvfp4_use_4over6": False},
-                128,
-                128,
-                "2-D quantisation without RHT (base.py _enable_weight_preswizzle)",
+                {},
+                16,
+                16,
+                "NVFP4Quantizer::create_tensor: both dims divisible by 16 (csrc/quantizer.cpp); every NVFP4 path "
+                "then swizzles (csrc/extensions/cast.cpp quantize)",
             ),
         ),
         introduced_by=(
-            "TE 2.18 (PRs 3011, 3076, 3093): NVFP4 quantisation honours optimize_for_gemm; "
-            "2.12-2.17 NVFP4Quantizer made compact scales (nvfp4_tensor.py make_empty: False)"
+            "TE 2.17 (PR 3076): tex.quantize swizzles the scales after quantising when the quantizer has "
+            "optimize_for_gemm and its kernel wrote them compact (2.17.0 csrc/extensions/cast.cpp:79-81, "
+            "inplace_swizzle_scale_for_gemm), and the RHT cast fusion writes them swizzled itself (2.17.0 "
+            "csrc/quantizer.cpp:1812); 2.12-2.16 NVFP4Quantizer::create_tensor and convert_and_update_tensor "
+            "hard-code with_gemm_swizzled_scales = false (2.16.1 csrc/quantizer.cpp:1770, 2055)"
         ),
         min_compute_capability=(10, 0),
+        native="quantize_post_swizzle",
     ),
 )
 
@@ -229,6 +238,34 @@ def check_quantizer_rows(
             problems.append(
                 f"TE {release}: quantizer row {span} sets or reads {attr!r} on {row.quantizer}, but it "
                 f"(and its TE bases {', '.join(chain[1:]) or 'none'}) never assign it (a rename?)"
+            )
+    return problems
+
+
+def check_native_quantizer_rows(
+    release: str, native: Mapping[str, Any], rows: tuple[QuantizerRow, ...] = QUANTIZER_ROWS
+) -> list[str]:
+    """Every disagreement between the rows' ``native`` facts and one release's native record
+    (matrix/native.py): each fact holds exactly in the releases its quantizer's rows cover."""
+    version = Version(release)
+    problems = []
+    for fact in sorted({r.native for r in rows if r.native is not None}):
+        own = [r for r in rows if r.native == fact]
+        covered = [r for r in own if r.covers(version)]
+        found = native.get(fact, {})
+        holds = bool(found.get("present"))
+        where = f"{found.get('file')}:{found.get('line')}" if holds else str(found.get("file", "its source"))
+        name = own[0].quantizer.rsplit(".", 1)[1]
+        if holds and not covered:
+            first = min(own, key=lambda r: Version(r.since))
+            problems.append(
+                f"TE {release}: {fact} holds ({where}), but no {name} GEMM-layout row covers it (the first starts "
+                f"at {first.since})"
+            )
+        if covered and not holds:
+            problems.append(
+                f"TE {release}: {name} GEMM-layout row {covered[0].since}+ covers it, but {fact} does not hold "
+                f"in {where}"
             )
     return problems
 

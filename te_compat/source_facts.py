@@ -57,6 +57,18 @@ class ClassFacts(TypedDict):
 # "module.Class" -> facts, for every class of one release's tensor modules.
 Classes = Mapping[str, ClassFacts]
 
+# Module-level functions whose behaviour the table records (te_compat.table's behaviour rows).
+FUNCTIONS = (table.POST_ALL_GATHER_FUNCTION,)
+
+
+class FunctionFacts(TypedDict):
+    """What one recorded function does, as read from its source: where it starts, and its
+    ``isinstance`` dispatch, branch by branch: the classes a branch tests for (resolved through the
+    module's imports) and what its body does: "no-op" (only ``pass``), "raises NAME", or "acts"."""
+
+    line: int
+    dispatch: list[tuple[list[str], str]]
+
 
 def is_source_file(name: str) -> bool:
     """True for a file (``transformer_engine/...``, "/"-separated) whose classes are read."""
@@ -259,6 +271,79 @@ def class_facts(cls: ast.ClassDef, imports: dict[str, str], module: str, local: 
         "methods": sorted(set(methods)),
         "signatures": dict(sorted(signatures.items())),
     }
+
+
+def _isinstance_classes(test: ast.expr, imports: dict[str, str], module: str, local: set[str]) -> list[str] | None:
+    """The classes ``isinstance(x, C)`` or ``isinstance(x, (A, B))`` tests for; None for another test."""
+    if not (isinstance(test, ast.Call) and _dotted(test.func) == "isinstance" and len(test.args) == 2):
+        return None
+    found = test.args[1]
+    items = found.elts if isinstance(found, ast.Tuple) else [found]
+    return [_resolve_base(item, imports, module, local) for item in items]
+
+
+def _outcome(body: list[ast.stmt]) -> str:
+    """What a branch does: "no-op" (only ``pass``, docstrings, ``...``), "raises NAME" (its first
+    statement that is not one of those raises), or "acts"."""
+    real = [
+        s
+        for s in body
+        if not isinstance(s, ast.Pass) and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+    ]
+    if not real:
+        return "no-op"
+    first = real[0]
+    if isinstance(first, ast.Raise):
+        raised = first.exc.func if isinstance(first.exc, ast.Call) else first.exc
+        return f"raises {(_dotted(raised) or 'an exception') if raised is not None else 'again'}"
+    return "acts"
+
+
+def function_facts(func: ast.FunctionDef, imports: dict[str, str], module: str, local: set[str]) -> FunctionFacts:
+    """The facts of one function: its first ``if isinstance(...)`` / ``elif`` chain, in order."""
+    chained: set[int] = set()
+    dispatch: list[tuple[list[str], str]] = []
+    for node in ast.walk(func):
+        if not isinstance(node, ast.If) or id(node) in chained:
+            continue
+        if _isinstance_classes(node.test, imports, module, local) is None or dispatch:
+            continue
+        branch: ast.If | None = node
+        while branch is not None:
+            classes = _isinstance_classes(branch.test, imports, module, local)
+            if classes is None:
+                break
+            dispatch.append((classes, _outcome(branch.body)))
+            nxt = branch.orelse[0] if len(branch.orelse) == 1 and isinstance(branch.orelse[0], ast.If) else None
+            if nxt is not None:
+                chained.add(id(nxt))
+            branch = nxt
+    return {"line": func.lineno, "dispatch": dispatch}
+
+
+def file_functions(source: bytes | str, name: str) -> dict[str, FunctionFacts]:
+    """``module.function`` -> facts, for the functions of :data:`FUNCTIONS` one file defines."""
+    module = module_name(name)
+    wanted = {f.rsplit(".", 1)[1] for f in FUNCTIONS if f.rsplit(".", 1)[0] == module}
+    if not wanted:
+        return {}
+    tree = ast.parse(decode_source(source) if isinstance(source, bytes) else source, filename=name)
+    imports = _import_map(tree, module, name.endswith("__init__.py"))
+    local = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    return {
+        f"{module}.{node.name}": function_facts(node, imports, module, local)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name in wanted
+    }
+
+
+def extract_functions(files: Iterable[tuple[str, bytes | str]]) -> dict[str, FunctionFacts]:
+    """Facts of every function of :data:`FUNCTIONS` in ``files`` ((name, source) pairs)."""
+    found: dict[str, FunctionFacts] = {}
+    for name, source in sorted(files, key=lambda f: f[0]):
+        if is_source_file(name):
+            found.update(file_functions(source, name))
+    return dict(sorted(found.items()))
 
 
 def decode_source(source: bytes) -> str:

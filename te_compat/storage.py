@@ -32,7 +32,7 @@ from te_compat.probe import (
     storage_reader,
     tensor_kind,
 )
-from te_compat.table import TensorKind
+from te_compat.table import TensorKind, quantizer_flag_rows
 
 if TYPE_CHECKING:
     import torch
@@ -223,6 +223,10 @@ class MXFP8Storage(StorageSnapshot):
     columnwise_data: torch.Tensor | None
     columnwise_scale_inv: torch.Tensor | None
     scales_swizzled: bool  # TE 2.12+: scales already in GEMM layout; always False before
+    # TE 2.19+ (PR 2634): quantized in 32x32 blocks, as its quantizer's with_2d_quantization says;
+    # None where the release has no such flag or the tensor no quantizer. The scale layout is the
+    # 1x32 one either way: each block's scale is written at every 1x32 position it covers.
+    quantized_2d: bool | None = None
 
     def scale_matrix(self, direction: str = "rowwise") -> torch.Tensor:
         """``direction``'s scale matrix as a GEMM reads it (:func:`scale_matrix`)."""
@@ -256,6 +260,7 @@ class GroupedStorage(StorageSnapshot):
     scales_swizzled: bool
     amax_rowwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("amax")
     amax_columnwise: torch.Tensor | None = None  # NVFP4 groups: fp32 [num_tensors] ("columnwise_amax")
+    quantized_2d: bool | None = None  # MXFP8 groups, TE 2.19+: as MXFP8Storage.quantized_2d, from the group's quantizer
 
 
 def _positive(name: str, value: object) -> int:
@@ -332,7 +337,31 @@ def mxfp8_storage(param: object) -> MXFP8Storage:
         **_payloads(v, "rowwise_data", "columnwise_data", False),
         **_scales(v),
         scales_swizzled=bool(v.flag("scales_swizzled")),  # None: a release before the flag
+        quantized_2d=_quantizer_flag(v, TensorKind.MXFP8, "quantized_2d"),
     )
+
+
+def _quantizer_flag(v: _Values, kind: TensorKind, field: str) -> bool | None:
+    """A quantizer flag of te_compat's quantizer flag rows, read from the tensor's quantizer (TE
+    keeps it there, not on the tensor): None where the release has no such row or the tensor no
+    quantizer; a value that is not a bool is a StorageValueError, never coerced."""
+    quantizer = v.raw("quantizer")
+    if quantizer is None:
+        return None
+    release = resolve(type(v.obj), "quantizer").release
+    lineage = {class_path(c) for c in type(quantizer).__mro__}
+    for row in quantizer_flag_rows(kind, release):
+        if row.storage != field or row.quantizer not in lineage:  # another quantizer's flag of that name
+            continue
+        value = getattr(quantizer, row.attribute, None)
+        if value is None or isinstance(value, bool):
+            return value
+        raise StorageValueError(
+            f"{class_path(type(quantizer))}.{row.attribute} (the quantizer of a {class_path(type(v.obj))}; "
+            f"TE {row.span}) is expected to be a bool (TE stores True or False); found {type(value).__name__} "
+            f"{reprlib.repr(value)}"
+        )
+    return None
 
 
 def float8_storage(param: object) -> Float8Storage:
@@ -374,6 +403,7 @@ def grouped_storage(param: object, *, read: StorageRead | None = None) -> Groupe
         scales_swizzled=_group_swizzled(v, member_tuple, read),
         amax_rowwise=v.tensor("amax_rowwise"),
         amax_columnwise=v.tensor("amax_columnwise"),
+        quantized_2d=_quantizer_flag(v, TensorKind.GROUPED, "quantized_2d"),
     )
 
 

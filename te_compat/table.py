@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
+from typing import Literal
 
 from packaging.version import Version
 
@@ -441,3 +442,181 @@ def all_names(kind: TensorKind, logical: str) -> tuple[str, ...]:
 @cache
 def logical_names(kind: TensorKind) -> tuple[str, ...]:
     return tuple(sorted({n for r in rows_for(kind) for n in r.storage}))
+
+
+# --- TE's behaviour per release ----------------------------------------------------------------
+#
+# Facts of how a release behaves, beside where it stores things. Each row names the TE release
+# range, the source it was read from (file and line in that release, the PR where known), and is
+# checked against every release of the matrix: the Python facts against the wheels' records
+# (matrix/check.py), the C++ facts against the torch extension's source archive of each release
+# (matrix/native.py).
+
+Rule = Literal["shift", "exact"]
+RULES: tuple[Rule, ...] = ("shift", "exact")
+NEWEST_RULE: Rule = "exact"
+
+
+@dataclass(frozen=True)
+class ReciprocalRow:
+    """How TE's MXFP8 kernels take the reciprocal of an E8M0 scale code (``exp2f_rcp``), the factor
+    every value of a block is multiplied by before its cast to FP8, over one release range."""
+
+    since: str
+    until: str | None
+    rule: Rule  # mok.quantize_reference.ReciprocalRule's name for it
+    form: str  # the expression in TE's source (matrix/native.py's classification of exp2f_rcp)
+    where: str  # the file, as in TE's repository
+    introduced_by: str
+    note: str = ""
+
+    def covers(self, release: Version) -> bool:
+        return in_range(release, self.since, self.until)
+
+    @property
+    def span(self) -> str:
+        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
+
+
+_PTX = "transformer_engine/common/util/ptx.cuh"
+
+RECIPROCAL_ROWS: tuple[ReciprocalRow, ...] = (
+    ReciprocalRow(
+        "2.0",
+        "2.6",
+        "shift",
+        form="exp2f",
+        where="transformer_engine/common/utils.cuh",
+        introduced_by="TE 2.0 (on PyPI from 2.1.0): exp2f_rcp(code) = code == 0 ? 1 : exp2f(127 - code) "
+        "(2.1.0-2.4.0 common/utils.cuh:967, 2.5.0 :971)",
+        note="the shift rule's reciprocal for codes 0 to 253; code 254 (a block holding an infinity) gives "
+        "2^-127 and code 255 gives 2^-128, where the shift rule gives 0 and -inf, so a block holding an "
+        "infinity quantises here as under the exact rule",
+    ),
+    ReciprocalRow(
+        "2.6",
+        "2.13",
+        "shift",
+        form="shift",
+        where=_PTX,
+        introduced_by="TE 2.6: exp2f_rcp(code) = code == 0 ? 1 : __int_as_float((254 - code) << 23), moved to "
+        "util/ptx.cuh (2.6.0 ptx.cuh:110, 2.9.0 :249, 2.12.0 :330)",
+        note="code 254 gives 0 and code 255 gives -inf",
+    ),
+    ReciprocalRow(
+        "2.13",
+        None,
+        "exact",
+        form="exact",
+        where=_PTX,
+        introduced_by="TE 2.13 (PR 2647, issue 2408): exp2f_rcp gives NaN for code 255, 2^-127 (0x00400000) for "
+        "254 and __int_as_float((254 - code) << 23) = 2^(127 - code) otherwise, code 0 included "
+        "(2.13.0 ptx.cuh:330; exp2f_rcp<float> from 2.14.0, :338)",
+    ),
+)
+
+POST_ALL_GATHER_FUNCTION = f"{TE}.tensor.utils.post_all_gather_processing"
+MXFP8_TENSOR = f"{TE}.tensor.mxfp8_tensor.MXFP8Tensor"
+
+PostAllGather = Literal["absent", "raises", "no-op"]
+
+
+@dataclass(frozen=True)
+class PostAllGatherRow:
+    """What ``transformer_engine.pytorch.tensor.utils.post_all_gather_processing`` (Megatron's
+    distributed optimizer calls it on its parameters after their all-gather) does with an MXFP8
+    weight, over one release range: absent, raises, or nothing (a no-op branch)."""
+
+    since: str
+    until: str | None
+    mxfp8: PostAllGather
+    introduced_by: str
+
+    def covers(self, release: Version) -> bool:
+        return in_range(release, self.since, self.until)
+
+    @property
+    def span(self) -> str:
+        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
+
+
+POST_ALL_GATHER_ROWS: tuple[PostAllGatherRow, ...] = (
+    PostAllGatherRow(
+        "1.0",
+        "2.10",
+        "absent",
+        introduced_by="before TE 2.10: no post_all_gather_processing in pytorch/tensor/utils.py",
+    ),
+    PostAllGatherRow(
+        "2.10",
+        "2.11",
+        "raises",
+        introduced_by="TE 2.10 (PR 2266): post_all_gather_processing has no MXFP8Tensor branch, so an MXFP8 weight "
+        'falls to the QuantizedTensor one: ValueError(f"post_processing for {type(model_weight)} is not '
+        'supported") (2.10.0 pytorch/tensor/utils.py:488-489)',
+    ),
+    PostAllGatherRow(
+        "2.11",
+        None,
+        "no-op",
+        introduced_by="TE 2.11: an MXFP8Tensor branch that does nothing, 'MXFP8 scaling: no need to do anything' "
+        "(2.11.0 pytorch/tensor/utils.py:620-622; 2.20.2 :1434-1436)",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class QuantizerFlagRow:
+    """A flag of one quantizer class that changes how TE quantizes, and so what a tensor holds,
+    over one release range. The tensor itself keeps no such flag: its quantizer (TE's copy of the
+    one it was made with) does, and te_compat reads it there (``storage`` names the field it
+    fills in a snapshot)."""
+
+    storage: str  # the snapshot field te_compat fills from it
+    quantizer: str  # "module.Class"
+    attribute: str  # assigned by the quantizer's constructor, and accepted by it as a keyword
+    since: str
+    until: str | None
+    kinds: frozenset[TensorKind]
+    introduced_by: str
+    note: str = ""
+
+    def covers(self, release: Version) -> bool:
+        return in_range(release, self.since, self.until)
+
+    @property
+    def span(self) -> str:
+        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
+
+
+QUANTIZER_FLAG_ROWS: tuple[QuantizerFlagRow, ...] = (
+    QuantizerFlagRow(
+        "quantized_2d",
+        f"{TE}.tensor.mxfp8_tensor.MXFP8Quantizer",
+        "with_2d_quantization",
+        "2.19",
+        None,
+        kinds=frozenset({TensorKind.MXFP8, TensorKind.GROUPED}),
+        introduced_by="TE 2.19 (PR 2634): MXFP8Quantizer(..., with_2d_quantization=False) (2.19.0 "
+        "pytorch/tensor/mxfp8_tensor.py:45-49; copy() keeps it, :58); csrc/quantizer.cpp "
+        "MXFP8Quantizer::quantize passes it to the kernel (2.19.0 :1844), and so does grouped quantisation "
+        "(csrc/extensions/cast.cpp:396)",
+        note="one E8M0 scale per 32x32 block, written at every position of the 1x32 layout the block covers "
+        "(common/cast/mxfp8/quantize_mxfp8.cuh: the same scale_idx as 1-D); the scaling mode stays "
+        "NVTE_MXFP8_1D_SCALING and get_scale_shape has no 2-D branch, so scale shapes are unchanged",
+    ),
+)
+
+
+def reciprocal_row(release: Version) -> ReciprocalRow | None:
+    """The reciprocal row covering ``release`` (None: a release without MXFP8, 1.x)."""
+    return next((r for r in RECIPROCAL_ROWS if r.covers(release)), None)
+
+
+def post_all_gather_row(release: Version) -> PostAllGatherRow | None:
+    return next((r for r in POST_ALL_GATHER_ROWS if r.covers(release)), None)
+
+
+def quantizer_flag_rows(kind: TensorKind, release: Version) -> tuple[QuantizerFlagRow, ...]:
+    """The quantizer flag rows that hold for a ``kind`` tensor of ``release``."""
+    return tuple(r for r in QUANTIZER_FLAG_ROWS if kind in r.kinds and r.covers(release))

@@ -77,6 +77,7 @@ __all__ = [
     "float8_buffers",
     "grouped_buffers",
     "installed_release",
+    "mxfp8_2d_buffers",
     "mxfp8_buffers",
     "new_fake",
     "nvfp4_buffers",
@@ -343,14 +344,21 @@ def _quantizer_class(path: str) -> type:
 
 def _quantizer(kind: TensorKind, version: Version) -> object:
     """A fake of the quantizer TE keeps on a ``kind`` tensor: of the class te_compat's quantizer
-    rows name (every flag they read False, as TE's constructors default), else a FakeQuantizer."""
+    rows (te_compat.gemm_layout's, and the table's quantizer flag rows) name, every flag they read
+    False, as TE's constructors default; else a FakeQuantizer."""
+    flags: dict[str, set[str]] = {}
     for row in QUANTIZER_ROWS:
         if kind in row.kinds and row.covers(version):
-            quantizer: object = object.__new__(_quantizer_class(row.quantizer))
-            for flag in sorted(row.reads):
-                setattr(quantizer, flag, False)
-            return quantizer
-    return FakeQuantizer()
+            flags.setdefault(row.quantizer, set()).update(row.reads)
+    for flag_row in table.quantizer_flag_rows(kind, version):
+        flags.setdefault(flag_row.quantizer, set()).add(flag_row.attribute)
+    if not flags:
+        return FakeQuantizer()
+    path, names = next(iter(flags.items()))
+    quantizer: object = object.__new__(_quantizer_class(path))
+    for flag in sorted(names):
+        setattr(quantizer, flag, False)
+    return quantizer
 
 
 # ------------------------------------------------------------------------------ buffers
@@ -771,6 +779,7 @@ def fake_mxfp8(
     rowwise: bool = True,
     columnwise: bool = True,
     swizzled: bool = False,
+    quantized_2d: bool = False,
     **options: Unpack[FakeOptions],
 ) -> Any:
     """A fake MXFP8Tensor (TE 2.0+) of logical ``shape``, buffers from :func:`mxfp8_buffers`.
@@ -778,13 +787,47 @@ def fake_mxfp8(
     Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` and the rest).
     ``rowwise``/``columnwise`` choose the directions held; ``swizzled`` sets TE 2.12+'s
     ``_with_gemm_swizzled_scales`` (the flag only: the scale bytes are random either way). The
-    quantizer is a fake of TE's ``MXFP8Quantizer`` (2.12+, ``optimize_for_gemm`` False) or a
-    :class:`FakeQuantizer`.
+    quantizer is a fake of TE's ``MXFP8Quantizer`` (2.12+, ``optimize_for_gemm`` False; 2.19+,
+    ``with_2d_quantization`` False) or a :class:`FakeQuantizer`. ``quantized_2d`` (TE 2.19+) makes
+    it a tensor TE quantized in 32x32 blocks: its quantizer's ``with_2d_quantization`` True, one
+    random scale per block written at every 1x32 position it covers, rowwise and columnwise, and
+    the columnwise payload a copy of the rowwise one, as TE writes them (:func:`mxfp8_2d_buffers`).
     """
     target = _target("fake_mxfp8", shape, options, lambda _: rowwise + columnwise)
     logical = mxfp8_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise)
-    logical.update(_flag(_row(TensorKind.MXFP8, target.version), target.version, "scales_swizzled", swizzled, False))
+    row = _row(TensorKind.MXFP8, target.version)
+    logical.update(_flag(row, target.version, "scales_swizzled", swizzled, False))
+    if quantized_2d:
+        flag_rows = [
+            r for r in table.quantizer_flag_rows(TensorKind.MXFP8, target.version) if r.storage == "quantized_2d"
+        ]
+        if not flag_rows:
+            having = ", ".join(f"TE {r.span}" for r in table.QUANTIZER_FLAG_ROWS if r.storage == "quantized_2d")
+            raise ValueError(
+                f"fake_mxfp8: quantized_2d: TE {target.version}'s MXFP8Quantizer has no 2-D block scaling; it is in: "
+                f"{having}"
+            )
+        quantizer = _quantizer(TensorKind.MXFP8, target.version)
+        setattr(quantizer, flag_rows[0].attribute, True)
+        logical["quantizer"] = quantizer
+        mxfp8_2d_buffers(logical, shape, target.generator)
     return _build(TensorKind.MXFP8, target, logical)
+
+
+def mxfp8_2d_buffers(buffers: dict[str, Any], shape: Sequence[int], generator: torch.Generator) -> None:
+    """Make :func:`mxfp8_buffers`'s ``buffers`` (in place) what TE 2.19+ writes with
+    ``with_2d_quantization``: one random E8M0 scale per 32x32 block, at every position of the
+    1x32 rowwise and 32x1 columnwise layouts it covers (TE's quantize_mxfp8.cuh writes the block's
+    scale with the 1-D scale_idx), the padding left as it was, and the columnwise payload equal to
+    the rowwise one (tests/pytorch/test_mxfp8_2d_quantize.py asserts both)."""
+    _, m, k = _dims(shape, "mxfp8 shape")
+    blocks = torch.randint(0, 256, (m // MXFP8_BLOCK, k // MXFP8_BLOCK), dtype=torch.uint8, generator=generator)
+    if "rowwise_scale_inv" in buffers:
+        buffers["rowwise_scale_inv"][:m, : k // MXFP8_BLOCK] = blocks.repeat_interleave(MXFP8_BLOCK, dim=0)
+    if "columnwise_scale_inv" in buffers:
+        buffers["columnwise_scale_inv"][: m // MXFP8_BLOCK, :k] = blocks.repeat_interleave(MXFP8_BLOCK, dim=1)
+    if "rowwise_data" in buffers and "columnwise_data" in buffers:
+        buffers["columnwise_data"].copy_(buffers["rowwise_data"])
 
 
 def fake_nvfp4(

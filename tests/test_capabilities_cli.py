@@ -193,7 +193,15 @@ def test_cli_releases(capsys: pytest.CaptureFixture[str]) -> None:
     for row in te_compat.table.ROWS:
         assert row.introduced_by in out
     assert main(["releases", "--json"]) == 0
-    assert len(json.loads(capsys.readouterr().out)) == len(te_compat.table.ROWS)
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["storage"]) == len(te_compat.table.ROWS)
+    assert [(r["since"], r["until"], r["rule"]) for r in data["reciprocal"]] == [
+        ("2.0", "2.6", "shift"),
+        ("2.6", "2.13", "shift"),
+        ("2.13", None, "exact"),
+    ]
+    assert [r["mxfp8"] for r in data["post_all_gather_processing"]] == ["absent", "raises", "no-op"]
+    assert data["quantizer_flags"][0]["attribute"] == "with_2d_quantization"
 
 
 def test_python_dash_m_and_exit_code() -> None:
@@ -231,7 +239,8 @@ def test_require_may_be_repeated_and_the_lists_merge(
 # Every feature that uses the installed TE (the README and --require's help list them): with TE
 # present but unusable, each is missing whatever its release offers; the device features are not.
 TE_DEPENDENT = set(
-    "te float8 mxfp8 float8_blockwise nvfp4 grouped hybrid verified swizzled_scale_flag mxfp8_quantization".split()
+    "te float8 mxfp8 float8_blockwise nvfp4 grouped hybrid verified swizzled_scale_flag mxfp8_quantization "
+    "post_all_gather_processing".split()
 )
 
 
@@ -256,6 +265,11 @@ def _everything(**changes: object) -> Capabilities:
         mxfp8_hardware=True,
         mxfp8_quantization=True,
         mxfp8_quantize_api="MXFP8Quantizer.update_quantized into a MXFP8Tensor of given buffers",
+        mxfp8_reciprocal_rule="exact",
+        mxfp8_reciprocal_rule_source="TE 2.20.2: exp2f_rcp of transformer_engine/common/util/ptx.cuh",
+        mxfp8_2d_quantization=True,
+        post_all_gather_processing=True,
+        post_all_gather_processing_reason="TE 2.20.2: a no-op for MXFP8 weights",
         cuda_core=True,
     )
     return dataclasses.replace(full, **changes)  # type: ignore[arg-type]
@@ -293,10 +307,10 @@ def test_cli_require_fails_with_a_te_that_does_not_import(tmp_path: Path) -> Non
 # ---- never a traceback: output that cannot be written, internal errors, a bare call ----
 
 
-HELP_COMMANDS = [["--help"], ["report", "--help"], ["verify", "-h"], ["releases", "--help"]]
+HELP_COMMANDS = [["--help"], ["report", "--help"], ["verify", "-h"], ["releases", "--help"], ["selftest", "--help"]]
 
 
-@pytest.mark.parametrize("command", [["releases", "--json"], *HELP_COMMANDS])
+@pytest.mark.parametrize("command", [["releases", "--json"], ["selftest", "--json"], *HELP_COMMANDS])
 def test_a_closed_pipe_is_one_line_and_exit_3(command: list[str]) -> None:
     # te-compat releases | true (or te-compat --help | head -0): the reader is gone before the
     # output is written
@@ -316,7 +330,7 @@ def test_a_closed_pipe_is_one_line_and_exit_3(command: list[str]) -> None:
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize(
-    "command", [["report"], ["report", "--json"], ["releases"], ["verify", "--json"], *HELP_COMMANDS]
+    "command", [["report"], ["report", "--json"], ["releases"], ["verify", "--json"], ["selftest"], *HELP_COMMANDS]
 )
 def test_a_full_disk_is_one_line_and_exit_3(command: list[str]) -> None:
     with open("/dev/full", "w") as full:
@@ -326,7 +340,17 @@ def test_a_full_disk_is_one_line_and_exit_3(command: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "command", ["report", "report --json", "releases", "releases --json", "verify --json", "--help", "verify -h"]
+    "command",
+    [
+        "report",
+        "report --json",
+        "releases",
+        "releases --json",
+        "verify --json",
+        "selftest --json",
+        "--help",
+        "verify -h",
+    ],
 )
 def test_a_closed_stdout_is_one_line_and_exit_3(command: str) -> None:
     # te-compat releases >&-: Python starts with sys.stdout None
@@ -407,7 +431,8 @@ def test_the_exit_codes_are_documented_in_help_and_readme(capsys: pytest.Capture
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "releases exit codes:" in out
-    assert out.count("  3  the output could not be written") == 3 and out.count("  4  an unexpected error") == 3
+    assert out.count("  3  the output could not be written") == 4 and out.count("  4  an unexpected error") == 4
+    assert "selftest exit codes:" in out
     readme = (ROOT / "README.md").read_text()
     commands = readme[readme.index("## Commands") : readme.index("`nox -l`")]
     for line in ("3 the output could not be written", "4 an unexpected error", "python -m te_compat"):

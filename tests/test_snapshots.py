@@ -206,11 +206,11 @@ def test_wrong_kind(installed_te: Installer) -> None:
 # The public fields of every snapshot, in order (te_compat's API: callers build on them).
 SNAPSHOT_FIELDS = {
     te_compat.MXFP8Storage: "owner shape rowwise_data rowwise_scale_inv columnwise_data columnwise_scale_inv "
-    "scales_swizzled",
+    "scales_swizzled quantized_2d",
     te_compat.Float8Storage: "owner shape data transpose scale_inv",
     te_compat.GroupedStorage: "owner num_tensors tensor_shapes rowwise_data columnwise_data rowwise_scale_inv "
     "columnwise_scale_inv rowwise_scale_inv_offsets columnwise_scale_inv_offsets members quantized "
-    "scales_swizzled amax_rowwise amax_columnwise",
+    "scales_swizzled amax_rowwise amax_columnwise quantized_2d",
     te_compat.NVFP4Storage: "owner shape rowwise_data rowwise_scale_inv columnwise_data columnwise_scale_inv "
     "amax_rowwise amax_columnwise scales_swizzled row_scaled_nvfp4 nvfp4_e4m3_max nvfp4_use_4over6",
     te_compat.BlockwiseStorage: "owner shape rowwise_data rowwise_scale_inv columnwise_data columnwise_scale_inv "

@@ -44,6 +44,7 @@ class Evidence:
     comparisons: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seeded_buffers: int = 0
+    selftest: dict[str, Any] | None = None  # what `te-compat selftest --json` printed, for the record
 
     def __post_init__(self) -> None:
         self._generators: dict[torch.device, torch.Generator] = {}
@@ -87,12 +88,13 @@ class Evidence:
         self.notes.append(text)
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        found = {
             "seed": self.seed,
             "seeded_buffers": self.seeded_buffers,
             "comparisons": self.comparisons,
             "notes": self.notes,
         }
+        return found if self.selftest is None else {**found, "selftest": self.selftest}
 
 
 def seed_for(nodeid: str) -> int:

@@ -91,7 +91,7 @@ def test_junit_name_matches_what_junit_writes() -> None:
 def test_record_says_on_which_bytes_each_test_compared(junit: Path) -> None:
     build = {"distributions": {"transformer_engine": "2.20.2"}}
     rec = live_record.build_record(ENV, junit, EVIDENCE, ["a note"], build)
-    assert rec["record_format"] == 3 and rec["release"] == "2.20.2" and rec["notes"] == ["a note"]
+    assert rec["record_format"] == 4 and rec["release"] == "2.20.2" and rec["notes"] == ["a note"]
     assert rec["bytes"] == {
         "tests.live.test_live_te::test_a[256-512]": "2 comparisons on seeded random bytes, fewest distinct values 240",
         "tests.live.test_live_te::test_b": "no byte comparison recorded (quantize_ left scales unchanged)",
@@ -99,6 +99,41 @@ def test_record_says_on_which_bytes_each_test_compared(junit: Path) -> None:
     assert rec["seeding"].startswith("TE's buffers filled with random bytes") and "64" in rec["seeding"]
     no_evidence = live_record.build_record(ENV, junit, None, [], {})
     assert no_evidence["bytes"] == {} and no_evidence["seeding"].startswith("unknown")
+
+
+SELFTEST = {
+    "ok": True,
+    "checks": [
+        {"name": "mok.te.mxfp8_split", "status": "passed", "why": "TE 2.20.2: 2 experts", "seconds": 0.2},
+        {"name": "mok.te.mxfp8_dequantize", "status": "skipped", "why": "compute capability 9.0", "seconds": 0.0},
+    ],
+    "te_version": "2.20.2",
+    "device": "NVIDIA H200 (compute capability 9.0)",
+    "seconds": 0.2,
+}
+
+
+def test_the_record_holds_what_te_compat_selftest_printed(junit: Path, tmp_path: Path) -> None:
+    test = {"comparisons": [], "notes": [], "selftest": SELFTEST}
+    evidence = {**EVIDENCE, "tests": {**EVIDENCE["tests"], "tests/live/test_live_selftest.py::test_x": test}}
+    rec = live_record.build_record(ENV, junit, evidence, [], {})
+    assert rec["selftest"] == SELFTEST
+    assert support._live(rec).endswith("; te-compat selftest ok: 1 passed, 0 failed, 1 skipped")
+    assert live_record.build_record(ENV, junit, EVIDENCE, [], {})["selftest"] is None
+    # the evidence helper carries it from the live test to that side file
+    ev = Evidence("tests/live/test_live_selftest.py::test_x", 1)
+    ev.selftest = SELFTEST
+    write_evidence(tmp_path / "e.json", {ev.nodeid: ev})
+    written = json.loads((tmp_path / "e.json").read_text())
+    assert live_record.selftest_of(written) == SELFTEST
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "matrix" / "live").glob("*.json")), ids=lambda p: p.name)
+def test_every_committed_record_is_still_read(path: Path) -> None:
+    """Records written before a field existed (record_format 1 to 3: no selftest) stay readable."""
+    rec = json.loads(path.read_text())
+    assert support._live(rec).startswith(f"{rec['passed']} passed") or rec.get("could_not_load")
+    assert live_record.selftest_of(None) is None and ("selftest" in rec or rec.get("record_format", 1) < 4)
 
 
 def test_a_no_seed_run_never_replaces_the_real_record(tmp_path: Path) -> None:
@@ -151,7 +186,8 @@ def test_the_record_names_its_commit_and_code(tmp_path: Path, monkeypatch: pytes
     why = ["--could-not-load", "the torch extension did not build: error: x", "--tried", "a build"]
     assert live_record.main(["--release", "9.8.7", "--out", str(tmp_path), *why]) == 0
     rec = json.loads((tmp_path / "9.8.7.json").read_text())
-    assert rec["record_format"] == 3 and rec["release"] == "9.8.7" and rec["commit"] == "0123456789abcdef"
+    assert rec["record_format"] == 4 and rec["release"] == "9.8.7" and rec["commit"] == "0123456789abcdef"
+    assert rec["selftest"] is None  # no test ran: nothing printed it
     assert rec["code"] == provenance.disk_digests(provenance.ROOT) and set(rec["code"]) == {"mok", "te_compat", "tests"}
     assert rec["could_not_load"] == {"why": "the torch extension did not build: error: x", "tried": ["a build"]}
     assert support.live_columns(rec, 13, provenance.disk_digests(provenance.ROOT, provenance.CODE)).endswith(
