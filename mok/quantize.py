@@ -16,8 +16,9 @@ def quantize_mxfp8(
     weights: torch.Tensor, *, out: QuantizeOutputs | None = None, backend: str | None = None
 ) -> QuantizeOutputs:
     """Quantise BF16 ``weights`` (``[E, R, C]``, or ``[R, C]`` for E = 1; R and C multiples of 32)
-    as TE's ``MXFP8Quantizer(rowwise=True, columnwise=True)`` does (mok.quantize_reference has
-    the rule): FP8 E4M3 payloads ``[E, R, C]`` both ways (columnwise not transposed, as TE keeps
+    as the installed TE release's ``MXFP8Quantizer(rowwise=True, columnwise=True)`` does
+    (mok.quantize_reference has the rule; TE 2.13 changed its reciprocal, and without TE the
+    newest rule is followed): FP8 E4M3 payloads ``[E, R, C]`` both ways (columnwise not transposed, as TE keeps
     it), and both scale matrices in the 128x4 layout: rowwise of ``[R, C/32]``
     (``layout_shape(R, C/32, E)``), columnwise of the ``[C, R/32]`` transpose the dgrad GEMM
     reads (``layout_shape(C, R/32, E)``). With ``out`` (an earlier result, or

@@ -32,9 +32,10 @@ The rule, per block of 32 BF16 values (rowwise: 32 consecutive columns of a row;
 
 Where releases differ: ``exp2f_rcp`` (see :class:`ReciprocalRule`). TE 2.9's (``ptx.cuh``) gives
 1 for code 0 and ``(254 - code) << 23`` as float bits otherwise: 0 for code 254, -inf for 255.
-TE PR 2647 (merged between 2026-02-03 and 2026-03-19; its first release is for te_compat's release
-table to record) gives ``2^(127 - code)`` for every code but 255 (NaN): 2^127 for code 0, 2^-127
-for 254. With NaN-free ``amax`` only two kinds of block see the difference: a block whose
+TE PR 2647 (first shipped in TE 2.13; te_compat's release table records the rule of each
+release, and mok's quantiser follows the installed one's: :func:`installed_rule`) gives
+``2^(127 - code)`` for every code but 255 (NaN): 2^127 for code 0, 2^-127 for 254.
+With NaN-free ``amax`` only two kinds of block see the difference: a block whose
 ``amax <= 448 * 2^-127`` (code 0: all payloads 0 under the old rule, ``x * 2^127`` under the new)
 and a block holding an infinity (code 254: finite values -> +-0 and infinities -> NaN under the
 old rule; ``x * 2^-127`` and infinities -> +-448 under the new).

@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import mok
 from mok.kernels.quantize import empty_outputs
 from mok.plan import pipeline
-from mok.quantize_reference import quantize_mxfp8_reference
+from mok.quantize_reference import installed_rule, quantize_mxfp8_reference
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 
@@ -30,7 +30,7 @@ def _bf16(*shape: int, seed: int = 0) -> torch.Tensor:
 
 def _expected(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Payload bytes [E, R, C] both ways, and both scales in the layout (columnwise of [C, R/32])."""
-    qs = [quantize_mxfp8_reference(e) for e in x]
+    qs = [quantize_mxfp8_reference(e, installed_rule()) for e in x]  # the rule mok follows
     return (
         torch.stack([q.row_data for q in qs]).view(torch.uint8),
         spec_layout(torch.stack([q.row_scales for q in qs])),

@@ -259,21 +259,33 @@ def test_the_quantize_reference_check_catches_a_changed_rule(monkeypatch: pytest
 def test_the_hand_computed_bytes_tell_the_rules_apart() -> None:
     shift, exact = (ms._hand_expected(rule) for rule in ReciprocalRule)
     assert shift["row_scales"] == exact["row_scales"] and shift["row_data"] != exact["row_data"]
-    assert ms.followed_rule() is ReciprocalRule.EXACT  # what mok's quantiser does today on the CPU
+
+
+@pytest.mark.parametrize(("release", "rule"), [("2.12.0", ReciprocalRule.SHIFT), ("2.13.0", ReciprocalRule.EXACT)])
+def test_mok_s_quantiser_follows_the_installed_release(release: str, rule: ReciprocalRule) -> None:
+    with installed_release(release):
+        assert ms.followed_rule() is rule
+        assert ms.check_quantiser_rule().startswith(f"the {rule.value} rule")
 
 
 def test_the_rule_check_fails_where_mok_and_te_differ(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ms.check_quantiser_rule().startswith("the exact rule")
-    monkeypatch.setattr(ms, "installed_rule", lambda: ReciprocalRule.SHIFT)
+    import mok.plan.work
+
+    monkeypatch.setattr(mok.plan.work, "installed_rule", lambda: ReciprocalRule.EXACT)  # a quantiser ignoring TE
     with installed_release("2.12.0"), pytest.raises(AssertionError) as info:
         ms.check_quantiser_rule()
     assert "on the CPU mok's quantiser follows the exact rule; TE's is shift (TE 2.12.0: exp2f_rcp" in str(info.value)
 
 
-def test_the_report_rows_say_which_rule_mok_follows() -> None:
-    rows = ms.report()
-    assert rows["quantiser reciprocal rule"] == "exact"
+def test_the_report_rows_say_which_rule_mok_follows(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mok.plan.work
+
+    assert ms.report()["quantiser reciprocal rule"] == "exact"
     with installed_release("2.12.0"):
+        rows = ms.report()
+        assert rows["quantiser reciprocal rule"] == "shift"
+        assert rows["quantiser reciprocal rule reason"].startswith("as TE's (TE 2.12.0")
+        monkeypatch.setattr(mok.plan.work, "installed_rule", lambda: ReciprocalRule.EXACT)
         assert ms.report()["quantiser reciprocal rule reason"].startswith("TE's is shift (TE 2.12.0")
 
 

@@ -17,7 +17,7 @@ from mok.errors import LayoutError
 from mok.kernels.jobs import MIXED_DIRECTIONS
 from mok.kernels.quantize import QuantizeOutputs, prepare
 from mok.layout import Geometry, logical_view, swizzle_reference, unswizzle_reference
-from mok.quantize_reference import ReciprocalRule
+from mok.quantize_reference import ReciprocalRule, installed_rule
 
 
 class ScaleWork(NamedTuple):
@@ -42,15 +42,17 @@ class ScaleWork(NamedTuple):
 
 class QuantizeWork(NamedTuple):
     """Quantise BF16 ``src`` (one ``[E, R, C]`` tensor, or E ``[R, C]`` ones) into ``out``, both
-    directions, scales in the layout, by TE's MXFP8 rule (``rule``: mok.quantize_reference)."""
+    directions, scales in the layout, by TE's MXFP8 rule (``rule``: mok.quantize_reference; by
+    default the installed TE release's, so the bytes are the ones that release's quantizer gives)."""
 
     src: torch.Tensor | tuple[torch.Tensor, ...]
     out: QuantizeOutputs
-    rule: ReciprocalRule = ReciprocalRule.EXACT
+    rule: ReciprocalRule | None = None
 
     def prepared(self, backend: Backend) -> Callable[[], None]:
         """The launch (the kernel on the cuda backend) that quantises again at every call."""
-        return prepare(self.src, self.out, use_kernel=backend is Backend.CUDA, rule=self.rule)
+        rule = installed_rule() if self.rule is None else self.rule
+        return prepare(self.src, self.out, use_kernel=backend is Backend.CUDA, rule=rule)
 
 
 _is_cuda, _device = attrgetter("is_cuda"), attrgetter("device")
