@@ -64,11 +64,14 @@ def run(code: str, name: str) -> dict[str, object]:
     return namespace
 
 
-def test_the_documents_are_the_pages_the_readme_links() -> None:
-    assert documents() == ["README.md", *sorted(f"docs/{p}" for p in PAGES)], "a page added or gone: update PAGES"
+def test_the_readme_leads_to_every_page() -> None:
+    found = documents()[1:]
+    assert {f"docs/{p}" for p in PAGES} <= set(found), "a page of docs/ is gone"
     readme = (ROOT / "README.md").read_text()
-    missing = [p for p in PAGES if f"](docs/{p})" not in readme]
-    assert not missing, f"README.md links no {missing}"
+    unlinked = [p for p in PAGES if f"](docs/{p})" not in readme]
+    assert not unlinked, f"README.md links no {unlinked}"
+    unnamed = [p for p in found if p not in readme]
+    assert not unnamed, f"README.md does not name {unnamed}"
     assert len(readme.splitlines()) <= 250, "README.md is the front hall: at most 250 lines; the reference is in docs/"
 
 
