@@ -1,4 +1,4 @@
-"""The tables of benchmarks/RESULTS.md and of the README's Performance section, made from result files.
+"""The tables of benchmarks/RESULTS.md and of docs/benchmarks.md, made from result files.
 
     python benchmarks/results_tables.py            # check: every marked table matches its files
     python benchmarks/results_tables.py --write    # rewrite every marked table from its files
@@ -16,8 +16,8 @@ Kinds and their files:
   host            bench_host.py JSONs (--source te): first views and refreshes; a second file adds
                   its E=256 column (another process)
   host-te         a bench_host.py JSON: eager rowwise calls against TE's swizzles, same run
-  readme-device   a bench_swizzle.py JSON: the README's few device rows
-  readme-host     a bench_host.py JSON: the README's few host rows
+  summary-device  a bench_swizzle.py JSON: docs/benchmarks.md's few device rows
+  summary-host    a bench_host.py JSON: docs/benchmarks.md's few host rows
   quantize        a bench_quantize.py JSON: every column against the same run's copy of the same bytes
   vs-host         vs_baseline.py JSONs (--only host): this tree over the baseline's, per round, the
                   median of every file's rounds pooled, [each file's median]
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "benchmarks" / "RESULTS.md", ROOT / "README.md"]
+DOCUMENTS = [ROOT / "benchmarks" / "RESULTS.md", ROOT / "docs" / "benchmarks.md"]
 BEGIN = re.compile(r"^<!-- table (\S+)((?: \S+)+) -->$")
 END = "<!-- end table -->"
 # issue 15's targets: device time over a same-run copy of the same bytes
@@ -79,7 +79,7 @@ def caption(kind: str, files: list[str], paths: list[Path]) -> str:
     if kind == "vs-host":
         return _vs_caption(paths, label)
     meta = _meta(paths[0])
-    if kind.startswith("host") or kind == "readme-host":
+    if kind.startswith("host") or kind == "summary-host":
         run = f"host of the {meta['gpu']} machine, {meta['date']}, torch {meta['torch']}, Python {meta['python']}"
         twice = ", run twice (two processes)" if len(files) > 1 else ""
         return f"Run: {run}, TE {meta['te']}. Command: `bench_host.py --source {meta['source']}`{twice}. {label}"
@@ -347,7 +347,7 @@ def host_te(path: Path) -> list[str]:
     return _table([*header, "TE discrete / checked", "TE discrete / unchecked", "TE multi / checked"], body)
 
 
-README_CASES = {  # bench_swizzle case -> the README's label
+SUMMARY_CASES = {  # bench_swizzle case -> its label in docs/benchmarks.md
     "rowwise E=256 2048x7168": "rowwise, E=256 2048x7168",
     "rowwise E=256 2080x7200": "rowwise, E=256 2080x7200 (TE's padded rows)",
     "columnwise E=256 2048x7168": "columnwise, E=256 2048x7168",
@@ -356,12 +356,12 @@ README_CASES = {  # bench_swizzle case -> the README's label
 }
 
 
-def readme_device(path: Path) -> list[str]:
+def summary_device(path: Path) -> list[str]:
     d = _variants(path)[0]
     rows = {r["case"]: r for r in _rows(path)}
     body = [
         [label, _ratio(rows[c], f"g:kernel@{d}/copy"), _ratio(rows[c], f"g:exp@{d}/copy")]
-        for c, label in README_CASES.items()
+        for c, label in SUMMARY_CASES.items()
     ]
     m = rows["rowwise E=256 2048x7168"]["median"]
     te = f"TE 2.18+'s discrete-weights swizzle of the per-expert tensors: {_us(m.get('g:TE discrete'))} us"
@@ -369,7 +369,7 @@ def readme_device(path: Path) -> list[str]:
     return _table(["device time against a copy of the same bytes", "grouped", "per-expert"], body)
 
 
-def readme_host(path: Path) -> list[str]:
+def summary_host(path: Path) -> list[str]:
     results = _host_results(path)
     both, row = results["E=256 2048x7168 row+col"], results["E=256 2048x7168 row"]
     body = [
@@ -403,8 +403,8 @@ KINDS: dict[str, Callable[..., list[str]]] = {
     "layer-parts": layer_parts,
     "host": host,
     "host-te": host_te,
-    "readme-device": readme_device,
-    "readme-host": readme_host,
+    "summary-device": summary_device,
+    "summary-host": summary_host,
     "vs-host": vs_host,
     "quantize": quantize,
 }

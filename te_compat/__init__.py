@@ -1,7 +1,7 @@
 """te_compat: the one place that knows where Transformer Engine keeps quantized storage.
 
 Importing this package imports neither Transformer Engine nor torch; both are looked at only
-when a function is called. See README.md for a tour.
+when a function is called. docs/te_compat.md describes the API.
 """
 
 from te_compat.behaviour import mxfp8_reciprocal_rule

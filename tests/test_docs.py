@@ -1,4 +1,4 @@
-"""The benchmark documents and their result files agree: benchmarks/results/ holds only files a
+"""The documents and the benchmark result files agree: benchmarks/results/ holds only files a
 current document cites, each listed in its index with the documents that cite it; every result
 file a current document names exists; the generated tables match their files; the current
 documents describe the present (no numbered work sessions) and point at no history folder: the git
@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
 INDEX = RESULTS / "README.md"
-# a result file as documents name it: results/NAME or benchmarks/results/NAME; NAME may hold {a,b}
-# alternatives or a * pattern
-CITATION = re.compile(r"(?<![\w/.-])(?:benchmarks/)?results/((?:[\w.+-]|\{[^}\s]*\}|\*)+)")
+# a result file as documents name it: results/NAME, benchmarks/results/NAME or (a page of docs/)
+# ../benchmarks/results/NAME; NAME may hold {a,b} alternatives or a * pattern
+CITATION = re.compile(r"(?<![\w/.-])(?:\.\./)?(?:benchmarks/)?results/((?:[\w.+-]|\{[^}\s]*\}|\*)+)")
 # a path into a history folder of benchmarks/ (work logs, older results), as a document would name it
 HISTORY = re.compile(r"(?<![\w.-])(?:benchmarks/|\.\./)?history/")
 
@@ -72,6 +72,7 @@ def index() -> dict[str, set[str]]:
 def test_the_current_documents_are_found() -> None:
     names = {d.relative_to(ROOT).as_posix() for d in documents()}
     assert {"README.md", "benchmarks/RESULTS.md", "benchmarks/KERNEL_NOTES.md", "benchmarks/results/README.md"} <= names
+    assert {"docs/te_compat.md", "docs/views-and-refresh.md", "docs/kernels.md", "docs/benchmarks.md"} <= names
     assert not any(n.startswith("benchmarks/history/") for n in names), "benchmarks/history/ is in git's history only"
 
 
@@ -106,7 +107,7 @@ def test_generated_tables_match_their_result_files() -> None:
 
 
 def test_benchmark_documents_describe_the_present() -> None:
-    for document in (BENCH / "RESULTS.md", BENCH / "KERNEL_NOTES.md", INDEX):
+    for document in (BENCH / "RESULTS.md", BENCH / "KERNEL_NOTES.md", INDEX, ROOT / "docs" / "benchmarks.md"):
         sessions = re.findall(r"\bsessions? \d+", document.read_text(), flags=re.IGNORECASE)
         assert not sessions, f"{document.relative_to(ROOT)} names work sessions {sessions}: git's history keeps those"
 

@@ -1,6 +1,6 @@
-"""Who checks what at mok's op boundary, as README and mok/ops.py say: the public functions raise
-mok's named errors for every argument; ``torch.ops.mok.*`` leaves argument types to torch's
-schema and checks the rest itself; under torch.compile each failure reaches the caller as the
+"""Who checks what at mok's op boundary, as docs/kernels.md and mok/ops.py say: the public
+functions raise mok's named errors for every argument; ``torch.ops.mok.*`` leaves argument types
+to torch's schema and checks the rest itself; under torch.compile each failure reaches the caller as the
 documented torch exception, mok's message in it."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_under_torch_compile_a_failed_check_keeps_mok_s_message(fullgraph: bool)
 
 
 def test_the_boundary_is_documented() -> None:
-    docs = {"README.md": (ROOT / "README.md").read_text(), "mok/ops.py": mok.ops.__doc__ or ""}
+    docs = {"docs/kernels.md": (ROOT / "docs" / "kernels.md").read_text(), "mok/ops.py": mok.ops.__doc__ or ""}
     for where, text in docs.items():
         flat = " ".join(text.split())
         for phrase in ("torch._dynamo.exc.Unsupported", "torch._dynamo.exc.TorchRuntimeError", "RuntimeError"):

@@ -12,8 +12,8 @@ grouped, a layer of both, and the mok.weights drop-in; formats MXFP8, NVFP4, hyb
 TE keeps them, and BF16 weights mok quantises to MXFP8 on the fly.
 
 Where the cached view cannot become the new view in place, the refresh raises a RefreshError
-instead, and only there: a direction the cached view has that the weights no longer store (the
-README says so); the other two such cases (a buffer of the view's own freed, other rows or
+instead, and only there: a direction the cached view has that the weights no longer store
+(docs/views-and-refresh.md says so); the other two such cases (a buffer of the view's own freed, other rows or
 columns) are tested by name below.
 """
 

@@ -1,6 +1,6 @@
 """te_compat.testing: every fake of every (kind, release) of the table read back by te_compat and
-mok, the fakes against the release records, installed_release, the errors, and the README's
-"Try it without TE" block run as it stands."""
+mok, the fakes against the release records, installed_release, the errors, and the "Try it
+without TE" block of docs/te_compat.md run as it stands."""
 
 from __future__ import annotations
 
@@ -732,19 +732,19 @@ def test_new_fake_refuses_attributes_the_class_never_has() -> None:
 # ---- the project itself --------------------------------------------------------------------------
 
 
-def _readme_block(heading: str) -> str:
-    """The first python code block of the README section ``heading``, as it stands."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+def _docs_block(heading: str) -> str:
+    """The first python code block of the section ``heading`` of docs/te_compat.md, as it stands."""
+    page = (ROOT / "docs" / "te_compat.md").read_text()
+    section = page.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert found, f"README section {heading!r} has no python block"
+    assert found, f"docs/te_compat.md section {heading!r} has no python block"
     return found.group(1)
 
 
-def test_the_readme_try_it_without_te_block_runs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_try_it_without_te_block_runs(capsys: pytest.CaptureFixture[str]) -> None:
     before = te_compat.te_status()
-    namespace: dict[str, Any] = {"__name__": "readme"}
-    exec(compile(_readme_block("Try it without TE"), "README.md (Try it without TE)", "exec"), namespace)
+    namespace: dict[str, Any] = {"__name__": "docs/te_compat.md"}
+    exec(compile(_docs_block("Try it without TE"), "docs/te_compat.md (Try it without TE)", "exec"), namespace)
     assert "1 enabled" in capsys.readouterr().out
     assert namespace["g"].num_tensors == namespace["E"] and namespace["h"].columnwise_kind is TensorKind.NVFP4
     assert namespace["hv"].rowwise.format == "mxfp8" and tuple(namespace["layout"].shape) == (2, 4, 32, 16)

@@ -4,8 +4,8 @@
 - :class:`SplitReader`: one Parameter per expert (MXFP8, NVFP4), and TE 2.19+ hybrid weights,
   each direction read off its own sub-storage, in its own format.
 - :class:`GroupedReader`: one grouped Parameter ``(E, rows, columns)`` (TE 2.13 and 2.14+).
-- :class:`QuantizingReader`: BF16 weights (grouped or one per expert) that mok quantises to
-  MXFP8 itself, at every view and refresh.
+- :class:`BF16Reader`: BF16 weights (grouped or one per expert), viewed as they are or quantised
+  by mok to MXFP8 itself, at every view and refresh.
 
 A reader checks what it reads (kinds, shapes, packing) and raises naming the expert; it never
 plans, allocates or launches (mok.plan.pipeline does). Everything TE-specific comes from te_compat.
