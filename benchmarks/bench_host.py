@@ -15,7 +15,7 @@ median host microseconds (``time.perf_counter``, no synchronisation) of
                   mok quantises to MXFP8 (split and grouped; the checked refresh's host cost
                   set against the MXFP8 path's).
 With a real TE on a GPU it adds, on the same rowwise tensors in the same run, eager time per
-call of mok's refresh (checked, and ``run_unchecked``), of TE 2.18+'s
+call of mok's refresh (checked, and ``run_unchecked``), of TE 2.17+'s
 ``grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights`` and (latency
 only) of TE's ``multi_tensor_swizzle_scales_for_gemm_``, two ways:
   (plain key)     latency: one call, then a synchronisation (host + device time, per call),
@@ -283,7 +283,7 @@ def te_rowwise_peers(params: list[Any], rows: int, cols: int, calls: int) -> dic
         out["TE discrete pipelined"] = pipelined_us([te_discrete] * calls)
     else:
         out["TE discrete"] = (
-            f"n/a: TE {te_compat.te_version()} has no grouped_mlp_experimental discrete swizzle (TE 2.18+)"
+            f"n/a: TE {te_compat.te_version()} has no grouped_mlp_experimental discrete swizzle (TE 2.17+)"
         )
     multi = getattr(tex, "multi_tensor_swizzle_scales_for_gemm_", None)
     if multi is None:

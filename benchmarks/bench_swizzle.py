@@ -29,7 +29,7 @@ Columns (``g:`` = replay of a captured CUDA graph, device time; others eager, as
   g:exp@S        shape S over E separate per-expert tensors (one launch, pointer table)
   kernel/exp@V   the same per-expert call, eager
   TE multi       TE's multi_tensor_swizzle_scales_for_gemm_ over E MXFP8 tensors (eager)
-  TE discrete    TE 2.18+ grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights
+  TE discrete    TE 2.17+ grouped_mlp_experimental.swizzle_scales_and_pack_ptrs_for_discrete_weights
                  (eager; g:TE discrete its graph replay)
 The compat keys ``g:kernel/copy``, ``g:exp/copy`` and ``kernel/exp`` are the first shape's.
 The ``inverse`` row (ROW_CASES[0]) times the inverse kernel bringing layouts back into TE's padded
@@ -269,7 +269,7 @@ def _copy_columns(
 
 
 def te_columns(case: Case, e: int, m: int, k: int, clock: Clock) -> None:
-    """TE's multi-tensor swizzle and TE 2.18+'s discrete-weights swizzle over E real MXFP8 tensors."""
+    """TE's multi-tensor swizzle and TE 2.17+'s discrete-weights swizzle over E real MXFP8 tensors."""
     try:
         import transformer_engine.pytorch  # noqa: F401
         import transformer_engine_torch as tex

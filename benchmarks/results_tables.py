@@ -364,7 +364,7 @@ def summary_device(path: Path) -> list[str]:
         for c, label in SUMMARY_CASES.items()
     ]
     m = rows["rowwise E=256 2048x7168"]["median"]
-    te = f"TE 2.18+'s discrete-weights swizzle of the per-expert tensors: {_us(m.get('g:TE discrete'))} us"
+    te = f"TE 2.17+'s discrete-weights swizzle of the per-expert tensors: {_us(m.get('g:TE discrete'))} us"
     body.append([f"rowwise, E=256 2048x7168, microseconds ({te})", _us(m[f"g:kernel@{d}"]), _us(m[f"g:exp@{d}"])])
     return _table(["device time against a copy of the same bytes", "grouped", "per-expert"], body)
 
