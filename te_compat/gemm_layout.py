@@ -36,7 +36,7 @@ from te_compat.probe import (
     tensor_kind_or_none,
 )
 from te_compat.source_facts import lineage
-from te_compat.table import TE, TensorKind, in_range
+from te_compat.table import TE, ReleaseRange, TensorKind
 from te_compat.version import release_of, te_status
 
 
@@ -55,7 +55,7 @@ class LayoutCondition:
 
 
 @dataclass(frozen=True)
-class QuantizerRow:
+class QuantizerRow(ReleaseRange):
     """Which attribute of one quantizer class asks for GEMM-layout scales, over a release range."""
 
     quantizer: str  # "module.Class" of the quantizer
@@ -71,9 +71,6 @@ class QuantizerRow:
     # rows cover: what makes TE write GEMM-layout scales lives in its C++, not in the wheel
     native: str | None = None
 
-    def covers(self, release: Version) -> bool:
-        return in_range(release, self.since, self.until)
-
     @property
     def reads(self) -> frozenset[str]:
         """Every quantizer attribute the row sets or reads."""
@@ -81,7 +78,7 @@ class QuantizerRow:
 
 
 @dataclass(frozen=True)
-class ModuleResetRow:
+class ModuleResetRow(ReleaseRange):
     """A TE module that rewrites the attribute on its own weight quantizers at every forward.
 
     A parameter whose quantizer *is* one of the module's (not a copy, as a GroupedTensor's is)
@@ -94,9 +91,6 @@ class ModuleResetRow:
     primary_flag: str  # module attribute: parameters are TE quantized tensors
     quantizers: tuple[str, str]  # module attribute and key holding the forward quantizers
     introduced_by: str
-
-    def covers(self, release: Version) -> bool:
-        return in_range(release, self.since, self.until)
 
 
 _MXFP8_QUANTIZER = f"{TE}.tensor.mxfp8_tensor.MXFP8Quantizer"

@@ -37,7 +37,7 @@ from te_compat.errors import MissingFeatureError
 from te_compat.gemm_layout import QUANTIZER_ROWS, QuantizerRow
 from te_compat.geometry import MXFP8
 from te_compat.source_facts import Classes, KeywordCall, keyword_call
-from te_compat.table import TE, in_range
+from te_compat.table import TE, ReleaseRange
 from te_compat.version import release_of, te_import_status
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ E4M3 = "kFloat8E4M3"  # the member of transformer_engine_torch.DType every 2.x q
 
 
 @dataclass(frozen=True)
-class QuantizeRow:
+class QuantizeRow(ReleaseRange):
     """How one TE release range quantises into an MXFP8 tensor built around given buffers."""
 
     since: str
@@ -63,13 +63,6 @@ class QuantizeRow:
     tensor_keywords: tuple[str, ...]  # what its constructor is called with
     swizzled_keyword: str | None  # the tensor keyword saying its scales are in GEMM layout
     introduced_by: str
-
-    def covers(self, release: Version) -> bool:
-        return in_range(release, self.since, self.until)
-
-    @property
-    def span(self) -> str:
-        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
 
 
 _QUANTIZER = f"{TE}.tensor.mxfp8_tensor.MXFP8Quantizer"

@@ -52,6 +52,23 @@ def in_range(release: Version, since: str, until: str | None) -> bool:
     return Version(since) <= plain and (until is None or plain < Version(until))
 
 
+class ReleaseRange:
+    """What every row of the table shares: the releases it holds for, ``since <= release < until``
+    (``until`` None: every later release). A row is a frozen dataclass with ``since`` and ``until``
+    fields of its own; this gives it :meth:`covers` and :attr:`span`."""
+
+    __slots__ = ()
+    since: str
+    until: str | None
+
+    def covers(self, release: Version) -> bool:
+        return in_range(release, self.since, self.until)
+
+    @property
+    def span(self) -> str:
+        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
+
+
 class StorageName(str, Enum):
     """The logical storage names te_compat resolves per release (plain strings work too)."""
 
@@ -84,7 +101,7 @@ class StorageName(str, Enum):
 
 
 @dataclass(frozen=True)
-class StorageRow:
+class StorageRow(ReleaseRange):
     """Where one TE release range keeps one tensor kind's storage."""
 
     kind: TensorKind
@@ -95,13 +112,6 @@ class StorageRow:
     known: frozenset[str]  # other attributes the classes assign, known and not probed
     introduced_by: str  # the TE release (and PR) that forced this row
     field_notes: dict[str, str] = field(default_factory=dict)
-
-    def covers(self, release: Version) -> bool:
-        return in_range(release, self.since, self.until)
-
-    @property
-    def span(self) -> str:
-        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
 
 
 # Float8 (delayed and current scaling). Before 2.0, _scale_inv and _transpose are properties
@@ -458,7 +468,7 @@ NEWEST_RULE: Rule = "exact"
 
 
 @dataclass(frozen=True)
-class ReciprocalRow:
+class ReciprocalRow(ReleaseRange):
     """How TE's MXFP8 kernels take the reciprocal of an E8M0 scale code (``exp2f_rcp``), the factor
     every value of a block is multiplied by before its cast to FP8, over one release range."""
 
@@ -469,13 +479,6 @@ class ReciprocalRow:
     where: str  # the file, as in TE's repository
     introduced_by: str
     note: str = ""
-
-    def covers(self, release: Version) -> bool:
-        return in_range(release, self.since, self.until)
-
-    @property
-    def span(self) -> str:
-        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
 
 
 _PTX = "transformer_engine/common/util/ptx.cuh"
@@ -522,7 +525,7 @@ PostAllGather = Literal["absent", "raises", "no-op"]
 
 
 @dataclass(frozen=True)
-class PostAllGatherRow:
+class PostAllGatherRow(ReleaseRange):
     """What ``transformer_engine.pytorch.tensor.utils.post_all_gather_processing`` (Megatron's
     distributed optimizer calls it on its parameters after their all-gather) does with an MXFP8
     weight, over one release range: absent, raises, or nothing (a no-op branch)."""
@@ -531,13 +534,6 @@ class PostAllGatherRow:
     until: str | None
     mxfp8: PostAllGather
     introduced_by: str
-
-    def covers(self, release: Version) -> bool:
-        return in_range(release, self.since, self.until)
-
-    @property
-    def span(self) -> str:
-        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
 
 
 POST_ALL_GATHER_ROWS: tuple[PostAllGatherRow, ...] = (
@@ -566,7 +562,7 @@ POST_ALL_GATHER_ROWS: tuple[PostAllGatherRow, ...] = (
 
 
 @dataclass(frozen=True)
-class QuantizerFlagRow:
+class QuantizerFlagRow(ReleaseRange):
     """A flag of one quantizer class that changes how TE quantizes, and so what a tensor holds,
     over one release range. The tensor itself keeps no such flag: its quantizer (TE's copy of the
     one it was made with) does, and te_compat reads it there (``storage`` names the field it
@@ -580,13 +576,6 @@ class QuantizerFlagRow:
     kinds: frozenset[TensorKind]
     introduced_by: str
     note: str = ""
-
-    def covers(self, release: Version) -> bool:
-        return in_range(release, self.since, self.until)
-
-    @property
-    def span(self) -> str:
-        return f"{self.since} .. {self.until}" if self.until else f"{self.since} +"
 
 
 QUANTIZER_FLAG_ROWS: tuple[QuantizerFlagRow, ...] = (
