@@ -672,6 +672,28 @@ def _against_te_swizzle(
         same_bytes(col_layouts[e], col, f"{what} expert {e} columnwise against TE's swizzle")
 
 
+def _split_against_te_swizzle(
+    tex: Any,
+    view: mok.SplitExpertWeights,
+    params: Sequence[object],
+    kind: TensorKind,
+    shape: tuple[int, int],
+    what: str,
+) -> Callable[[object], None] | None:
+    """A split view's layouts (copied first: TE's swizzle replaces the buffers they were read
+    from) against TE's swizzle of each parameter; the swizzle, None where the release has none."""
+    rows, columns = shape
+    swizzle = _te_swizzle(tex)
+    if swizzle is None:
+        return None
+    if view.rowwise.scales is None or view.columnwise is None or view.columnwise.scales is None:
+        raise AssertionError(f"{what}: the view has no scales in both directions")
+    rows_ours = [s.clone() for s in view.rowwise.scales]
+    cols_ours = [s.clone() for s in view.columnwise.scales]
+    _against_te_swizzle(swizzle, params, rows_ours, cols_ours, kind, rows, columns, what)
+    return swizzle
+
+
 def check_te_mxfp8_split() -> str:
     """A TE GroupedLinear's per-expert MXFP8 weights, TE's buffers filled with random bytes: mok's
     view against TE's own swizzle (TE 2.12+; before it, the spec over TE's buffers)."""
@@ -684,14 +706,8 @@ def check_te_mxfp8_split() -> str:
         _seed_mxfp8(generator, p)
     view = mok.split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True)
     _compare_split(view, params, rows, columns, "TE mxfp8")
-    swizzle = _te_swizzle(tex)
-    if swizzle is None:
+    if _split_against_te_swizzle(tex, view, params, TensorKind.MXFP8, (rows, columns), "TE mxfp8") is None:
         return f"TE {release} has no swizzle_scales_for_gemm_ (TE 2.12+): compared with the spec over TE's buffers"
-    if view.rowwise.scales is None or view.columnwise is None or view.columnwise.scales is None:
-        raise AssertionError("TE mxfp8: the view has no scales in both directions")
-    rows_ours = [s.clone() for s in view.rowwise.scales]
-    cols_ours = [s.clone() for s in view.columnwise.scales]
-    _against_te_swizzle(swizzle, params, rows_ours, cols_ours, TensorKind.MXFP8, rows, columns, "TE mxfp8")
     return f"TE {release}: {EXPERTS} experts, byte for byte with TE's swizzle"
 
 
@@ -884,14 +900,9 @@ def check_te_nvfp4() -> str:
         fill_random_(generator, n.rowwise_data, n.rowwise_scale_inv, n.columnwise_data, n.columnwise_scale_inv)
     view = mok.split_weight_view(params, rows=rows, columns=columns, format="nvfp4")
     _compare_nvfp4(view, params, rows, columns, "TE nvfp4")
-    swizzle = _te_swizzle(tex)
+    swizzle = _split_against_te_swizzle(tex, view, params, TensorKind.NVFP4, (rows, columns), "TE nvfp4")
     if swizzle is None:
         return f"TE {release}: compared with the spec over TE's buffers (no swizzle_scales_for_gemm_)"
-    if view.rowwise.scales is None or view.columnwise is None or view.columnwise.scales is None:
-        raise AssertionError("TE nvfp4: the view has no scales in both directions")
-    rows_ours = [s.clone() for s in view.rowwise.scales]
-    cols_ours = [s.clone() for s in view.columnwise.scales]
-    _against_te_swizzle(swizzle, params, rows_ours, cols_ours, TensorKind.NVFP4, rows, columns, "TE nvfp4")
     done = "per expert"
     if TensorKind.GROUPED in _kinds(release):
         weight = _grouped_class(release).make_grouped_tensor_with_shapes(
