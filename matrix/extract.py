@@ -28,6 +28,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,14 +158,25 @@ def load_record(release: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def main(argv: list[str] | None = None) -> int:
+def records_main(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str,
+    fresh: Callable[[str, Path], str],
+    path_of: Callable[[str], Path],
+    source: str,
+) -> int:
+    """The command line of a per-release record (this module's, matrix.native's): write the
+    records of the named releases, or with ``--check`` compare them with the committed ones.
+    ``fresh(release, cache)`` is the record as read from the release's ``source`` now."""
     from matrix.releases import release_versions
 
-    parser = argparse.ArgumentParser(prog="python -m matrix.extract", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("releases", nargs="*", help="TE releases, e.g. 2.14.1")
     parser.add_argument("--all", action="store_true", help="every release in matrix/releases.toml")
     parser.add_argument("--check", action="store_true", help="compare with the committed record")
-    parser.add_argument("--cache", type=Path, default=WHEEL_CACHE, help="wheel cache folder")
+    parser.add_argument("--cache", type=Path, default=WHEEL_CACHE, help="download cache folder")
     args = parser.parse_args(argv)
     releases = release_versions() if args.all else args.releases
     if not releases:
@@ -172,27 +184,39 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for release in releases:
         try:
-            wheel = wheel_path(release, args.cache)
+            record = fresh(release, args.cache)
         except IndexUnreachable as exc:
             print(f"TE {release}: {exc}", file=sys.stderr)
             return 2
-        fresh = dumps(extract_wheel(wheel))
+        path = path_of(release)
         if args.check:
-            committed = record_path(release).read_text() if record_path(release).exists() else ""
-            if fresh != committed:
+            committed = path.read_text() if path.exists() else ""
+            if record != committed:
                 failed += 1
                 diff = difflib.unified_diff(
-                    committed.splitlines(), fresh.splitlines(), "committed", "from wheel", lineterm=""
+                    committed.splitlines(), record.splitlines(), "committed", source, lineterm=""
                 )
-                print(f"TE {release}: the committed record differs from the release source:")
+                print(f"TE {release}: {path.name} differs from the {source}:")
                 print("\n".join(list(diff)[:60]))
             else:
-                print(f"TE {release}: record matches the release source")
+                print(f"TE {release}: {path.name} matches the {source}")
         else:
-            RECORDS_DIR.mkdir(parents=True, exist_ok=True)
-            record_path(release).write_text(fresh)
-            print(f"TE {release}: wrote {record_path(release).relative_to(MATRIX_DIR.parent)}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(record)
+            shown = path.relative_to(MATRIX_DIR.parent) if path.is_relative_to(MATRIX_DIR.parent) else path
+            print(f"TE {release}: wrote {shown}")
     return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return records_main(
+        argv,
+        prog="python -m matrix.extract",
+        description=__doc__.split("\n")[0],
+        fresh=lambda release, cache: dumps(extract_wheel(wheel_path(release, cache))),
+        path_of=record_path,
+        source="release's wheel",
+    )
 
 
 if __name__ == "__main__":

@@ -26,17 +26,15 @@ reached, :class:`matrix.extract.IndexUnreachable` says which one.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
-import sys
 import tarfile
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from matrix.extract import WHEEL_CACHE, IndexUnreachable, index_unreachable, package_index
+from matrix.extract import WHEEL_CACHE, IndexUnreachable, index_unreachable, package_index, records_main
 
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
 PACKAGE = "transformer-engine-torch"
@@ -177,36 +175,14 @@ def dumps(record: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from matrix.releases import release_versions
-
-    parser = argparse.ArgumentParser(prog="python -m matrix.native", description=__doc__.split("\n")[0])
-    parser.add_argument("releases", nargs="*", help="TE releases, e.g. 2.17.0")
-    parser.add_argument("--all", action="store_true", help="every release in matrix/releases.toml")
-    parser.add_argument("--check", action="store_true", help="compare with the committed record")
-    parser.add_argument("--cache", type=Path, default=WHEEL_CACHE, help="archive cache folder")
-    args = parser.parse_args(argv)
-    releases = release_versions() if args.all else args.releases
-    if not releases:
-        parser.error("name at least one release, or --all")
-    failed = 0
-    for release in releases:
-        try:
-            fresh = dumps({"release": release, **extract_archive(archive_path(release, args.cache))})
-        except IndexUnreachable as exc:
-            print(f"TE {release}: {exc}", file=sys.stderr)
-            return 2
-        path = record_path(release)
-        if args.check:
-            if not path.exists() or path.read_text() != fresh:
-                failed += 1
-                print(f"TE {release}: the committed native record differs from the release's source archive")
-            else:
-                print(f"TE {release}: native record matches the release's source archive")
-        else:
-            NATIVE_DIR.mkdir(parents=True, exist_ok=True)
-            path.write_text(fresh)
-            print(f"TE {release}: wrote {path.relative_to(NATIVE_DIR.parent.parent)}")
-    return 1 if failed else 0
+    return records_main(
+        argv,
+        prog="python -m matrix.native",
+        description=__doc__.split("\n")[0],
+        fresh=lambda release, cache: dumps({"release": release, **extract_archive(archive_path(release, cache))}),
+        path_of=record_path,
+        source="release's source archive",
+    )
 
 
 if __name__ == "__main__":

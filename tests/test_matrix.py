@@ -11,7 +11,7 @@ import pytest
 from packaging.version import Version
 
 from matrix.check import check_record, check_release, lineage
-from matrix.extract import dumps, extract_wheel, load_record, record_path
+from matrix.extract import IndexUnreachable, dumps, extract_wheel, load_record, record_path, records_main
 from matrix.releases import matrix_release, matrix_releases, release_versions
 from te_compat import table
 from te_compat.gemm_layout import QUANTIZER_ROWS, check_quantizer_rows
@@ -232,3 +232,30 @@ def test_the_quantizer_check_walks_the_same_lineage() -> None:
     }
     (problem,) = check_quantizer_rows("2.20.2", classes, (row,))
     assert f"its TE bases {module}.B, {module}.C, {module}.A" in problem
+
+
+def test_a_record_command_writes_then_checks_and_shows_the_difference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """matrix.extract's and matrix.native's command line: write, a check that agrees (0), a
+    committed record that differs (1, with the diff), an unreachable index (2)."""
+    found = {"2.20.2": '{"a": 1}\n'}
+
+    def fresh(release: str, cache: Path) -> str:
+        if release not in found:
+            raise IndexUnreachable(f"no index for {release}")
+        return found[release]
+
+    def run(*argv: str) -> int:
+        return records_main(
+            list(argv), prog="t", description="t", fresh=fresh, path_of=lambda r: tmp_path / f"{r}.json", source="src"
+        )
+
+    assert run("2.20.2") == 0 and (tmp_path / "2.20.2.json").read_text() == '{"a": 1}\n'
+    assert run("--check", "2.20.2") == 0 and "2.20.2.json matches the src" in capsys.readouterr().out
+    found["2.20.2"] = '{"a": 2}\n'
+    assert run("--check", "2.20.2") == 1
+    out = capsys.readouterr().out
+    assert "2.20.2.json differs from the src" in out and '-{"a": 1}' in out and '+{"a": 2}' in out
+    assert (tmp_path / "2.20.2.json").read_text() == '{"a": 1}\n'  # a check writes nothing
+    assert run("2.9.0") == 2 and "no index for 2.9.0" in capsys.readouterr().err
