@@ -995,7 +995,7 @@ def check_te_bf16() -> str:
             EXPERTS, [(rows, columns)] * EXPERTS, quantizer=None, device=device, dtype=torch.bfloat16
         )
         grouped = mok.grouped_weight_view(weight, num_experts=EXPERTS, rows=rows, columns=columns, format="bf16")
-        storage = te_compat.storage_attr(weight, "rowwise_data")
+        storage = te_compat.storage_field(weight, te_compat.StorageName.ROWWISE_DATA)
         if storage is None or grouped.rowwise.data[0].data_ptr() != storage.data_ptr():
             raise AssertionError("the grouped BF16 view is not TE's rowwise_data")
         done += " and grouped"
