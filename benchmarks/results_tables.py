@@ -271,9 +271,16 @@ def _vs_caption(paths: list[Path], label: str) -> str:
     meta = runs[0]["this"][0]["meta"]
     tes = " and ".join(dict.fromkeys(str(r["this"][0]["meta"]["te"]) for r in runs))
     rounds = " and ".join(str(len(r["this"])) for r in runs)
-    run = f"host of the {meta['gpu']} machine, {meta['date']}, torch {meta['torch']}, Python {meta['python']}"
-    command = f"`vs_baseline.py --baseline DIR --only host --rounds N` (N = {rounds})"
-    return f"Run: {run}, TE {tes}. Command: {command}. {label}"
+    if meta.get("source") == "standins":  # no TE and no GPU: stand-ins of TE's tensors, CPU tensors
+        run = f"a {meta['machine']} without GPU ({meta['cpu']}), {meta['date']}, torch {meta['torch']}"
+        run += f", Python {meta['python']}, stand-ins of TE {tes}'s tensors"
+        flags = " --host-source standins"
+    else:
+        run = f"host of the {meta['gpu']} machine, {meta['date']}, torch {meta['torch']}, Python {meta['python']}"
+        run += f", TE {tes}"
+        flags = ""
+    command = f"`vs_baseline.py --baseline DIR --only host --rounds N{flags}` (N = {rounds})"
+    return f"Run: {run}. Command: {command}. {label}"
 
 
 def vs_host(*paths: Path) -> list[str]:
