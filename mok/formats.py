@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from enum import Enum
 
-from te_compat import TensorKind
-
 
 class Format(str, Enum):
     """The format of a view, or of one direction of it. mok passes these around; a string is
@@ -23,10 +21,6 @@ class Format(str, Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-# the block-scaled formats, by te_compat's kind of the TE tensors that hold them
-FORMAT_OF_KIND = {TensorKind.MXFP8: Format.MXFP8, TensorKind.NVFP4: Format.NVFP4}
 
 
 def format_named(format: object, use_mxfp8: object) -> Format:
