@@ -50,14 +50,14 @@ def reader_for(
             raise ValueError("format='hybrid': TE's hybrid weights are per-expert tensors; use split_weight_view")
         experts, rows, columns = check_sizes(num_experts=dims[0], rows=dims[1], columns=dims[2])
         shape = (experts, rows, columns)
-        quantize = cached.quantized_on_the_fly if cached is not None else on_the_fly((weights,), True, None)
+        quantize = on_the_fly((weights,), True, cached)
         if fmt is Format.BF16 or (fmt is Format.MXFP8 and quantize):
             return BF16Reader((weights,), True, shape, fmt is Format.MXFP8)
         return GroupedReader(weights, fmt, shape)
     rows, columns = check_sizes(rows=dims[0], columns=dims[1])
     params = tuple(param_list(weights))
     shape = (len(params), rows, columns)
-    quantize = cached.quantized_on_the_fly if cached is not None else on_the_fly(params, False, None)
+    quantize = on_the_fly(params, False, cached)
     if fmt is Format.BF16 or (fmt is Format.MXFP8 and quantize):
         return BF16Reader(params, False, shape, fmt is Format.MXFP8)
     return SplitReader(params, fmt, rows, columns)
