@@ -47,7 +47,7 @@ class StorageGuard:
 
     Host cost is what a checked refresh pays, so a reading of one class is checked in bulk: one
     C-level read per object of its tensors, fed straight into C-level passes over their memory
-    (mok.read.memory.same_memory), and one of its flags; nothing else per object. Neighbouring
+    (mok.read.memory.comparer), and one of its flags; nothing else per object. Neighbouring
     readings of one class under the same names (a layer's fc1 and fc2) are one such read. The
     checks are made at the first refresh, not with the view.
     """
@@ -77,7 +77,7 @@ class StorageGuard:
                     return False
         except (AttributeError, TypeError):  # an attribute left, a tensor became None: plan again
             return False
-        owned = self.owned  # mok.read.memory.still_held, inlined
+        owned = self.owned  # its storages still the sizes recorded
         return tuple(map(_nbytes, owned.storages)) == owned.sizes
 
 

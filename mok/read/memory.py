@@ -5,7 +5,7 @@ A view depends, for every tensor it reads (TE's payloads, scales and amax, BF16 
 the tensor's address, shape, dtype and strides, and on its storage still holding every byte the
 tensor spans. :func:`read_memory` records exactly these, refusing a tensor whose storage lost its
 memory (Megatron-FSDP and torch FSDP2 free unsharded weights with ``untyped_storage().resize_(0)``
-between steps); :func:`same_memory` compares them, in C-level passes (a refresh of 256 experts
+between steps); :func:`comparer` compares them, in C-level passes (a refresh of 256 experts
 compares a thousand tensors). The storages are kept alive, so an equal address later is still
 that memory, unless a caller freed it, which its size then shows; a storage regrown at a new
 address (the next all-gather) shows in the addresses.
