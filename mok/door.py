@@ -28,37 +28,34 @@ from te_compat import TensorKind, tensor_kind_or_none
 # ------------------------------------------------------------------------------ the door
 
 
-def on_the_fly(weights: Sequence[object], grouped: bool, cached: ExpertWeights | None) -> bool:
-    """Whether MXFP8 asked of these weights means mok quantises BF16 weights itself: what a cached
-    view was made as, else a plain tensor (or TE's BF16 GroupedTensor) where TE's MXFP8 is due."""
-    if cached is not None:
-        return cached.quantized_on_the_fly
+def on_the_fly(weights: Sequence[object], grouped: bool) -> bool:
+    """Whether MXFP8 asked of these weights means mok quantises BF16 weights itself: a plain
+    tensor (or TE's BF16 GroupedTensor) where TE's MXFP8 is due. Decided from the weights as they
+    are now, for a new view and a refresh alike, never from what a cached view was made of: a
+    refresh of weights whose kind changed then reads them as a new view would, and the pipeline
+    refuses the change if the view cannot hold it."""
     if not weights:
         return False
     first = weights[0]
     return is_bf16_group(first) if grouped else tensor_kind_or_none(first) is TensorKind.PLAIN
 
 
-def reader_for(
-    weights: object, *, grouped: bool, fmt: Format, dims: tuple[object, ...], cached: ExpertWeights | None = None
-) -> Reader[Any]:
+def reader_for(weights: object, *, grouped: bool, fmt: Format, dims: tuple[object, ...]) -> Reader[Any]:
     """The reader of ``weights`` (one grouped weight, or a sequence of one Parameter per expert)
     as ``fmt`` of ``dims`` (``(experts, rows, columns)`` grouped, ``(rows, columns)`` split),
-    every argument checked. ``cached``: the view a refresh brings it into (its kind decides)."""
+    every argument checked. The same reader for a new view and a refresh."""
     if grouped:
         if fmt is Format.HYBRID:
             raise ValueError("format='hybrid': TE's hybrid weights are per-expert tensors; use split_weight_view")
         experts, rows, columns = check_sizes(num_experts=dims[0], rows=dims[1], columns=dims[2])
         shape = (experts, rows, columns)
-        quantize = on_the_fly((weights,), True, cached)
-        if fmt is Format.BF16 or (fmt is Format.MXFP8 and quantize):
+        if fmt is Format.BF16 or (fmt is Format.MXFP8 and on_the_fly((weights,), True)):
             return BF16Reader((weights,), True, shape, fmt is Format.MXFP8)
         return GroupedReader(weights, fmt, shape)
     rows, columns = check_sizes(rows=dims[0], columns=dims[1])
     params = tuple(param_list(weights))
     shape = (len(params), rows, columns)
-    quantize = on_the_fly(params, False, cached)
-    if fmt is Format.BF16 or (fmt is Format.MXFP8 and quantize):
+    if fmt is Format.BF16 or (fmt is Format.MXFP8 and on_the_fly(params, False)):
         return BF16Reader(params, False, shape, fmt is Format.MXFP8)
     return SplitReader(params, fmt, rows, columns)
 
@@ -80,4 +77,4 @@ def open_view(
     request = backend_argument(backend)
     if fmt is Format.BF16:
         preference(request)
-    return view_or_refresh(reader_for(weights, grouped=grouped, fmt=fmt, dims=dims, cached=cached), cached, request)
+    return view_or_refresh(reader_for(weights, grouped=grouped, fmt=fmt, dims=dims), cached, request)

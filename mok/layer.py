@@ -28,7 +28,7 @@ def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
     grouped = isinstance(view, GroupedExpertWeights)
     dims = (view.num_experts, view.rows, view.columns) if grouped else (view.rows, view.columns)
     try:
-        return reader_for(weights, grouped=grouped, fmt=view.format, dims=dims, cached=view)
+        return reader_for(weights, grouped=grouped, fmt=view.format, dims=dims)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
 

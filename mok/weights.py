@@ -140,7 +140,7 @@ def _native_single_grouped_weight_view(
     if use_mxfp8 is True and mine and (steps.own or cached_view.expert_view.quantized_on_the_fly):
         view = cached_view.expert_view  # a refresh of mok's view: the door checks the rest
         view_or_refresh(
-            door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=(num_experts, rows, columns), cached=view),
+            door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=(num_experts, rows, columns)),
             view,
         )
         return cached_view
@@ -149,11 +149,11 @@ def _native_single_grouped_weight_view(
     if not check_bool("use_mxfp8", use_mxfp8):
         return seams.compose_grouped_bf16(weight, dims, steps)
     if (cached_view is None or mine) and (
-        door.on_the_fly((weight,), True, None) or (steps.own and seams.te_kind(weight) is TensorKind.GROUPED)
+        door.on_the_fly((weight,), True) or (steps.own and seams.te_kind(weight) is TensorKind.GROUPED)
     ):
         cached = cached_view.expert_view if mine else None
         view = view_or_refresh(
-            door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=dims, cached=cached), cached
+            door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=dims), cached
         )
         return cached_view if mine else seams.GroupedWeightTuple(cast(GroupedExpertWeights, view))
     outs = (None, None) if cached_view is None else seams.grouped_outputs(cached_view)
@@ -175,7 +175,7 @@ def _native_split_weight_view(
     if use_mxfp8 is True and mine and (steps.own or cached_view.expert_view.quantized_on_the_fly):
         view = cached_view.expert_view  # a refresh of mok's view: the door checks the rest
         view_or_refresh(
-            door.reader_for(params, grouped=False, fmt=Format.MXFP8, dims=(rows, columns), cached=view), view
+            door.reader_for(params, grouped=False, fmt=Format.MXFP8, dims=(rows, columns)), view
         )
         return cached_view
     experts = seams.check_experts(params)
@@ -193,7 +193,7 @@ def _native_split_weight_view(
         payloads = seams.compose_split_bf16(experts, rows, columns, steps)
         return seams.SplitRoutedWeight(data=payloads[0], storage_table=ptr_table(payloads, same_device(payloads)))
     kinds = {seams.te_kind(p) for p in {type(p): p for p in experts}.values()}  # one kind check per class
-    if door.on_the_fly(experts, False, None) or (steps.own and kinds == {TensorKind.MXFP8}):
+    if door.on_the_fly(experts, False) or (steps.own and kinds == {TensorKind.MXFP8}):
         reader = door.reader_for(experts, grouped=False, fmt=Format.MXFP8, dims=(rows, columns))
         return seams.routed_from_view(cast(SplitExpertWeights, view_or_refresh(reader)))
     return seams.routed(*seams.compose_split(experts, rows, columns, steps, None))

@@ -339,21 +339,29 @@ def test_cached_buffers_over_te_scales_are_refused(installed_te: Installer) -> N
         assert torch.equal(te_buffer, before)
 
 
-def test_a_rowwise_only_refresh_does_not_watch_the_columnwise_te_adds(installed_te: Installer) -> None:
-    """What a view does not read, its refresh does not depend on: TE giving rowwise-only weights
-    columnwise storage leaves the prepared launch valid; a rowwise buffer TE reassigns does not."""
+def test_a_rowwise_only_view_sees_te_store_columnwise_again(installed_te: Installer) -> None:
+    """A view made while TE kept rowwise data only (an evaluation phase) still watches the
+    columnwise storage: where some experts regain it, the refresh raises what a new view raises;
+    where all do, a new view has a columnwise direction this view has no buffers for, so the
+    refresh refuses, naming the change, and writes nothing."""
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
     v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
     assert v.columnwise is None and v.refresh_plan.plans == 1
-    both = T.mxfp8_tensor("2.20.2", R, C, seed=5)
-    ps[0]._columnwise_data, ps[0]._columnwise_scale_inv = both._columnwise_data, both._columnwise_scale_inv
-    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
-    assert v.refresh_plan.plans == 1
-    ps[1]._rowwise_scale_inv = torch.randint(0, 256, ps[1]._rowwise_scale_inv.shape, dtype=torch.uint8)
-    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
-    assert v.refresh_plan.plans == 2 and v.columnwise is None
-    assert torch.equal(v.rowwise.scales[1], spec_layout(ps[1]._rowwise_scale_inv[:R, : C // 32]))
+    before = [s.clone() for s in v.rowwise.scales or ()]
+    for e in range(2):
+        both = T.mxfp8_tensor("2.20.2", R, C, seed=5 + e)
+        ps[e]._columnwise_data, ps[e]._columnwise_scale_inv = both._columnwise_data, both._columnwise_scale_inv
+        if e == 0:
+            with pytest.raises(ExpertWeightError, match="expert 1 has no columnwise data") as fresh:
+                split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+            with pytest.raises(ExpertWeightError) as refreshed:
+                split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+            assert str(fresh.value) in str(refreshed.value)
+    assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True).columnwise is not None
+    with pytest.raises(mok.RefreshError, match="TE now stores columnwise data.*new view"):
+        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    assert v.columnwise is None and all(map(torch.equal, v.rowwise.scales or (), before))
 
 
 # ------------------------------------------------------------------- scales TE already swizzled

@@ -27,13 +27,16 @@ _nbytes = torch.UntypedStorage.nbytes
 
 
 def _same(old: Any, new: Any) -> bool:
-    """``new`` (read now) is what ``old`` (recorded) was: the same object (TE replaces a member
-    list or a shape list, it does not change one in place), or equal plain values (counts, flags)."""
+    """``new`` (read now) is what ``old`` (recorded) was: the same object (a list's items are
+    compared apart, by :func:`_lists_unchanged`), or equal plain values (counts, flags, tuples of
+    them, item by item: ``==`` on a tuple of tensors would compare tensors)."""
     if old is new:
         return True
     if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
         return False  # a tensor with memory is compared by its memory; a TE tensor object by identity
-    return type(old) is type(new) and isinstance(old, (int, float, str, tuple)) and old == new
+    if type(old) is tuple and type(new) is tuple:
+        return len(old) == len(new) and all(map(_same, old, new))
+    return type(old) is type(new) and isinstance(old, (int, float, str)) and old == new
 
 
 class StorageGuard:
@@ -70,7 +73,9 @@ class StorageGuard:
             return False
         checks = self._checks
         if checks is None:  # a view never refreshed never pays for them (two racing threads make equal ones)
-            checks = self._checks = tuple(map(_check_of, _joined(r.watched() for r in self.readings)))
+            lists = tuple(chain.from_iterable(r.lists for r in self.readings))
+            found = tuple(map(_check_of, _joined(self.readings)))
+            checks = self._checks = found + ((partial(_lists_unchanged, lists),) if lists else ())
         try:
             for check in checks:  # usually one: a loop here calls it with no generator frame
                 if not check():
@@ -79,6 +84,11 @@ class StorageGuard:
             return False
         owned = self.owned  # its storages still the sizes recorded
         return tuple(map(_nbytes, owned.storages)) == owned.sizes
+
+
+def _lists_unchanged(lists: Sequence[tuple[list[Any], tuple[Any, ...]]]) -> bool:
+    """Every list read (TE's member and shape lists) still holds the items it held when read."""
+    return all(len(now) == len(then) and all(map(is_, now, then)) for now, then in lists)
 
 
 def _joined(readings: Iterable[Reading]) -> list[Reading]:

@@ -63,7 +63,7 @@ class Reader(Protocol[V_co]):
     @property
     def format(self) -> object: ...
 
-    def read(self, cached: ExpertWeights | None = None) -> Snapshot: ...
+    def read(self) -> Snapshot: ...
 
 
 class PreparedRefresh(NamedTuple):
@@ -161,15 +161,32 @@ def plan_scales(
     return slots if slots is not None else ScaleSlots(outs, False), work, None
 
 
+NEW_VIEW = "Build a new view (without cached=)"
+
+
 def _same_count(
     what: str, old: tuple[torch.Tensor, ...] | None, new: tuple[torch.Tensor, ...]
 ) -> tuple[torch.Tensor, ...]:
     if old is None or len(old) != len(new):
         found = "none" if old is None else len(old)
-        raise RefreshError(
-            f"{what}: the cached view has {found} of these; the weights have {len(new)}. Build a new view"
-        )
+        raise RefreshError(f"{what}: the cached view has {found} of these; the weights have {len(new)}. {NEW_VIEW}")
     return old
+
+
+def check_kind(view: ExpertWeights, snapshot: Snapshot, what: str) -> None:
+    """A cached view holds what a new view of the weights as read would: TE's storage (payloads
+    at TE's memory), or BF16 weights mok quantises into buffers the view owns. Where the weights
+    changed from one to the other, the view's buffers are the wrong ones: refused, saying so."""
+    quantized = snapshot.quantize is not None
+    if quantized == view.quantized_on_the_fly:
+        return
+    if quantized:
+        found = "BF16 weights, which mok quantises to MXFP8 into buffers of a view's own"
+        held = "views of TE's quantized storage"
+    else:
+        found = "TE's quantized storage, which a view shows in place"
+        held = "mok's own buffers of BF16 weights it quantised"
+    raise RefreshError(f"{what}weights: the weights are now {found}; the cached view holds {held}. {NEW_VIEW}")
 
 
 def plan_directions(
@@ -184,8 +201,17 @@ def plan_directions(
         name = source.direction.name
         old = None if cached is None else (cached.rowwise if name == "rowwise" else cached.columnwise)
         if cached is not None:
-            data = _same_count(f"{what}{name} data", None if old is None else old.data, source.data)
-            assert old is not None
+            if old is None:
+                raise RefreshError(
+                    f"{what}weights: TE now stores {name} data; the cached view was made without it and has no "
+                    f"buffers for it. {NEW_VIEW}"
+                )
+            if old.format is not source.format:
+                raise RefreshError(
+                    f"{what}{name}: the weights are now {source.format.name}, the cached view holds "
+                    f"{old.format.name} in buffers laid out for it. {NEW_VIEW}"
+                )
+            data = _same_count(f"{what}{name} data", old.data, source.data)
             moves.append(Move(data, source.data, old.data_ptrs))
             if source.amax is not None:
                 moves.append(Move(_same_count(f"{what}{name} amax", old.amax, source.amax), source.amax, old.amax_ptrs))
@@ -199,7 +225,10 @@ def plan_directions(
         all_slots.append(slots)
         work.extend(items)
     if cached is not None and len(sources) < 2 and cached.columnwise is not None:
-        raise RefreshError(f"{what}weights: the cached view has columnwise data; the weights no longer do")
+        raise RefreshError(
+            f"{what}weights: the cached view has columnwise data; TE no longer stores it (kernels captured "
+            f"with the view's columnwise tables would read stale memory). {NEW_VIEW}"
+        )
     return all_slots, work, moves
 
 
@@ -321,7 +350,8 @@ def refresh(
     for i, (reader, view) in enumerate(entries):  # every entry read and checked before anything is written
         with _naming(label, i):
             check_cached(view, reader)
-            snapshot = reader.read(view)
+            snapshot = reader.read()  # as a new view reads: it raises what a new view raises
+            check_kind(view, snapshot, reader.what)
             if snapshot.quantize is None:
                 _, items, found = plan_directions(snapshot.directions, view, reader.what)
                 work += items
@@ -403,10 +433,7 @@ def _whole(parts: tuple[torch.Tensor, ...] | None, what: str) -> torch.Tensor:
 
 def _quantized_outputs(view: ExpertWeights) -> QuantizeOutputs:
     """The output buffers a view mok quantises into, refreshed in place (same addresses)."""
-    if not view.quantized_on_the_fly or view.columnwise is None:
-        raise RefreshError(
-            "cached: expected a view of BF16 weights mok quantises (quantized_on_the_fly); found another"
-        )
+    assert view.quantized_on_the_fly and view.columnwise is not None  # check_kind made sure
     row, col = view.rowwise, view.columnwise
     parts = [
         (f"{d} {what}", t)

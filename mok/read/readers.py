@@ -63,17 +63,6 @@ _device, _te_buffer = attrgetter("device"), attrgetter("te_buffer")
 _HYBRID_NAMES = (str(StorageName.ROWWISE_STORAGE), str(StorageName.COLUMNWISE_STORAGE))
 
 
-def _rowwise_only(cached: ExpertWeights | None) -> bool:
-    """Whether to read the rowwise direction alone: a refresh of a view that has no columnwise
-    (a new view reads every direction TE may store)."""
-    return cached is not None and cached.columnwise is None
-
-
-def _read_directions(block: BlockFormat, cached: ExpertWeights | None) -> tuple[Direction, ...]:
-    """What to read: every direction TE may store, or for a refresh those the cached view has."""
-    return (block.rowwise,) if _rowwise_only(cached) else block.directions()
-
-
 # ------------------------------------------------------------------------------ one per expert
 
 
@@ -108,18 +97,17 @@ def _expert(e: int) -> str:
 def _read_experts(stored: _Stored, names: tuple[str, ...], dims: tuple[int, int]) -> Reading:
     """Every expert's storage, read once. Experts of one class, the expected kind and shape pass a
     class check and a shape comparison; anything else is checked expert by expert, which raises
-    naming the first expert that is wrong. A direction no expert stores is no part of the view,
-    so its refresh need not watch it (the reading's ``optional`` names)."""
+    naming the first expert that is wrong. Every name is read, a direction's absent payload too:
+    the refresh guard then sees TE store that direction again."""
     owners, block, label = stored.owners, stored.block, stored.label
-    optional = tuple(map(block.own_names.__getitem__, map(_name, stored.directions)))
     first = owners[0]
     fine = len(set(map(type, owners))) == 1 and tensor_kind(first) is block.kind and hasattr(first, "shape")
     if not fine or list(map(_shape, owners)).count(dims) != len(owners):
         for e, p in enumerate(owners):
             _check_expert(e, p, block, *dims)
-        return read_storage(owners, names, optional, label)
-    found = read_one_class(owners, names, optional, label)  # their one class is known already
-    return found if found is not None else read_by_name(owners, names, optional, label)
+        return read_storage(owners, names, label=label)
+    found = read_one_class(owners, names, label=label)  # their one class is known already
+    return found if found is not None else read_by_name(owners, names, label=label)
 
 
 def _need(reading: Reading, block: BlockFormat, name: str) -> tuple[Any, ...]:
@@ -214,11 +202,11 @@ class SplitReader(NamedTuple):
     def dims(self) -> tuple[int, int, int]:
         return len(self.objects), self.rows, self.columns
 
-    def read(self, cached: ExpertWeights | None = None) -> Snapshot:
-        """Every direction TE stores of the experts (a refresh: those ``cached`` has), rowwise first."""
+    def read(self) -> Snapshot:
+        """Every direction TE stores of the experts, rowwise first (a refresh reads as a new view)."""
         recorder = Recorder()
         sources: list[DirectionSource] = []
-        for stored in self._stored(recorder, cached):
+        for stored in self._stored(recorder):
             stored.block.check_dims(self.rows, self.columns, f"{self.format} weights")
             names = stored.block.names_for(stored.directions)
             reading = recorder.add(_read_experts(stored, names, (self.rows, self.columns)))
@@ -234,18 +222,18 @@ class SplitReader(NamedTuple):
             _check_device(device, source)
         return Snapshot(tuple(recorder.readings), tuple(sources))
 
-    def _stored(self, recorder: Recorder, cached: ExpertWeights | None) -> list[_Stored]:
+    def _stored(self, recorder: Recorder) -> list[_Stored]:
         if self.format is not Format.HYBRID:
             block = block_format(self.format)
-            return [_Stored(self.objects, block, _read_directions(block, cached))]
-        return _hybrid_stored(self.objects, recorder, cached)
+            return [_Stored(self.objects, block, block.directions())]
+        return _hybrid_stored(self.objects, recorder)
 
 
 def _sub_storage(direction: str) -> Callable[[int], str]:
     return lambda e: f"expert {e} {direction} sub-storage"
 
 
-def _hybrid_stored(params: tuple[object, ...], recorder: Recorder, cached: ExpertWeights | None) -> list[_Stored]:
+def _hybrid_stored(params: tuple[object, ...], recorder: Recorder) -> list[_Stored]:
     """TE 2.19+ hybrid weights: each direction stored in its own sub-storage, in its own format.
     The parameters' sub-storages are read once, in bulk, and recorded before the sub-storages."""
     for e, p in enumerate(params):
@@ -253,9 +241,8 @@ def _hybrid_stored(params: tuple[object, ...], recorder: Recorder, cached: Exper
             raise ExpertWeightError(f"expert {e}: expected a hybrid parameter; found {type(p).__name__}")
     recorder.add(read_storage(params, _HYBRID_NAMES, label=_expert))
     hybrids = [hybrid_storage(p, read=recorder) for p in params]
-    wanted = ("rowwise",) if _rowwise_only(cached) else ("rowwise", "columnwise")
     stored = []
-    for name in wanted:
+    for name in ("rowwise", "columnwise"):
         subs = tuple(getattr(h, name) for h in hybrids)
         if all(s is None for s in subs):
             if name == "rowwise":
@@ -409,14 +396,14 @@ class GroupedReader(NamedTuple):
     def objects(self) -> tuple[object, ...]:
         return (self.weight,)
 
-    def read(self, cached: ExpertWeights | None = None) -> Snapshot:
-        """Every direction TE stores of the group (a refresh: those ``cached`` has), rowwise first.
+    def read(self) -> Snapshot:
+        """Every direction TE stores of the group, rowwise first (a refresh reads as a new view).
         The group's storage, and in TE 2.13 its members' flags, are recorded for the guard."""
         recorder = Recorder("grouped weight")
         gs = grouped_storage(self.weight, read=recorder)
         block = block_format(self.format)
         _check_group(gs, block, self.dims)
-        sources = [_group_direction(gs, block, d, self.dims) for d in _read_directions(block, cached)]
+        sources = [_group_direction(gs, block, d, self.dims) for d in block.directions()]
         found = tuple(s for s in sources if s is not None)
         if not found or found[0].direction.name != "rowwise":
             gs.need(StorageName.ROWWISE_DATA)  # raises, naming the attribute and release
@@ -518,7 +505,7 @@ class BF16Reader(NamedTuple):
     def objects(self) -> tuple[object, ...]:
         return self.weights
 
-    def read(self, cached: ExpertWeights | None = None) -> Snapshot:
+    def read(self) -> Snapshot:
         _, rows, columns = self.dims
         if self.quantize:
             BLOCKS[Format.MXFP8].check_dims(rows, columns, f"{self.what}BF16 weights to quantise")

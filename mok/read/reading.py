@@ -35,9 +35,9 @@ class Reading:
     ``bulk``: read by the objects' one class's C-level reader (te_compat.storage_reader), which a
     guard reads again the same way; else name by name (te_compat.storage_values: the ``.data``
     fallback, mixed classes). ``memory``: every tensor value's :class:`Memory`, object by object,
-    taken with the read. ``optional``: the names of each direction read (its payload first);
-    where no object stores the payload, the view has no such direction and the guard drops its
-    names (:meth:`watched`)."""
+    taken with the read. ``lists``: each list value (TE's list of a group's members, of their
+    shapes) with its items as read: TE may edit such a list in place, so the guard compares the
+    items, not only the list object."""
 
     objects: tuple[object, ...]
     names: tuple[str, ...]
@@ -45,7 +45,7 @@ class Reading:
     bulk: bool
     requested: tuple[str, ...] | None  # the names asked for (None: each object's kind's own)
     memory: Memory
-    optional: tuple[tuple[str, ...], ...] = ()
+    lists: tuple[tuple[list[Any], tuple[Any, ...]], ...] = ()
 
     @property
     def addresses(self) -> tuple[int, ...]:
@@ -67,24 +67,6 @@ class Reading:
         """The columns asked for so far (a reader asks for some more than once)."""
         return {}
 
-    def watched(self) -> Reading:
-        """The same reading less the columns of a direction TE does not store (no payload on any
-        object) where no object holds anything: nothing a view of the rest depends on. Their
-        tensors were none, so the addresses stay as they were taken."""
-        names = {n for group in self.optional if self._none(group[0]) for n in group}
-        drop = {i for i, n in enumerate(self.names) if n in names and self._none(n)}
-        if not drop:
-            return self
-        keep = [i for i in range(len(self.names)) if i not in drop]
-        names_ = tuple(self.names[i] for i in keep)
-        rows = tuple(map(_picker(keep), self.values))
-        columns = None if self.tensor_columns is None else tuple(keep.index(i) for i in self.tensor_columns)
-        return _known(Reading(self.objects, names_, rows, self.bulk, names_, self.memory), columns)
-
-    def _none(self, name: str) -> bool:
-        """No object holds anything under ``name``."""
-        return all(map(is_, self.column(name), repeat(None)))
-
     def joined(self, other: Reading) -> Reading:
         """This reading followed by ``other``, a bulk reading of the same names and tensor
         columns on objects of the same class: what a guard checks in one bulk read."""
@@ -102,6 +84,7 @@ class Reading:
             self.bulk,
             self.requested,
             self.memory + other.memory,
+            self.lists + other.lists,
         )
         return _known(joined, self.tensor_columns)
 
@@ -143,21 +126,19 @@ Label = Callable[[int], str]  # how a refusal names the i-th object of a reading
 def read_storage(
     objects: Sequence[object],
     names: tuple[str, ...] | None = None,
-    optional: tuple[tuple[str, ...], ...] = (),
     label: Label | None = None,
 ) -> Reading:
     """Read the storage ``names`` (default: all the kind has) of every object once: in bulk where
-    they share a class and hold it themselves, else name by name. ``optional``: as for
-    :class:`Reading`; ``label``: how a refusal names an object (default: its class and index)."""
+    they share a class and hold it themselves, else name by name. ``label``: how a refusal names
+    an object (default: its class and index)."""
     objects = tuple(objects)
-    found = read_one_class(objects, names, optional, label) if len(set(map(type, objects))) == 1 else None
-    return found if found is not None else read_by_name(objects, names, optional, label)
+    found = read_one_class(objects, names, label) if len(set(map(type, objects))) == 1 else None
+    return found if found is not None else read_by_name(objects, names, label)
 
 
 def read_one_class(
     objects: tuple[object, ...],
     names: tuple[str, ...] | None,
-    optional: tuple[tuple[str, ...], ...] = (),
     label: Label | None = None,
 ) -> Reading | None:
     """:func:`read_storage` of objects known to share one class, in bulk; None where they keep
@@ -167,25 +148,24 @@ def read_one_class(
         rows = tuple(map(reader.read, objects))
     except AttributeError:
         return None
-    return _reading(objects, reader.names, rows, True, names, optional, label)
+    return _reading(objects, reader.names, rows, True, names, label)
 
 
 def read_by_name(
     objects: tuple[object, ...],
     names: tuple[str, ...] | None,
-    optional: tuple[tuple[str, ...], ...] = (),
     label: Label | None = None,
 ) -> Reading:
     """:func:`read_storage` object by object, name by name (the ``.data`` fallback, mixed classes)."""
     found = [storage_values(o, names) for o in objects]
     kept = tuple(dict.fromkeys(n for values in found for n in values))
     rows = tuple(tuple(values.get(n) for n in kept) for values in found)
-    return _reading(objects, kept, rows, False, names, optional, label)
+    return _reading(objects, kept, rows, False, names, label)
 
 
 def read_itself(tensors: Sequence[torch.Tensor], label: Label | None = None) -> Reading:
     """A reading of plain tensors (BF16 weights mok quantises): each one's own memory."""
-    return _reading(tuple(tensors), (ITSELF,), tuple((t,) for t in tensors), True, None, (), label)
+    return _reading(tuple(tensors), (ITSELF,), tuple((t,) for t in tensors), True, None, label)
 
 
 def _tensor_columns(rows: tuple[tuple[Any, ...], ...], width: int) -> tuple[int, ...] | None:
@@ -214,13 +194,14 @@ def _reading(
     rows: tuple[tuple[Any, ...], ...],
     bulk: bool,
     requested: tuple[str, ...] | None,
-    optional: tuple[tuple[str, ...], ...] = (),
     label: Label | None = None,
 ) -> Reading:
+    lists: tuple[tuple[list[Any], tuple[Any, ...]], ...] = ()
+    if list in set(map(type, chain.from_iterable(rows))):  # TE may edit a list in place: keep its items
+        lists = tuple((v, tuple(v)) for v in chain.from_iterable(rows) if type(v) is list)
     tensors = tensors_in(chain.from_iterable(rows))  # object by object, C-level
-    return Reading(
-        objects, names, rows, bulk, requested, read_memory(tensors, _namer(objects, rows, names, label)), optional
-    )
+    memory = read_memory(tensors, _namer(objects, rows, names, label))
+    return Reading(objects, names, rows, bulk, requested, memory, lists)
 
 
 def _namer(
