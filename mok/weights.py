@@ -152,9 +152,7 @@ def _native_single_grouped_weight_view(
         door.on_the_fly((weight,), True) or (steps.own and seams.te_kind(weight) is TensorKind.GROUPED)
     ):
         cached = cached_view.expert_view if mine else None
-        view = view_or_refresh(
-            door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=dims), cached
-        )
+        view = view_or_refresh(door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=dims), cached)
         return cached_view if mine else seams.GroupedWeightTuple(cast(GroupedExpertWeights, view))
     outs = (None, None) if cached_view is None else seams.grouped_outputs(cached_view)
     return seams.compose_grouped(weight, (dims[0], dims[1], dims[2]), steps, outs)
@@ -174,9 +172,7 @@ def _native_split_weight_view(
     steps, mine = _seams(), type(cached_view) is seams.SplitRoutedWeight and cached_view.expert_view is not None
     if use_mxfp8 is True and mine and (steps.own or cached_view.expert_view.quantized_on_the_fly):
         view = cached_view.expert_view  # a refresh of mok's view: the door checks the rest
-        view_or_refresh(
-            door.reader_for(params, grouped=False, fmt=Format.MXFP8, dims=(rows, columns)), view
-        )
+        view_or_refresh(door.reader_for(params, grouped=False, fmt=Format.MXFP8, dims=(rows, columns)), view)
         return cached_view
     experts = seams.check_experts(params)
     rows, columns = check_sizes(rows=rows, columns=columns)
