@@ -27,6 +27,7 @@ import torch
 
 from mok.checks import describe
 from mok.errors import ExpertWeightError, StorageFreedError
+from mok.read.fingerprint import compiled
 from te_compat import TensorKind, on_refresh, tensor_kind_or_none
 
 _data_ptr, _untyped_storage, _offset = torch.Tensor.data_ptr, torch.Tensor.untyped_storage, torch.Tensor.storage_offset
@@ -72,34 +73,70 @@ def tensors_in(values: Iterable[object]) -> list[Any]:
 
 class Memory(NamedTuple):
     """What a view depends on of the tensors it read, in order: each one's address, shape, dtype
-    and contiguity (and the strides of those not contiguous: a contiguous tensor's size fixes
-    how it addresses its memory), and its storage with the bytes that storage held."""
+    and strides (in ``facts``), and its storage with the bytes that storage held.
+
+    ``facts``: the compiled reader's record of every tensor (address, storage size and offset,
+    dtype, device, sizes, strides: mok.read.fingerprint), or, where it is not there, the same
+    read in Python: the addresses, shapes, dtypes and contiguity of the tensors, and the strides
+    of those not contiguous (a contiguous tensor's size fixes how it addresses its memory; its
+    offset into the storage shows in its address, which a storage's start does not move while
+    the storage keeps its size)."""
+
+    facts: bytes | PythonFacts
+    storages: tuple[torch.UntypedStorage, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def addresses(self) -> tuple[int, ...]:
+        if isinstance(self.facts, PythonFacts):
+            return self.facts.addresses
+        words, found, i = memoryview(self.facts).cast("q"), [], 0
+        while i < len(words):  # each tensor's words: address, 5 more, then its sizes and strides
+            found.append(words[i])
+            i += _HEAD + 2 * words[i + _HEAD - 1]
+        return tuple(found)
+
+    def __add__(self, other: tuple[Any, ...]) -> Memory:
+        """The memory of two readings, one after the other."""
+        if not isinstance(other, Memory):
+            return NotImplemented
+        if isinstance(self.facts, bytes) and isinstance(other.facts, bytes):
+            facts: bytes | PythonFacts = self.facts + other.facts
+        elif isinstance(self.facts, PythonFacts) and isinstance(other.facts, PythonFacts):
+            facts = self.facts + other.facts
+        elif not self.storages or not other.storages:  # one of them read no tensor
+            facts = self.facts if other.storages == () else other.facts
+        else:
+            raise TypeError("Memory: expected two readings by the same reader (compiled or Python); found both")
+        return Memory(facts, self.storages + other.storages, self.sizes + other.sizes)
+
+
+_HEAD = 6  # the words of a tensor's compiled record before its sizes and strides (_fingerprint.c)
+
+
+class PythonFacts(NamedTuple):
+    """The facts of :class:`Memory` as the Python reader reads them."""
 
     addresses: tuple[int, ...]
     shapes: tuple[torch.Size, ...]
     dtypes: tuple[torch.dtype, ...]
     contiguous: tuple[bool, ...]
     strided: tuple[tuple[int, tuple[int, ...]], ...]  # (index, strides) of each tensor not contiguous
-    storages: tuple[torch.UntypedStorage, ...]
-    sizes: tuple[int, ...]
 
-    def __add__(self, other: tuple[Any, ...]) -> Memory:
-        """The memory of two readings, one after the other."""
-        if not isinstance(other, Memory):
+    def __add__(self, other: tuple[Any, ...]) -> PythonFacts:
+        if not isinstance(other, PythonFacts):
             return NotImplemented
         shift = len(self.addresses)
-        return Memory(
+        return PythonFacts(
             self.addresses + other.addresses,
             self.shapes + other.shapes,
             self.dtypes + other.dtypes,
             self.contiguous + other.contiguous,
             self.strided + tuple((i + shift, s) for i, s in other.strided),
-            self.storages + other.storages,
-            self.sizes + other.sizes,
         )
 
 
-NO_MEMORY = Memory((), (), (), (), (), (), ())
+NO_MEMORY = Memory(PythonFacts((), (), (), (), ()), (), ())
 
 
 def _span(tensor: torch.Tensor) -> int:
@@ -141,6 +178,19 @@ def read_memory(tensors: Sequence[torch.Tensor], name: Callable[[int], str], adv
     ``advice``)."""
     if not tensors:
         return NO_MEMORY
+    reader = compiled()
+    if reader is not None:
+        try:
+            found = reader.record(tensors)
+        except TypeError:  # a tensor torch cannot read so (no memory of its own): the Python reader names it
+            found = None
+        if isinstance(found, bytes):
+            storages = tuple(map(_untyped_storage, tensors))
+            return Memory(found, storages, tuple(map(_nbytes, storages)))
+    return _read_in_python(tensors, name, advice)
+
+
+def _read_in_python(tensors: Sequence[torch.Tensor], name: Callable[[int], str], advice: str) -> Memory:
     shapes, dtypes, contiguous = (
         tuple(map(_size, tensors)),
         tuple(map(_dtype, tensors)),
@@ -161,14 +211,26 @@ def read_memory(tensors: Sequence[torch.Tensor], name: Callable[[int], str], adv
             f"{name(i)}: its storage holds {sizes[i]} bytes, but the tensor spans {spans[i]} bytes from "
             f"byte {starts[i]} of it: {advice}"
         )
-    return Memory(tuple(map(_data_ptr, tensors)), shapes, dtypes, contiguous, strided, storages, sizes)
+    facts = PythonFacts(tuple(map(_data_ptr, tensors)), shapes, dtypes, contiguous, strided)
+    return Memory(facts, storages, sizes)
 
 
 def comparer(memory: Memory) -> Callable[[Sequence[Any]], bool]:
     """``compare(tensors)``: the tensors (read again) are at the addresses, of the shapes, dtypes
-    and strides ``memory`` recorded, and its storages still hold what they held. C-level passes,
-    cheapest first; a value that is no tensor any more raises AttributeError or TypeError."""
-    addresses, shapes, dtypes, contiguous, strided, storages, sizes = memory
+    and strides ``memory`` recorded, and its storages still hold what they held (the view's own
+    tensors share them). A value that is no tensor any more raises AttributeError or TypeError."""
+    facts, storages, sizes = memory
+    if isinstance(facts, bytes):
+        reader = compiled()
+        if reader is None:
+            raise RuntimeError("mok.read.memory: facts recorded by the compiled reader, which is gone")
+        same = reader.same
+
+        def compare_compiled(tensors: Sequence[Any]) -> bool:
+            return same(tensors, facts) and tuple(map(_nbytes, storages)) == sizes
+
+        return compare_compiled
+    addresses, shapes, dtypes, contiguous, strided = facts
 
     def compare(tensors: Sequence[Any]) -> bool:
         if (
@@ -190,4 +252,4 @@ def owned_memory(tensors: Iterable[torch.Tensor]) -> Memory:
     own, which nothing re-views."""
     found = list(map(_untyped_storage, tensors))
     storages = tuple(dict(zip(map(_storage_ptr, found), found, strict=True)).values())
-    return Memory((), (), (), (), (), storages, tuple(map(_nbytes, storages)))
+    return Memory(NO_MEMORY.facts, storages, tuple(map(_nbytes, storages)))
