@@ -1,8 +1,9 @@
-"""``te-compat report``, ``te-compat verify`` and ``te-compat releases``.
+"""``te-compat report``, ``te-compat verify``, ``te-compat releases`` and ``te-compat selftest``.
 
-The report is what this process can do (TE, torch, the GPU), plus sections other installed
-packages contribute; verify checks the installed TE's own source against the release table;
-releases prints that table.
+The report is what this process can do (TE, torch, the GPU), plus sections other packages
+contribute (installed, or on sys.path beside a declaration file: :mod:`te_compat.providers`);
+verify checks the installed TE's own source against the release table; releases prints that
+table; selftest runs the checks of :mod:`te_compat.selfcheck`.
 """
 
 from __future__ import annotations
@@ -13,28 +14,31 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any
 
-from te_compat import table
+from te_compat import providers, table
 from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities, capabilities, describe_missing
 from te_compat.errors import TECompatError
+from te_compat.providers import Provider
 from te_compat.selfcheck import SelftestResult, selftest
 from te_compat.verify import CLI_HINTS, Verification, verify_installed
 
-# Entry points of this group add a section to the report: a zero-argument callable returning
-# a dict of rows (name -> value), e.g. mok's kernel backend choice.
+# Providers of this group add a section to the report: a zero-argument callable returning a dict
+# of rows (name -> value), e.g. mok's kernel backend choice (te_compat.providers finds them).
 REPORT_SECTIONS = "te_compat.report"
 
 DESCRIPTION = """\
 te-compat report: what this process can do (TE, torch, the GPU), plus sections that other
-  installed packages contribute. te-compat alone (or python -m te_compat) prints the report.
+  packages contribute. te-compat alone (or python -m te_compat) prints the report.
 te-compat verify: check the installed TE's own source against the release table.
 te-compat releases: the release table.
-te-compat selftest: checks of behaviour on this machine (te_compat's own and those installed
+te-compat selftest: checks of behaviour on this machine (te_compat's own and those other
   packages contribute), each passed, failed or skipped with why.
+Other packages contribute as entry points of their installed distribution (groups
+  te_compat.report and te_compat.selftest) or, run from a path, in a te_compat_entry_points.txt
+  beside their code.
 """
 # Every command: an error is one line on stderr, never a traceback.
 COMMON_EXIT_CODES = """\
@@ -46,7 +50,7 @@ REPORT_EXIT_CODES = f"""\
 exit codes:
   0  the report was printed; with --require, every FEATURE is available
   1  --require: a FEATURE is not available (the reasons go to stderr; selftest:
-     the checks that failed)
+     the checks that failed, or that none passed)
   2  usage error (an unknown FEATURE name: the known ones are listed), or the
      capabilities could not be read at all
 {COMMON_EXIT_CODES}"""
@@ -60,8 +64,10 @@ exit codes:
 {COMMON_EXIT_CODES}"""
 SELFTEST_EXIT_CODES = f"""\
 exit codes:
-  0  every check that ran passed (skipped ones say why)
-  1  a check failed (stderr names each, and what differed)
+  0  no check failed and at least one passed (skipped ones say why)
+  1  a check failed (stderr names each, and what differed; a provider that could
+     not be loaded fails a check named after it), or no check passed (stderr
+     says what was found and what was expected)
   2  usage error
 {COMMON_EXIT_CODES}"""
 RELEASES_EXIT_CODES = f"""\
@@ -118,33 +124,35 @@ def _error_row(what: str, exc: BaseException) -> dict[str, object]:
     return {"error": f"{what} raised {type(exc).__name__}: {exc}"}
 
 
-def _one_section(load: Callable[[], object], value: str) -> dict[str, object]:
-    """The rows of one entry point, or one row naming why there are none; never raises."""
+def _one_section(provider: Provider) -> dict[str, object]:
+    """The rows of one provider, or the rows naming why there are none and where the provider
+    was declared; never raises."""
+    value = provider.value
     try:
-        provider = load()
+        loaded = provider.load()
     except Exception as exc:  # a broken plug-in must not take the report down
-        return _error_row(f"loading {value}", exc)
-    if not callable(provider):
-        return {"error": f"{value} is {type(provider).__name__}; expected a callable returning a dict"}
-    try:
-        rows = provider()
-    except Exception as exc:
-        return _error_row(f"{value}()", exc)
-    if not isinstance(rows, dict):
-        return {"error": f"{value}() returned {type(rows).__name__}; expected a dict of rows"}
-    return {str(k): v for k, v in rows.items()}
+        rows = _error_row(f"loading {value}", exc)
+    else:
+        if not callable(loaded):
+            rows = {"error": f"{value} is {type(loaded).__name__}; expected a callable returning a dict"}
+        else:
+            try:
+                found = loaded()
+            except Exception as exc:
+                rows = _error_row(f"{value}()", exc)
+            else:
+                if isinstance(found, dict):
+                    return {str(k): v for k, v in found.items()}
+                rows = {"error": f"{value}() returned {type(found).__name__}; expected a dict of rows"}
+    return rows | {"declared by": provider.origin}
 
 
 def report_sections() -> dict[str, dict[str, object]]:
-    """Section name -> rows, from every ``te_compat.report`` entry point installed."""
-    try:
-        found = sorted(entry_points(group=REPORT_SECTIONS), key=lambda ep: (ep.name, ep.value))
-    except Exception as exc:
-        return {REPORT_SECTIONS: _error_row("importlib.metadata.entry_points", exc)}
+    """Section name -> rows, from every provider of ``te_compat.report``, installed or on sys.path."""
     sections: dict[str, dict[str, object]] = {}
-    for ep in found:
-        name = ep.name if ep.name not in sections else f"{ep.name} ({ep.value})"
-        sections[name] = _one_section(ep.load, ep.value)
+    for provider in providers.find(REPORT_SECTIONS):
+        name = provider.name if provider.name not in sections else f"{provider.name} ({provider.value})"
+        sections[name] = _one_section(provider)
     return sections
 
 
@@ -250,8 +258,12 @@ def releases(args: argparse.Namespace) -> Outcome:
 
 def _selftest_table(result: SelftestResult) -> str:
     rows = [(c.name, c.status, f"{c.seconds:.3f}", c.why or "-") for c in result.checks]
-    head = f"te-compat selftest: {'ok' if result.ok else 'FAILED'}: {result.summary()}"
-    return head + "\n" + _table(rows, ("check", "status", "seconds", "why"))
+    lines = [f"te-compat selftest: {result.verdict()}: {result.summary()}"]
+    if result.sources():
+        lines.append(f"checks from {result.sources()}")
+    if rows:
+        lines.append(_table(rows, ("check", "status", "seconds", "why")))
+    return "\n".join(lines)
 
 
 def run_selftest_command(args: argparse.Namespace) -> Outcome:
@@ -338,7 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
     tst = _subparser(
         sub, "selftest", help="checks of behaviour on this machine (TE, the GPU, mok)", epilog=SELFTEST_EXIT_CODES
     )
-    tst.add_argument("--json", action="store_true", help="print JSON: ok, checks (name, status, why, seconds), ...")
+    tst.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON: ok, failures, checks (name, status, why, seconds), providers (name, value, origin, "
+        "checks, error), ...",
+    )
     tst.set_defaults(func=run_selftest_command)
     return parser
 

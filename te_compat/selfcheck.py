@@ -3,15 +3,18 @@
 ``te-compat report`` says what the installed TE offers and ``te-compat verify`` that its source
 agrees with the release table; the self-test runs code on this TE build and this device and
 compares what comes out. Like the report's sections, the checks come from te_compat itself and
-from every installed package that declares some under the entry-point group
-``te_compat.selftest`` (mok declares its own; te_compat never imports it).
+from every package that declares some (:mod:`te_compat.providers`): as entry points of the group
+``te_compat.selftest`` of its installed distribution, or in a declaration file beside its code
+found on sys.path, so that a checkout run from a path gets the checks an install gets (mok
+declares its own both ways; te_compat never imports it).
 
 A check is a named zero-argument callable. It passes by returning (a string it returns is kept as
 a note), is skipped by raising :class:`SkipCheck` with the reason, and fails by raising anything
-else, its message saying what differed. An entry point names a zero-argument callable that returns
+else, its message saying what differed. A provider names a zero-argument callable that returns
 the package's checks: a mapping of name -> check (or an iterable of (name, check) pairs), in the
-order they run. A package whose checks cannot be loaded fails one check named after its entry
-point.
+order they run. A provider whose checks cannot be loaded fails one check named after it, saying
+where it was declared and what loading raised. A result is ok only where no check failed and at
+least one passed: skipped checks alone show nothing about this machine.
 
 The result is cached for the process: the checks run once, at the first call (``refresh=True``
 runs them again; so does the first call after :func:`te_compat.refresh`). TE, when present, is
@@ -20,12 +23,12 @@ imported before the first check, so its import time is not a check's.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
@@ -35,8 +38,11 @@ from te_compat.errors import TECompatError
 from te_compat.table import TensorKind, kinds_in
 from te_compat.version import release_of, te_import_status, te_status
 
-# Entry points of this group contribute checks: a zero-argument callable returning a mapping of
-# name -> zero-argument check (mok.selftest:checks).
+if TYPE_CHECKING:  # te_compat.providers is imported where checks are searched for, not with te_compat
+    from te_compat.providers import Provider
+
+# Providers of this group contribute checks: a zero-argument callable returning a mapping of
+# name -> zero-argument check (te_compat.providers finds them).
 SELFTEST_CHECKS = "te_compat.selftest"
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
@@ -45,6 +51,11 @@ Check = Callable[[], object]
 
 class SkipCheck(Exception):
     """Raised by a check that cannot run on this machine; its message says why (what is missing)."""
+
+
+class ProviderError(RuntimeError):
+    """Raised by the check that stands for a provider whose checks cannot be listed: which
+    provider, where it was declared, and what loading or calling it raised."""
 
 
 @dataclass(frozen=True)
@@ -62,17 +73,46 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
+class ProviderResult:
+    """One package's provider of checks: where it was declared, how many checks it listed, and
+    why it listed none (``error``; its failing check says the same)."""
+
+    name: str
+    value: str
+    origin: str
+    checks: int
+    error: str
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        if self.origin == OWN.origin:
+            return f"{self.name}: {self.checks}"
+        if self.error:
+            return f"{self.name}: none, it could not be loaded ({self.value}, declared by {self.origin})"
+        return f"{self.name}: {self.checks} ({self.value}, declared by {self.origin})"
+
+
+# te_compat's own checks, first of the providers a result names
+OWN = ProviderResult("te_compat", "te_compat.selfcheck:builtin_checks", "te_compat itself", 0, "")
+
+
+@dataclass(frozen=True)
 class SelftestResult:
-    """Every check's result, in the order they ran; ``ok``: no check failed."""
+    """Every check's result, in the order they ran; ``ok``: no check failed and one passed at least."""
 
     checks: tuple[CheckResult, ...]
     te_version: str | None
     device: str
     seconds: float  # all the checks together (TE's import not included)
+    # where the checks came from: te_compat's own, then each provider found; None: the checks were
+    # given, not searched for
+    providers: tuple[ProviderResult, ...] | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        return not self.failed and self.count(PASSED) > 0
 
     @property
     def failed(self) -> tuple[CheckResult, ...]:
@@ -82,9 +122,12 @@ class SelftestResult:
         return sum(c.status == status for c in self.checks)
 
     def as_dict(self) -> dict[str, Any]:
+        providers = None if self.providers is None else [p.as_dict() for p in self.providers]
         return {
             "ok": self.ok,
+            "failures": self.failures(),
             "checks": [c.as_dict() for c in self.checks],
+            "providers": providers,
             "te_version": self.te_version,
             "device": self.device,
             "seconds": round(self.seconds, 4),
@@ -96,11 +139,38 @@ class SelftestResult:
             f"in {self.seconds:.2f} s (TE {self.te_version or 'absent'}; {self.device})"
         )
 
+    def verdict(self) -> str:
+        """The result in a word: "ok", "FAILED" (a check failed) or "NOT OK" (none failed, none passed)."""
+        return "ok" if self.ok else "FAILED" if self.failed else "NOT OK"
+
+    def sources(self) -> str:
+        """Where the checks came from: te_compat and each provider, with how many each gave
+        ("" where the checks were given, not searched for)."""
+        if self.providers is None:
+            return ""
+        parts = [p.describe() for p in self.providers]
+        if all(p.name == OWN.name for p in self.providers):
+            from te_compat.providers import where_declared
+
+            parts.append(f"no other package provides checks ({where_declared(SELFTEST_CHECKS)})")
+        return "; ".join(parts)
+
     def failures(self) -> str:
-        """One line naming every failed check and what differed ("" when none failed)."""
+        """One line saying why the result is not ok ("" when it is): every failed check and what
+        differed, or, where none failed, that none passed and what was expected."""
+        if self.failed:
+            return f"{len(self.failed)} check(s) failed: " + "; ".join(f"{c.name}: {c.why}" for c in self.failed)
         if self.ok:
             return ""
-        return f"{len(self.failed)} check(s) failed: " + "; ".join(f"{c.name}: {c.why}" for c in self.failed)
+        expected = "expected at least one check to pass"
+        if not self.checks:
+            found = "no checks"
+        else:
+            shown = "; ".join(f"{c.name}: {c.why}" for c in self.checks[:3])
+            more = f"; and {len(self.checks) - 3} more" if len(self.checks) > 3 else ""
+            found = f"all {len(self.checks)} skipped ({shown}{more})"
+        sources = self.sources()
+        return f"no check passed: {expected}; found {found}" + (f"; checks from {sources}" if sources else "")
 
 
 def _one_line(text: str) -> str:
@@ -179,24 +249,25 @@ def builtin_checks() -> dict[str, Check]:
 
 def _failed_load(name: str, why: str) -> tuple[str, Check]:
     def failed() -> None:
-        raise RuntimeError(why)
+        raise ProviderError(why)
 
     return name, failed
 
 
-def _provided(name: str, value: str, load: Callable[[], object]) -> list[tuple[str, Check]]:
-    """The checks one entry point provides; a provider that fails to load or to list its checks
-    becomes one failing check named after the entry point."""
+def _listed(provider: Provider) -> tuple[list[tuple[str, Check]], str]:
+    """The checks one provider lists, and why it listed none ("" where it did). A check that is
+    not callable fails by its own name."""
+    value = provider.value
     try:
-        provider = load()
+        loaded = provider.load()
     except Exception as exc:
-        return [_failed_load(name, f"loading {value} raised {type(exc).__name__}: {exc}")]
-    if not callable(provider):
-        return [_failed_load(name, f"{value} is {type(provider).__name__}; expected a callable returning checks")]
+        return [], f"loading {value} raised {type(exc).__name__}: {exc}"
+    if not callable(loaded):
+        return [], f"{value} is {type(loaded).__name__}; expected a callable returning checks"
     try:
-        listed = provider()
+        listed = loaded()
     except Exception as exc:
-        return [_failed_load(name, f"{value}() raised {type(exc).__name__}: {exc}")]
+        return [], f"{value}() raised {type(exc).__name__}: {exc}"
     pairs: Iterable[Any] = listed.items() if isinstance(listed, Mapping) else listed
     found: list[tuple[str, Check]] = []
     try:
@@ -207,24 +278,27 @@ def _provided(name: str, value: str, load: Callable[[], object]) -> list[tuple[s
             else:
                 found.append((str(check_name), check))
     except (TypeError, ValueError) as exc:
-        return [_failed_load(name, f"{value}() returned {type(listed).__name__}; expected a mapping of checks ({exc})")]
-    return found
+        return [], f"{value}() returned {type(listed).__name__}; expected a mapping of checks ({exc})"
+    return found, ""
 
 
-def contributed_checks() -> list[tuple[str, Check]]:
-    """(name, check) of every ``te_compat.selftest`` entry point installed, by entry point name."""
-    try:
-        found = sorted(entry_points(group=SELFTEST_CHECKS), key=lambda ep: (ep.name, ep.value))
-    except Exception as exc:
-        return [_failed_load(SELFTEST_CHECKS, f"importlib.metadata.entry_points raised {type(exc).__name__}: {exc}")]
+def _contributed() -> tuple[list[tuple[str, Check]], tuple[ProviderResult, ...]]:
+    """The checks every provider of ``te_compat.selftest`` lists, and each provider's outcome. One
+    that lists none (it cannot be loaded, or returns no mapping) fails one check named after it,
+    saying where it was declared."""
+    from te_compat import providers
+
     checks: list[tuple[str, Check]] = []
-    seen = set()
-    for ep in found:
-        if (ep.name, ep.value) in seen:  # one package installed twice (editable and on a path): once
-            continue
-        seen.add((ep.name, ep.value))
-        checks += _provided(ep.name, ep.value, ep.load)
-    return checks
+    outcomes = []
+    for provider in providers.find(SELFTEST_CHECKS):
+        listed, error = _listed(provider)
+        if error:
+            where = f"provider {provider.name} of {SELFTEST_CHECKS}, declared by {provider.origin}"
+            listed = [_failed_load(provider.name, f"{where}: {error}")]
+        checks += listed
+        count = 0 if error else len(listed)
+        outcomes.append(ProviderResult(provider.name, provider.value, provider.origin, count, error))
+    return checks, tuple(outcomes)
 
 
 def _unique(checks: list[tuple[str, Check]]) -> list[tuple[str, Check]]:
@@ -244,15 +318,22 @@ def describe_device() -> str:
 
 
 def run_selftest(checks: Iterable[tuple[str, Check]] | None = None) -> SelftestResult:
-    """Run ``checks`` (default: te_compat's and every installed package's) now, uncached."""
+    """Run ``checks`` (default: te_compat's and every provider's) now, uncached."""
     te_import_status()  # import TE once before timing anything: its import is no check's time
     status = te_status()
-    listed = _unique([*builtin_checks().items(), *contributed_checks()] if checks is None else list(checks))
+    providers: tuple[ProviderResult, ...] | None = None
+    if checks is None:
+        own = builtin_checks()
+        contributed, found = _contributed()
+        providers = (dataclasses.replace(OWN, checks=len(own)), *found)
+        listed = _unique([*own.items(), *contributed])
+    else:
+        listed = _unique(list(checks))
     start = time.perf_counter()
     results = tuple(run_check(name, check) for name, check in listed)
     elapsed = _since(start)
     version = str(status.version) if status.version is not None else status.raw_version
-    return SelftestResult(results, version, describe_device(), elapsed)
+    return SelftestResult(results, version, describe_device(), elapsed, providers)
 
 
 _lock = threading.Lock()

@@ -18,6 +18,7 @@ import te_compat
 from te_compat import MissingFeatureError, cli
 from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities
 from te_compat.cli import main
+from tests.entry_points import only_installed
 from tests.test_version import fake_te
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,12 +145,10 @@ class _EntryPoint:
     load: Callable[[], object]
 
 
-def _entry_points(*found: object) -> Callable[..., list[object]]:
-    def fake(*, group: str) -> list[object]:
-        assert group == GROUP
-        return list(found)
-
-    return fake
+def _entry_points(monkeypatch: pytest.MonkeyPatch, *found: object) -> None:
+    """te_compat finds ``found`` as the installed providers of the report, and no declaration
+    file on sys.path."""
+    only_installed(monkeypatch, {GROUP: list(found)})
 
 
 def test_cli_report_sections_from_entry_points(
@@ -157,19 +156,25 @@ def test_cli_report_sections_from_entry_points(
 ) -> None:
     installed_te(None)
     here = "tests.test_capabilities_cli"
-    sections = _entry_points(
+    _entry_points(
+        monkeypatch,
         importlib.metadata.EntryPoint("mok", f"{here}:demo_section", GROUP),
         importlib.metadata.EntryPoint("gone", "no_such_module_xyz:section", GROUP),
         _EntryPoint("raises", f"{here}:_failing_section", lambda: _failing_section),
         _EntryPoint("not_a_dict", "pkg:rows", lambda: lambda: ["a", "list"]),
     )
-    monkeypatch.setattr(cli, "entry_points", sections)
     assert main(["report", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["sections"]
     assert data["mok"] == {"kernel_backend": "torch", "reason": "no CUDA device"}
     assert "ModuleNotFoundError" in data["gone"]["error"] and "no_such_module_xyz" in data["gone"]["error"]
-    assert data["raises"] == {"error": f"{here}:_failing_section() raised RuntimeError: section exploded"}
-    assert data["not_a_dict"] == {"error": "pkg:rows() returned list; expected a dict of rows"}
+    assert data["raises"] == {
+        "error": f"{here}:_failing_section() raised RuntimeError: section exploded",
+        "declared by": "install metadata",
+    }
+    assert data["not_a_dict"] == {
+        "error": "pkg:rows() returned list; expected a dict of rows",
+        "declared by": "install metadata",
+    }
     assert main(["report"]) == 0
     out = capsys.readouterr().out
     assert "\nmok\n" in out and "kernel backend  torch" in out and "RuntimeError: section exploded" in out
@@ -181,10 +186,16 @@ def test_cli_report_survives_entry_points_failing(
     def broken(**_: object) -> list[object]:
         raise OSError("metadata unreadable")
 
-    monkeypatch.setattr(cli, "entry_points", broken)
+    from te_compat import providers
+
+    monkeypatch.setattr(providers, "entry_points", broken)
+    monkeypatch.setattr(providers, "search_path", list)
     assert main(["report", "--json", "--no-import"]) == 0
-    error = json.loads(capsys.readouterr().out)["sections"][GROUP]["error"]
-    assert "OSError: metadata unreadable" in error
+    section = json.loads(capsys.readouterr().out)["sections"][GROUP]
+    assert section == {
+        "error": "loading importlib.metadata.entry_points raised OSError: metadata unreadable",
+        "declared by": "install metadata",
+    }
 
 
 def test_cli_releases(capsys: pytest.CaptureFixture[str]) -> None:

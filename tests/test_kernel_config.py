@@ -19,6 +19,7 @@ import te_compat
 from mok.kernels import abi
 from mok.kernels.config import SHAPE_ENV, KernelConfig, LaunchShapes, launch_shapes
 from te_compat import cli
+from tests.entry_points import only_installed
 
 RULE = "THREADS one of 64, 96, 128, 256 and TILES a multiple of THREADS/8 up to 64"
 
@@ -105,7 +106,7 @@ def test_te_compat_report_has_the_kernel_variables(
     kernel_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     mok_section = importlib.metadata.EntryPoint("mok", "mok.backend:report", "te_compat.report")
-    kernel_env.setattr(cli, "entry_points", lambda *, group: [mok_section])
+    only_installed(kernel_env, {"te_compat.report": [mok_section]})
     kernel_env.setenv(SHAPE_ENV, "-16,128")
     assert cli.main(["report", "--json", "--no-import"]) == 0
     section = json.loads(capsys.readouterr().out)["sections"]["mok"]

@@ -1,7 +1,9 @@
-"""te_compat.selftest() and `te-compat selftest`: the framework (statuses, entry points, the cache,
-the CLI's exit codes and JSON), and mok's checks on this CPU: the ones that need neither TE nor a
-GPU pass, each catches what it is there to catch, the GPU ones run their bodies here on the torch
-backend, and the TE ones run against tests/fake_te.py's stand-in TE."""
+"""te_compat.selftest() and `te-compat selftest`: the framework (statuses, providers, the cache,
+the CLI's exit codes and JSON), the same checks and report sections installed and run from a path
+(on clean copies of the packages, the installed distribution hidden), and mok's checks on this
+CPU: the ones that need neither TE nor a GPU pass, each catches what it is there to catch, the GPU
+ones run their bodies here on the torch backend, and the TE ones run against tests/fake_te.py's
+stand-in TE."""
 
 from __future__ import annotations
 
@@ -24,7 +26,16 @@ from mok.quantize_reference import ReciprocalRule, quantize_mxfp8_reference
 from te_compat import SkipCheck, selfcheck
 from te_compat.cli import main
 from te_compat.testing import installed_release
-from tests.entry_points import ROOT, declared, environ
+from tests.entry_points import (
+    ROOT,
+    copy_packages,
+    declaration,
+    declared,
+    dist_info,
+    hidden_install,
+    isolated,
+    only_installed,
+)
 from tests.fake_te import fake_te
 from tests.spec_oracle import spec_layout as oracle_layout
 
@@ -42,9 +53,9 @@ def _entry(name: str, value: str, load: Callable[[], object]) -> SimpleNamespace
 
 
 def _only(monkeypatch: pytest.MonkeyPatch, checks: dict[str, Callable[[], object]]) -> None:
-    """te_compat's own checks replaced by ``checks``, no entry point contributing any."""
+    """te_compat's own checks replaced by ``checks``, no provider contributing any."""
     monkeypatch.setattr(selfcheck, "builtin_checks", lambda: checks)
-    monkeypatch.setattr(selfcheck, "entry_points", lambda *, group: [])
+    only_installed(monkeypatch, {})
 
 
 def _fails() -> None:
@@ -74,12 +85,33 @@ def test_each_check_is_passed_skipped_or_failed_with_why() -> None:
     assert result.failures().startswith("2 check(s) failed: c: AssertionError: expert 1")
     assert all(c.seconds >= 0 for c in result.checks) and result.seconds >= 0
     data = result.as_dict()
-    assert set(data) == {"ok", "checks", "te_version", "device", "seconds"} and data["ok"] is False
+    assert set(data) == {"ok", "failures", "checks", "providers", "te_version", "device", "seconds"}
+    assert data["ok"] is False and data["failures"] == result.failures() and data["providers"] is None
     assert set(data["checks"][0]) == {"name", "status", "why", "seconds"}
 
 
-def test_skips_alone_are_ok() -> None:
-    assert selfcheck.run_selftest([("b", _skips)]).ok
+def test_skips_alone_are_not_ok_and_say_what_was_expected() -> None:
+    result = selfcheck.run_selftest([("b", _skips)])
+    assert not result.ok and not result.failed and result.verdict() == "NOT OK"
+    assert result.failures() == (
+        "no check passed: expected at least one check to pass; found all 1 skipped (b: needs a CUDA device: none here)"
+    )
+    assert result.as_dict()["ok"] is False and result.as_dict()["failures"] == result.failures()
+    assert selfcheck.run_selftest([("a", lambda: None), ("b", _skips)]).ok
+
+
+def test_no_checks_at_all_is_not_ok(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (
+        selfcheck.run_selftest([]).failures() == "no check passed: expected at least one check to pass; found no checks"
+    )
+    _only(monkeypatch, {})
+    result = selfcheck.run_selftest()
+    assert not result.ok and result.checks == () and result.verdict() == "NOT OK"
+    assert result.failures().startswith("no check passed: expected at least one check to pass; found no checks;")
+    assert "checks from te_compat: 0; no other package provides checks (entry points of group te_compat.selftest" in (
+        result.failures()
+    )
+    assert "te_compat_entry_points.txt in a package folder on sys.path" in result.failures()
 
 
 def test_entry_points_contribute_checks_and_a_broken_one_fails_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,10 +131,13 @@ def test_entry_points_contribute_checks_and_a_broken_one_fails_by_name(monkeypat
         _entry("badcheck", "pkg:bad", lambda: lambda: {"pkg.bad": 7}),
         _entry("notmapping", "pkg:int", lambda: lambda: 5),
     ]
-    monkeypatch.setattr(selfcheck, "entry_points", lambda *, group: found if group == "te_compat.selftest" else [])
+    only_installed(monkeypatch, {"te_compat.selftest": found})
     monkeypatch.setattr(selfcheck, "builtin_checks", dict)
     result = selfcheck.run_selftest()
     by_name = {c.name: c for c in result.checks}
+    assert by_name["broken"].why.startswith(
+        "ProviderError: provider broken of te_compat.selftest, declared by install metadata: loading gone:checks"
+    )
     assert [c.name for c in result.checks].count("pkg.one") == 1
     assert by_name["pkg.one"].status == "passed" and by_name["pkg.two"].status == "skipped"
     assert by_name["pkg.three"].status == "passed"
@@ -111,6 +146,11 @@ def test_entry_points_contribute_checks_and_a_broken_one_fails_by_name(monkeypat
     assert "pkg:value is int; expected a callable returning checks" in by_name["notcallable"].why
     assert by_name["pkg.bad"].status == "failed" and "'pkg.bad' is int" in by_name["pkg.bad"].why
     assert "pkg:int() returned int; expected a mapping of checks" in by_name["notmapping"].why
+    assert result.providers is not None
+    listed = {p.name: (p.checks, p.error) for p in result.providers}
+    assert listed["te_compat"] == (0, "") and listed["good"] == (2, "") and listed["badcheck"] == (1, "")
+    assert listed["broken"][0] == 0 and "loading gone:checks raised ImportError" in listed["broken"][1]
+    assert "broken: none, it could not be loaded (gone:checks, declared by install metadata)" in result.sources()
 
 
 def test_the_result_is_cached_for_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,6 +169,14 @@ def test_pyproject_declares_mok_checks_and_report_rows() -> None:
     assert points["te_compat.selftest"] == {"mok": "mok.selftest:checks"}
     assert points["te_compat.report"]["mok.quantize"] == "mok.selftest:report"
     assert selfcheck.SELFTEST_CHECKS == "te_compat.selftest"
+
+
+def test_mok_s_declaration_file_declares_what_pyproject_does() -> None:
+    """Installed and from a path, the same providers: the file beside mok's code holds the
+    te_compat groups of pyproject.toml's entry points, no more, no fewer."""
+    ours = {group: points for group, points in declared().items() if group.startswith("te_compat.")}
+    assert ours.keys() == {"te_compat.selftest", "te_compat.report"}
+    assert declaration() == ours
 
 
 def test_importing_te_compat_still_imports_neither_torch_nor_te() -> None:
@@ -156,6 +204,17 @@ def test_cli_selftest_exit_codes_and_json(monkeypatch: pytest.MonkeyPatch, capsy
     assert json.loads(out.out)["ok"] is False
     assert out.err.count("\n") == 1 and "Traceback" not in out.err
     assert "mok.te.mxfp8_split: AssertionError: expert 1 rowwise: 3 of 512 bytes differ" in out.err
+    _only(monkeypatch, {"gpu": _skips})
+    selfcheck._forget()
+    assert main(["selftest"]) == 1
+    out = capsys.readouterr()
+    assert out.out.startswith("te-compat selftest: NOT OK: 0 passed, 0 failed, 1 skipped")
+    assert out.err == (
+        "te-compat selftest: no check passed: expected at least one check to pass; found all 1 skipped "
+        "(gpu: needs a CUDA device: none here); checks from te_compat: 1; no other package provides checks "
+        "(entry points of group te_compat.selftest of installed distributions, or te_compat_entry_points.txt "
+        "in a package folder on sys.path)\n"
+    )
     with pytest.raises(SystemExit) as usage:  # argparse's own usage error, as for every command
         main(["selftest", "--bogus"])
     assert usage.value.code == 2
@@ -172,27 +231,100 @@ def test_report_require_selftest(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     assert main(["report", "--require", "selftest"]) == 1
     err = capsys.readouterr().err
     assert "selftest: 1 check(s) failed: broken: AssertionError" in err and err.count("\n") == 1
+    _only(monkeypatch, {"gpu": _skips})
+    selfcheck._forget()
+    assert main(["report", "--json", "--require", "selftest"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["selftest"]["ok"] is False
+    assert captured.err.startswith("te-compat: required feature(s) not available: selftest: no check passed: ")
     assert main(["report", "--no-import", "--require", "selftest"]) == 2
     assert "drop --no-import" in capsys.readouterr().err
-    with pytest.raises(te_compat.MissingFeatureError, match="selftest: 1 check"):
+    with pytest.raises(te_compat.MissingFeatureError, match="selftest: no check passed: expected at least one"):
         te_compat.capabilities(import_te=False).require("selftest")
 
 
-def test_te_compat_selftest_with_mok_installed_on_this_cpu(tmp_path: Path) -> None:
-    """The command as a user runs it, mok's checks found through the entry points pyproject.toml
-    declares: the checks that need neither TE nor a GPU pass, the others skip saying why."""
-    done = subprocess.run(
-        [sys.executable, "-m", "te_compat", "selftest", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=environ(tmp_path),
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
+# --- installed and from a path: the same checks and sections ---------------------------------------
+
+COMMANDS = (["selftest", "--json"], ["report", "--json", "--require", "selftest"], ["selftest"])
+FILE = "te_compat_entry_points.txt"
+
+
+@pytest.fixture(scope="module")
+def site_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return hidden_install(tmp_path_factory.mktemp("site"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, site_folder: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """layout -> (the copy, what the commands printed) for clean copies of te_compat and mok:
+    "path" run from PYTHONPATH with no install metadata (the declaration file alone), "installed"
+    with pyproject's entry points as a distribution's metadata and the declaration file removed
+    (what an install's metadata gives alone), "both" with both (a wheel installed)."""
+    out = {}
+    for layout in ("path", "installed", "both"):
+        copy = copy_packages(tmp_path_factory.mktemp(layout) / "packages")
+        metadata = [dist_info(copy.parent / "metadata")] if layout != "path" else []
+        if layout == "installed":
+            (copy / "mok" / FILE).unlink()
+        out[layout] = (copy, isolated(copy, site_folder, COMMANDS, *metadata))
+    return out
+
+
+def _checks(data: dict[str, Any]) -> list[str]:
+    return [c["name"] for c in data["checks"]]
+
+
+def test_each_layout_runs_only_its_own_copy(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    for layout, (copy, data) in runs.items():
+        assert data["te_compat"] == str(copy / "te_compat" / "__init__.py"), layout
+        assert data["mok"] == str(copy / "mok" / "__init__.py"), layout
+        assert data["distributions"] == ([] if layout == "path" else ["te-compat-checkout"]), layout
+
+
+def test_installed_and_from_a_path_give_the_same_checks_and_sections(
+    runs: dict[str, tuple[Path, dict[str, Any]]],
+) -> None:
+    selftests = {layout: json.loads(data["results"][0]["out"]) for layout, (_, data) in runs.items()}
+    reports = {layout: json.loads(data["results"][1]["out"]) for layout, (_, data) in runs.items()}
+    expected = ["te_compat.verify", "te_compat.te_tensors", *ms.checks()]
+    for layout in runs:
+        assert _checks(selftests[layout]) == expected, layout
+        assert _checks(reports[layout]["selftest"]) == expected, layout
+        sections = reports[layout]["sections"]
+        assert {name: sorted(rows) for name, rows in sections.items()} == {
+            name: sorted(rows) for name, rows in reports["path"]["sections"].items()
+        }, layout
+        assert set(sections) == set(declared()["te_compat.report"]), layout
+        assert not [name for name, rows in sections.items() if "error" in rows], sections
+        codes = [r["code"] for r in runs[layout][1]["results"]]
+        assert codes == [0, 0, 0], (layout, [r["err"] for r in runs[layout][1]["results"]])
+
+
+def test_each_layout_says_where_mok_s_checks_were_declared(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    origins = {}
+    for layout, (_, data) in runs.items():
+        providers = json.loads(data["results"][0]["out"])["providers"]
+        assert [(p["name"], p["checks"], p["error"]) for p in providers] == [
+            ("te_compat", 2, ""),
+            ("mok", len(ms.checks()), ""),
+        ], layout
+        origins[layout] = providers[1]["origin"]
+        text = data["results"][2]["out"]
+        assert f"checks from te_compat: 2; mok: {len(ms.checks())} (mok.selftest:checks, declared by " in text
+        assert text.startswith("te-compat selftest: ok: 4 passed, 0 failed, 14 skipped in"), text.splitlines()[0]
+    file = str(runs["path"][0] / "mok" / FILE)
+    assert origins == {
+        "path": file,
+        "installed": "the installed distribution te-compat-checkout 0",
+        "both": str(runs["both"][0] / "mok" / FILE),  # the file beside the code import finds
+    }
+
+
+def test_te_compat_selftest_with_mok_from_a_path_on_this_cpu(runs: dict[str, tuple[Path, dict[str, Any]]]) -> None:
+    """The command as a user who vendors the code runs it: the checks that need neither TE nor a
+    GPU pass, the others skip saying why."""
+    data = json.loads(runs["path"][1]["results"][0]["out"])
     status = {c["name"]: (c["status"], c["why"]) for c in data["checks"]}
-    assert set(ms.checks()) <= set(status) and {"te_compat.verify", "te_compat.te_tensors"} <= set(status)
     for name in ("mok.layout.spec", "mok.views.fakes", "mok.quantize.reference", "mok.quantize.rule"):
         assert status[name][0] == "passed", status[name]
     if not torch.cuda.is_available():
@@ -203,7 +335,60 @@ def test_te_compat_selftest_with_mok_installed_on_this_cpu(tmp_path: Path) -> No
     if te_compat.te_status().version is None:
         assert status["mok.te.mxfp8_split"] == ("skipped", "no Transformer Engine installed")
         assert status["te_compat.verify"] == ("skipped", "no Transformer Engine installed")
+    assert data["ok"] is True and data["failures"] == ""
     assert data["te_version"] == (str(te_compat.te_version()) if te_compat.te_version() else None)
+
+
+def test_a_declared_provider_that_fails_to_import_is_named_and_fails(tmp_path: Path, site_folder: Path) -> None:
+    copy = copy_packages(tmp_path / "packages")
+    (copy / "mok" / "selftest.py").unlink()  # declared by mok's file, gone from the copy
+    commands = (["selftest", "--json"], ["selftest"], ["report", "--json", "--require", "selftest"], ["report"])
+    results = isolated(copy, site_folder, commands)["results"]
+    assert [r["code"] for r in results] == [1, 1, 1, 0]
+    file = copy / "mok" / FILE
+    why = (
+        f"mok: ProviderError: provider mok of te_compat.selftest, declared by {file}: loading mok.selftest:checks "
+        "raised ModuleNotFoundError: No module named 'mok.selftest'"
+    )
+    data = json.loads(results[0]["out"])
+    assert data["ok"] is False and data["failures"] == f"1 check(s) failed: {why}"
+    assert results[0]["err"] == f"te-compat selftest: 1 check(s) failed: {why}\n"
+    assert data["providers"][1] == {
+        "name": "mok",
+        "value": "mok.selftest:checks",
+        "origin": str(file),
+        "checks": 0,
+        "error": "loading mok.selftest:checks raised ModuleNotFoundError: No module named 'mok.selftest'",
+    }
+    assert results[1]["out"].startswith("te-compat selftest: FAILED: ")
+    assert "mok: none, it could not be loaded (mok.selftest:checks, declared by" in results[1]["out"]
+    report = json.loads(results[2]["out"])
+    assert report["selftest"]["ok"] is False and why in results[2]["err"]
+    assert report["sections"]["mok.quantize"] == {
+        "error": "loading mok.selftest:report raised ModuleNotFoundError: No module named 'mok.selftest'",
+        "declared by": str(file),
+    }
+    assert "kernel backend" in report["sections"]["mok"]  # mok.backend still loads
+    assert "No module named 'mok.selftest'" in results[3]["out"] and str(file) in results[3]["out"]
+
+
+def test_te_compat_alone_says_no_check_passed_and_what_was_expected(tmp_path: Path, site_folder: Path) -> None:
+    if te_compat.te_status().present:
+        pytest.skip("with TE installed, te_compat's own checks run")
+    copy = copy_packages(tmp_path / "packages", packages=("te_compat",))
+    results = isolated(
+        copy, site_folder, (["selftest"], ["selftest", "--json"], ["report", "--json", "--require", "selftest"])
+    )
+    assert [r["code"] for r in results["results"]] == [1, 1, 1] and results["mok"] is None
+    text, data, report = results["results"][0], json.loads(results["results"][1]["out"]), results["results"][2]
+    assert text["out"].startswith("te-compat selftest: NOT OK: 0 passed, 0 failed, 2 skipped")
+    assert text["err"].startswith(
+        "te-compat selftest: no check passed: expected at least one check to pass; found all 2 skipped "
+        "(te_compat.verify: no Transformer Engine installed; te_compat.te_tensors: no Transformer Engine installed); "
+        "checks from te_compat: 2; no other package provides checks (entry points of group te_compat.selftest"
+    )
+    assert data["ok"] is False and data["failures"] == text["err"].removeprefix("te-compat selftest: ").rstrip("\n")
+    assert json.loads(report["out"])["sections"] == {} and "selftest: no check passed" in report["err"]
 
 
 # --- mok's checks that need neither TE nor a GPU ------------------------------------------------
