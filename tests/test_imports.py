@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import graphlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,49 @@ def test_the_circle_check_can_fail() -> None:
 def test_te_compat_never_imports_mok_or_matrix() -> None:
     for path in (ROOT / "te_compat").rglob("*.py"):
         assert not {d for d in _imported(path) if d.split(".")[0] in ("mok", "matrix")}, path
+
+
+# a module path or entry point value naming mok: "mok", "mok.selftest", "mok.selftest:checks"
+MOK_NAME = re.compile(r"mok(\.\w+)*(:[\w.]+)?")
+
+
+def _named_modules(path: Path) -> set[str]:
+    """Every string constant of ``path`` that could name a module to import (docstrings aside)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    }
+
+
+def test_te_compat_names_no_mok_module_to_import_by_string() -> None:
+    """importlib.import_module("mok...") or an entry point built in te_compat would import mok by
+    name as surely as an import statement: mok declares its providers, te_compat only reads them."""
+    assert MOK_NAME.fullmatch("mok.selftest:checks") and not MOK_NAME.fullmatch("mok's kernel")
+    for path in (ROOT / "te_compat").rglob("*.py"):
+        assert not {s for s in _named_modules(path) if MOK_NAME.fullmatch(s.strip())}, path
+
+
+def test_finding_the_providers_imports_none_of_them() -> None:
+    code = (
+        "import sys, json, te_compat.providers as p; "
+        "found = [x.name for g in ('te_compat.selftest', 'te_compat.report') for x in p.find(g)]; "
+        "print(json.dumps([found, sorted(m for m in sys.modules if m.split('.')[0] == 'mok')]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    found, imported = json.loads(out.stdout)
+    assert "mok" in found and imported == []
+
+
+def test_import_te_compat_does_not_search_for_providers() -> None:
+    mods = _modules_after("import te_compat")
+    assert not {"te_compat.providers", "te_compat.cli", "configparser"} & mods
