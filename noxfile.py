@@ -74,7 +74,7 @@ def live(session: nox.Session) -> None:
     Skips (with the reason) without a CUDA device or a usable TE; pass --no-record to keep
     matrix/live/ as it is. The live tests write what each comparison ran on beside the junit XML
     (live.evidence.json), and the record folds it in; with TE_COMPAT_LIVE_NO_SEED=1 set the record
-    is <release>.no-seed.json. On the offline GPU machine use matrix/gpu_live.sh (matrix/LIVE.md)."""
+    is <release>.no-seed.json. On the offline GPU machine use matrix/gpu_live.sh (docs/live-matrix.md)."""
     record = "--no-record" not in session.posargs
     args = [a for a in session.posargs if a != "--no-record"]
     junit = Path(session.create_tmp()) / "live.xml"

@@ -1,4 +1,4 @@
-"""The tables of benchmarks/RESULTS.md and of docs/benchmarks.md, made from result files.
+"""The tables of docs/benchmark-results.md and of docs/benchmarks.md, made from result files.
 
     python benchmarks/results_tables.py            # check: every marked table matches its files
     python benchmarks/results_tables.py --write    # rewrite every marked table from its files
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "benchmarks" / "RESULTS.md", ROOT / "docs" / "benchmarks.md"]
+DOCUMENTS = [ROOT / "docs" / "benchmark-results.md", ROOT / "docs" / "benchmarks.md"]
 BEGIN = re.compile(r"^<!-- table (\S+)((?: \S+)+) -->$")
 END = "<!-- end table -->"
 # issue 15's targets: device time over a same-run copy of the same bytes

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Live runs of the matrix on the offline GPU machine (matrix/LIVE.md has the whole plan).
+# Live runs of the matrix on the offline GPU machine (docs/live-matrix.md has the whole plan).
 #
 #   bash matrix/gpu_live.sh --stage     copy every folder carried under .te-wheelhouse/V/ (sm90 from
 #                                       matrix/slim_core.py, or the parts pN) to /root/te/V/, and

@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "\n".join(lines) if lines else f"no live record of {', '.join(args.releases) or 'any release'} in matrix/live/"
     )
     if behind:
-        print(f"{behind} live record(s) are not current: rerun them with matrix/gpu_live.sh (matrix/LIVE.md)")
+        print(f"{behind} live record(s) are not current: rerun them with matrix/gpu_live.sh (docs/live-matrix.md)")
     return 1 if args.strict and behind else 0
 
 

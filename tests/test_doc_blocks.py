@@ -24,6 +24,9 @@ PAGES = [
     "weights.md",
     "matrix.md",
     "benchmarks.md",
+    "benchmark-results.md",
+    "kernel-notes.md",
+    "live-matrix.md",
     "architecture.md",
 ]
 

@@ -15,6 +15,7 @@ from tests.benchmark_scripts import benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
+DOCS = ROOT / "docs"
 RESULTS = BENCH / "results"
 INDEX = RESULTS / "README.md"
 # a result file as documents name it: results/NAME, benchmarks/results/NAME or (a page of docs/)
@@ -71,7 +72,7 @@ def index() -> dict[str, set[str]]:
 
 def test_the_current_documents_are_found() -> None:
     names = {d.relative_to(ROOT).as_posix() for d in documents()}
-    assert {"README.md", "benchmarks/RESULTS.md", "benchmarks/KERNEL_NOTES.md", "benchmarks/results/README.md"} <= names
+    assert {"README.md", "docs/benchmark-results.md", "docs/kernel-notes.md", "benchmarks/results/README.md"} <= names
     assert {"docs/te_compat.md", "docs/views-and-refresh.md", "docs/kernels.md", "docs/benchmarks.md"} <= names
     assert not any(n.startswith("benchmarks/history/") for n in names), "benchmarks/history/ is in git's history only"
 
@@ -107,7 +108,7 @@ def test_generated_tables_match_their_result_files() -> None:
 
 
 def test_benchmark_documents_describe_the_present() -> None:
-    for document in (BENCH / "RESULTS.md", BENCH / "KERNEL_NOTES.md", INDEX, ROOT / "docs" / "benchmarks.md"):
+    for document in (DOCS / "benchmark-results.md", DOCS / "kernel-notes.md", INDEX, DOCS / "benchmarks.md"):
         sessions = re.findall(r"\bsessions? \d+", document.read_text(), flags=re.IGNORECASE)
         assert not sessions, f"{document.relative_to(ROOT)} names work sessions {sessions}: git's history keeps those"
 

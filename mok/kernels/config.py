@@ -86,7 +86,7 @@ class LaunchShapes:
     """The configuration of each kind of launch: ``rowwise`` where a job is rowwise or a gather
     (columnwise jobs beside them included: a whole layer's rowwise jobs get slab units),
     ``other`` for columnwise jobs and copies alone. The defaults are the fastest of each kind on
-    an H200 (benchmarks/KERNEL_NOTES.md); :meth:`fixed` gives every launch one shape."""
+    an H200 (docs/kernel-notes.md); :meth:`fixed` gives every launch one shape."""
 
     rowwise: KernelConfig = KernelConfig(32, 256)
     other: KernelConfig = KernelConfig()  # the compiled default

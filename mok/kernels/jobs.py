@@ -92,7 +92,7 @@ class Job(NamedTuple):
         least 4 bytes and wider than a part, in a build with slab units, the slab's bytes (at any
         address modulo 16, read to a 16-byte boundary) within its shared memory. A slab is one
         contiguous range, staged without registers, which keeps padded and per-expert rows near
-        a copy's speed (benchmarks/KERNEL_NOTES.md). Decided here only (FLAG_SLAB)."""
+        a copy's speed (docs/kernel-notes.md). Decided here only (FLAG_SLAB)."""
         staged = 15 + 127 * self.rs + 16 * -(-self.cols // 16)
         wide = self.tiles > config.part_tiles  # narrower rows go by parts (the width measured that way)
         aligned = self.mode == MODE_ROWS and self.vec >= 4 and not self.inverse

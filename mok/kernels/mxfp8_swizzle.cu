@@ -33,7 +33,7 @@
 // tile, its own barrier), where jobs.py says (FLAG_PARTS): columnwise jobs, and rowwise ones whose
 // rows fit one part (at most PART_TILES tiles, like TE's 64-column matrices, which would leave half
 // of a wide unit idle). So the 32 x 256 shape that suits rowwise jobs converts any job beside them
-// in the same launch (benchmarks/KERNEL_NOTES.md has why each launch takes the shape it does).
+// in the same launch (docs/kernel-notes.md has why each launch takes the shape it does).
 #define PART_THREADS (THREADS < 128 ? THREADS : 128)
 #define PARTS (THREADS / PART_THREADS)
 #define PART_TILES (TILES_PER_UNIT / PARTS)
@@ -53,7 +53,7 @@ static_assert(PARTS * PART_THREADS == THREADS && PARTS * PART_TILES == TILES_PER
   MAX2(SLAB_BYTES, MAX2(ROWS * PITCH_OF(false, TILES_PER_UNIT), PARTS * ROWS * PITCH_OF(true, PART_TILES)))
 // Resident blocks per SM the register allocation is made for: 10 x 128 threads (48 registers a
 // thread) rather than 8 (64): more loads in flight per SM, which hides each block's start (its
-// addresses, and for per-expert jobs the pointer-table load; benchmarks/KERNEL_NOTES.md).
+// addresses, and for per-expert jobs the pointer-table load; docs/kernel-notes.md).
 #define MIN_BLOCKS (1280 / THREADS)
 static_assert(PIECES % 4 == 0 && PIECES >= 4, "columnwise reads take 4 columns per thread");
 // The ABI shared with mok/kernels/jobs.py (COPY_CHUNK, MODE_*, FLAG_*) comes from
@@ -162,7 +162,7 @@ __device__ __forceinline__ Unit decode(const Job* __restrict__ jobs, int njobs, 
 
 // The first n (1..15) bytes at a 4-byte aligned address, zero above (a padded row's last piece):
 // whole words with 4-byte loads, the last 1-3 bytes with one 1- or 2-byte load, zero-extended, so
-// nothing waits on assembling bytes (16 predicated byte loads were slower; benchmarks/KERNEL_NOTES.md).
+// nothing waits on assembling bytes (16 predicated byte loads were slower; docs/kernel-notes.md).
 __device__ __forceinline__ uint4 partial_words(const unsigned char* in, const int n) {
   unsigned w[4];
 #pragma unroll
@@ -350,7 +350,7 @@ __device__ __forceinline__ void copy_unit(const Unit& U) {
 // One unit through registers and the shared tile, compiled once per kind of unit (columnwise, or
 // rowwise and gather; whole-block or by parts) and never inlined: each gets its own register
 // allocation and load schedule, so a change to one path cannot slow the other
-// (benchmarks/KERNEL_NOTES.md). Every thread of the block calls the same one (parts may have
+// (docs/kernel-notes.md). Every thread of the block calls the same one (parts may have
 // different units, or none).
 template <bool COLS, int N, int W>
 __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
@@ -360,7 +360,7 @@ __device__ __noinline__ void convert_unit(const Unit U, unsigned char* tile) {
   fetch<COLS, N, W>(U, v);
   // The block's previous unit's tile reads are done (whatever its parts were). Kept where the
   // block had no unit before: every rowwise case is slower without it (likely because it also
-  // keeps the compiler from interleaving the loads with the shared stores; KERNEL_NOTES.md).
+  // keeps the compiler from interleaving the loads with the shared stores; docs/kernel-notes.md).
   __syncthreads();
   deposit<COLS, N, W>(U, v, tile);
   if (COLS && U.ntiles > W) {  // the extra tile, by the same registers
@@ -390,7 +390,7 @@ __device__ __forceinline__ unsigned keep_below(const int cv, const int c) {
 // [rv, cv): a 4-byte shared read an output word, or for 16-byte aligned rows a 16-byte read a row
 // that serves four tiles. Staged without registers, a slab keeps DRAM busy where four 4-byte
 // register loads a piece had the L1 re-read every line, and a per-expert launch needs half the
-// blocks, each waiting for its expert's addresses (benchmarks/KERNEL_NOTES.md). jobs.py sees that
+// blocks, each waiting for its expert's addresses (docs/kernel-notes.md). jobs.py sees that
 // the slab fits (Job._slab).
 __device__ __noinline__ void convert_slab(const Unit U, unsigned char* tile) {
   const unsigned char* base = U.src + (long long)U.r0 * U.rs;  // S[r0, 0]
