@@ -117,7 +117,7 @@ class Freshness:
 
     @property
     def short(self) -> str:
-        """The README column."""
+        """The code column of the support table (docs/support.md)."""
         return self.state if self.state == "current" else f"{self.state}: {self.why}"
 
 

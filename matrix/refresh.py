@@ -5,7 +5,7 @@
 Lists transformer-engine releases on PyPI, adds the new ones to matrix/releases.toml, writes
 their records (python -m matrix.extract) and native records (python -m matrix.native: the C++
 facts, from each release's torch source archive), checks te_compat's table against them, regenerates
-the README's support table, and, when every check passes, moves CHECKED_THROUGH in
+the support table (docs/support.md) and its line in README.md, and, when every check passes, moves CHECKED_THROUGH in
 te_compat/table.py to the newest release. Review the diff and commit it.
 """
 

@@ -27,6 +27,7 @@ PAGES = [
     "benchmark-results.md",
     "kernel-notes.md",
     "live-matrix.md",
+    "support.md",
     "architecture.md",
 ]
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.version import Version
@@ -133,11 +134,44 @@ def test_every_row_cites_its_release() -> None:
         assert row.introduced_by.startswith(f"TE {row.since}"), row
 
 
-def test_readme_support_table_is_generated_from_the_matrix() -> None:
-    from matrix.support import ROOT, readme_with_table
+def test_support_table_and_readme_line_are_generated_from_the_matrix() -> None:
+    from matrix.support import PAGE, README, page_with_table, readme_with_summary, rows
 
-    readme = (ROOT / "README.md").read_text()
-    assert readme == readme_with_table(readme), "README's support table is stale: python -m matrix.support --write"
+    found = rows()
+    page, readme = PAGE.read_text(), README.read_text()
+    assert page == page_with_table(page, found), "docs/support.md's table is stale: python -m matrix.support --write"
+    assert readme == readme_with_summary(readme, found), "README's support line is stale: same command"
+
+
+def _fake_rows() -> list[Any]:
+    """Four releases: one CUDA-12, one CUDA-13 not run, one current and passing, one stale with
+    failures and two disagreements with the table."""
+    from matrix.provenance import Freshness
+    from matrix.releases import MatrixRelease
+    from matrix.support import Row
+
+    def record(failed: int, commit: str) -> dict[str, Any]:
+        counts = {"passed": 9, "failed": failed, "skipped": 1, "skipped_tests": {}}
+        return {**counts, "gpu": "NVIDIA H200", "date": "2026-12-04", "commit": commit}
+
+    return [
+        Row(MatrixRelease("2.8.0", 12, "2.8.0"), [], None, None),
+        Row(MatrixRelease("2.18.0", 13, "2.18.0"), [], None, None),
+        Row(MatrixRelease("2.19.0", 13, "2.19.0"), [], record(0, "a" * 40), Freshness("current", "same")),
+        Row(MatrixRelease("2.20.2", 13, "2.20.2"), ["x", "y"], record(2, "b" * 40), Freshness("stale", "mok")),
+    ]
+
+
+def test_the_readme_line_counts_the_table() -> None:
+    from matrix.support import support_summary, support_table
+
+    found = _fake_rows()
+    line, table_text = support_summary(found), support_table(found)
+    assert "\n" not in line and line.endswith("[docs/support.md](docs/support.md).")
+    assert line.startswith("4 TE releases, 2.8.0 to 2.20.2, checked from source: 1 disagree with te_compat's table.")
+    assert "2 of the 3 CUDA-13 releases ran live on NVIDIA H200, 1 with failures;" in line
+    assert "1 of those records are current with mok/ and te_compat/ here, 1 stale." in line
+    assert table_text.count("\n| 2.") == 4 and "| 2.20.2 | 2 disagreement(s) |" in table_text
 
 
 def test_checked_through_is_the_newest_matrix_release() -> None:

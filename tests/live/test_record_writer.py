@@ -1,4 +1,4 @@
-"""CPU checks of the live-run tooling: the record writer, the README column, the evidence
+"""CPU checks of the live-run tooling: the record writer, the support table's column, the evidence
 helper's refusal of empty buffers, and matrix/gpu_live.sh (syntax, its copy of the stub)."""
 
 from __future__ import annotations
