@@ -1,7 +1,8 @@
 """Every code block of README.md and of docs/*.md: each says what it is (python, sh or text), and
 every python block runs as it stands, here on a CPU without TE, each in a namespace of its own,
-its test named by its file and line. The blocks that show a whole API are also checked for what
-they print and define."""
+its test named by its file and line. A python block on the line after NEEDS_TE shows TE's own
+weights: it is compiled everywhere and run only where TE and a CUDA device are, skipped elsewhere
+saying why. The blocks that show a whole API are also checked for what they print and define."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import te_compat
 ROOT = Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
 LANGUAGES = {"python", "sh", "text"}
+NEEDS_TE = "<!-- doc-blocks: needs TE and a GPU -->"  # the line before a block that runs only there
 PAGES = [
     "te_compat.md",
     "views-and-refresh.md",
@@ -46,6 +48,22 @@ def blocks(document: str) -> list[tuple[int, str, str]]:
 def python_blocks() -> list[tuple[str, int, str]]:
     """(document, line, text) of every python block of every document."""
     return [(d, line, body) for d in documents() for line, lang, body in blocks(d) if lang == "python"]
+
+
+def needs_te(document: str, line: int) -> bool:
+    """Whether the block at ``line`` (1-based, its opening fence) of ``document`` follows NEEDS_TE."""
+    lines = (ROOT / document).read_text().splitlines()
+    return line >= 2 and lines[line - 2].strip() == NEEDS_TE
+
+
+def why_no_te() -> str | None:
+    """Why a NEEDS_TE block cannot run here (None: TE and a CUDA device are here)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA device"
+    caps = te_compat.capabilities()
+    return None if caps.te_usable else f"needs a usable Transformer Engine: {caps.te_reason}"
 
 
 def section_block(document: str, heading: str) -> str:
@@ -100,7 +118,7 @@ def test_every_block_is_found_and_says_what_it_is(document: str) -> None:
 
 def test_the_python_blocks_are_found() -> None:
     per_document = {d: sum(1 for doc, _, _ in python_blocks() if doc == d) for d in documents()}
-    assert per_document["README.md"] == 1, "README.md has one python block: the quickstart"
+    assert per_document["README.md"] == 2, "README.md has two python blocks: TE's weights, then the fakes"
     for page in ("te_compat.md", "views-and-refresh.md", "kernels.md", "bf16-on-the-fly.md", "weights.md"):
         assert per_document[f"docs/{page}"] >= 1, f"docs/{page} shows its API in a python block"
     assert sum(per_document.values()) >= 8
@@ -110,14 +128,28 @@ def test_the_python_blocks_are_found() -> None:
     ("document", "line", "code"), python_blocks(), ids=[f"{d} line {n}" for d, n, _ in python_blocks()]
 )
 def test_every_python_block_runs(document: str, line: int, code: str, capsys: pytest.CaptureFixture[str]) -> None:
+    name = f"{document}, the block at line {line}"
+    compile(code, name, "exec")
+    if needs_te(document, line) and (why := why_no_te()):
+        pytest.skip(f"{name} shows TE's own weights: {why}")
     before = te_compat.te_status()
-    namespace = run(code, f"{document}, the block at line {line}")
+    namespace = run(code, name)
     assert te_compat.te_status() == before  # a block that pretends a release ends its pretence
     assert len(namespace) > 1  # it defined something
 
 
+def test_the_readme_starts_with_te_own_weights() -> None:
+    """The README's first python block, within its first 30 lines, views and refreshes a real TE
+    model's expert weights; it is the only block marked NEEDS_TE there, and the fakes follow."""
+    (first, _, code), (second, _, _) = [b for b in blocks("README.md") if b[1] == "python"]
+    assert needs_te("README.md", first) and not needs_te("README.md", second)
+    assert first + code.count("\n") <= 30, "the first call on TE's weights ends within the README's first 30 lines"
+    assert "import transformer_engine.pytorch as te" in code and "te.GroupedLinear(" in code
+    assert code.count("mok.split_weight_view(experts,") == 2 and "cached=view)" in code
+
+
 def test_the_quickstart_views_the_fakes(capsys: pytest.CaptureFixture[str]) -> None:
-    namespace = run(section_block("README.md", "Quickstart"), "README.md (Quickstart)")
+    namespace = run(section_block("README.md", "Without TE: fakes for tests"), "README.md (Without TE)")
     assert capsys.readouterr().out.strip() == "torch.Size([8, 4, 32, 16])"  # the grouped layout printed
     view, grouped, experts = namespace["view"], namespace["grouped"], namespace["experts"]
     assert isinstance(experts, list) and len(experts) == namespace["E"] == 4
