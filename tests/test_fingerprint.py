@@ -7,6 +7,7 @@ tensor): that plans the view again, with the same result."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -105,7 +106,7 @@ CASES = st.tuples(
 @needs_compiled
 @settings(max_examples=150, deadline=None)
 @given(CASES)
-def test_the_compiled_reader_sees_what_the_python_reader_sees(case: tuple[list[tuple[int, int]], st.DataObject]) -> None:
+def test_the_compiled_reader_sees_what_the_python_reader_sees(case: tuple[list[tuple[int, int]], Any]) -> None:
     shapes, data = case
     deep = data.draw(st.lists(st.booleans(), min_size=len(shapes), max_size=len(shapes)), label="deep")
     change = data.draw(st.sampled_from(sorted(CHANGES)), label="change")
