@@ -32,10 +32,12 @@ def format_named(format: object, use_mxfp8: object) -> Format:
         if use_mxfp8 is None:
             raise TypeError("expected use_mxfp8=True/False or format= ('bf16', 'mxfp8', 'nvfp4'); found neither")
         return Format.MXFP8 if use_mxfp8 else Format.BF16
-    names = [f.value for f in Format]
-    if not isinstance(format, str) or format not in names:
-        raise ValueError(f"format: expected one of {', '.join(map(repr, names))}; found {format!r}")
-    found = Format(format)
+    found = _BY_NAME.get(format) if isinstance(format, str) else None
+    if found is None:
+        raise ValueError(f"format: expected one of {', '.join(map(repr, _BY_NAME))}; found {format!r}")
     if use_mxfp8 is not None and use_mxfp8 is not (found is Format.MXFP8):
         raise ValueError(f"use_mxfp8={use_mxfp8} contradicts format={format!r}; pass one of them")
     return found
+
+
+_BY_NAME = {f.value: f for f in Format}  # a Format is a str too: its own key finds it

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mok.read.fingerprint import compiled
 from mok.read.memory import NO_MEMORY, Memory, comparer, holds_memory
 from mok.read.reading import ITSELF, Reading
 from te_compat import storage_reader, storage_values
@@ -86,8 +87,11 @@ class StorageGuard:
         return tuple(map(_nbytes, owned.storages)) == owned.sizes
 
 
-def _lists_unchanged(lists: Sequence[tuple[list[Any], tuple[Any, ...]]]) -> bool:
+def _lists_unchanged(lists: tuple[tuple[list[Any], tuple[Any, ...]], ...]) -> bool:
     """Every list read (TE's member and shape lists) still holds the items it held when read."""
+    reader = compiled()
+    if reader is not None:
+        return reader.same_items(lists)
     return all(len(now) == len(then) and all(map(is_, now, then)) for now, then in lists)
 
 

@@ -305,6 +305,25 @@ def _destinations(work: Sequence[ScaleWork | QuantizeWork]) -> list[torch.Tensor
     return found
 
 
+def rerun_unchanged(
+    cached: object,
+    view_type: type[ExpertWeights],
+    fmt: object,
+    dims: tuple[object, ...],
+    objects: tuple[object, ...],
+    backend: str | None,
+) -> bool:
+    """Rerun ``cached``'s prepared launch if it is a view of ``view_type``, ``fmt`` and ``dims``
+    and its guard finds ``objects`` and all they held unchanged; False (nothing done) otherwise."""
+    if type(cached) is not view_type or set(map(type, dims)) != {int}:  # sizes as given: 128.0 is no size
+        return False
+    view: ExpertWeights = cached
+    if view.format is not fmt or (view.num_experts, view.rows, view.columns) != dims:
+        return False
+    wanted = None if backend is None else _resolve((view,), backend)
+    return _reran(view.refresh_plan.prepared, (id(view),), objects, wanted)
+
+
 def view_or_refresh(reader: Reader[V], cached: V | None = None, backend: str | None = None) -> V:
     """A new view of what ``reader`` reads, or ``cached`` refreshed in place (same buffers) and
     returned. ``backend``: a request ("auto", "cuda", "torch"); None takes the environment's for

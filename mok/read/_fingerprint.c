@@ -249,7 +249,33 @@ done:
     return Py_XNewRef(result);
 }
 
+/* same_items(pairs) -> bool: for each (now, then) of ``pairs``, list ``now`` holds the very objects of
+ * tuple ``then``, in order (by identity: no item's __eq__ is called, a TE tensor's would compute). */
+static PyObject *same_items(PyObject *self, PyObject *pairs) {
+    if (!PyTuple_Check(pairs)) {
+        PyErr_SetString(PyExc_TypeError, "same_items: expected a tuple of (list, tuple) pairs");
+        return NULL;
+    }
+    for (Py_ssize_t p = 0; p < PyTuple_GET_SIZE(pairs); p++) {
+        PyObject *pair = PyTuple_GET_ITEM(pairs, p);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyList_Check(PyTuple_GET_ITEM(pair, 0)) ||
+            !PyTuple_Check(PyTuple_GET_ITEM(pair, 1))) {
+            PyErr_SetString(PyExc_TypeError, "same_items: expected a tuple of (list, tuple) pairs");
+            return NULL;
+        }
+        PyObject *now = PyTuple_GET_ITEM(pair, 0), *then = PyTuple_GET_ITEM(pair, 1);
+        Py_ssize_t n = PyList_GET_SIZE(now);
+        if (n != PyTuple_GET_SIZE(then))
+            Py_RETURN_FALSE;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (PyList_GET_ITEM(now, i) != PyTuple_GET_ITEM(then, i))
+                Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
+    {"same_items", same_items, METH_O, "same_items(pairs) -> bool: each list holds its tuple's objects, in order."},
     {"init", init, METH_VARARGS, "init(addresses, cdata, tensor_type, probes) -> where a tensor holds its at::Tensor"},
     {"record", record, METH_O, "record(tensors) -> bytes, or the index of a tensor its storage does not hold."},
     {"same", same, METH_VARARGS, "same(tensors, recorded) -> bool: the tensors' facts are those recorded."},

@@ -41,6 +41,7 @@ class Compiled(NamedTuple):
 
     record: Callable[[Sequence[Any]], bytes | int]
     same: Callable[[Sequence[Any], bytes], bool]
+    same_items: Callable[[tuple[tuple[list[Any], tuple[Any, ...]], ...]], bool]
 
 
 def _libtorch() -> ctypes.CDLL | None:
@@ -77,4 +78,4 @@ def compiled() -> Compiled | None:
         return None
     probes = [torch.empty(2, 3), torch.nn.Parameter(torch.empty(1)), torch.empty(0, dtype=torch.uint8)[None]]
     _fingerprint.init(addresses, descriptor, torch._C.TensorBase, probes)
-    return Compiled(_fingerprint.record, _fingerprint.same)
+    return Compiled(_fingerprint.record, _fingerprint.same, _fingerprint.same_items)
