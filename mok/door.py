@@ -68,7 +68,7 @@ def open_view(
     use_mxfp8: object,
     dims: tuple[object, ...],
     cached: ExpertWeights | None,
-    backend: object,
+    backend: object = None,
 ) -> Any:
     """A new view of ``weights``, or ``cached`` refreshed, as mok.split_weight_view and
     mok.grouped_weight_view ask for it: the format named, the backend checked (on every path, though

@@ -139,9 +139,8 @@ def _native_single_grouped_weight_view(
     steps, mine = _seams(), type(cached_view) is seams.GroupedWeightTuple
     if use_mxfp8 is True and mine and (steps.own or cached_view.expert_view.quantized_on_the_fly):
         view = cached_view.expert_view  # a refresh of mok's view: the door checks the rest
-        view_or_refresh(
-            door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=(num_experts, rows, columns)),
-            view,
+        door.open_view(
+            weight, grouped=True, format=Format.MXFP8, use_mxfp8=None, dims=(num_experts, rows, columns), cached=view
         )
         return cached_view
     dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
@@ -172,7 +171,7 @@ def _native_split_weight_view(
     steps, mine = _seams(), type(cached_view) is seams.SplitRoutedWeight and cached_view.expert_view is not None
     if use_mxfp8 is True and mine and (steps.own or cached_view.expert_view.quantized_on_the_fly):
         view = cached_view.expert_view  # a refresh of mok's view: the door checks the rest
-        view_or_refresh(door.reader_for(params, grouped=False, fmt=Format.MXFP8, dims=(rows, columns)), view)
+        door.open_view(params, grouped=False, format=Format.MXFP8, use_mxfp8=None, dims=(rows, columns), cached=view)
         return cached_view
     experts = seams.check_experts(params)
     rows, columns = check_sizes(rows=rows, columns=columns)

@@ -11,6 +11,11 @@
  * pointer to its TensorImpl (an intrusive_ptr), so the address of a variable holding the
  * TensorImpl pointer is a handle; the getters only read through it.
  *
+ * Where init() recognises how a tensor object holds its at::Tensor and a TensorImpl its storage
+ * (checked on probe tensors against their public ``_cdata`` and ``untyped_storage()._cdata``), it
+ * reads both directly: the record then names each tensor's storage itself, so a storage whose
+ * object the caller keeps alive is known unchanged without asking its size.
+ *
  * Where this module is not built, or the shim lacks a function, mok.read.memory does the same in
  * Python; tests run both.
  */
@@ -36,21 +41,26 @@ static PyTypeObject *tensor_type; /* torch._C.TensorBase */
  * head in the torch releases init() recognises), found by init() on probe tensors against their
  * ``_cdata``; -1: unknown, read ``_cdata`` instead. */
 static Py_ssize_t cdata_offset = -1;
+/* Where a TensorImpl holds its StorageImpl pointer (its ``storage_``), found by init() on probe
+ * tensors against their ``untyped_storage()._cdata``; -1: unknown, the record holds 0 there and
+ * the caller compares storage sizes itself. */
+static Py_ssize_t storage_in_impl = -1;
 
 #define MAX_DIM 16
-#define HEAD 6 /* data_ptr, storage nbytes, storage offset, dtype, device, dim */
+#define HEAD 7 /* data_ptr, storage nbytes, storage offset, dtype, device, StorageImpl, dim */
 #define MAX_WORDS (HEAD + 2 * MAX_DIM)
 
 /* The words of one tensor into ``out``; their count, or -1 with a Python error set. ``end``: the
  * byte past the last one the tensor spans from its storage's start (0 when it has no element). */
 static Py_ssize_t facts(PyObject *tensor, int64_t *out, int64_t *end) {
-    void *impl, *handle;
+    void *impl = NULL, *handle;
     if (cdata_offset >= 0) {
         if (!PyObject_TypeCheck(tensor, tensor_type)) {
             PyErr_Format(PyExc_TypeError, "expected a tensor; found %s", Py_TYPE(tensor)->tp_name);
             return -1;
         }
-        handle = (char *)tensor + cdata_offset; /* the at::Tensor itself */
+        handle = (char *)tensor + cdata_offset; /* the at::Tensor itself: its one word is the TensorImpl */
+        impl = *(void **)handle;
     } else {
         PyObject *cdata = Py_TYPE(cdata_descr)->tp_descr_get(cdata_descr, tensor, (PyObject *)Py_TYPE(tensor));
         if (cdata == NULL)
@@ -86,7 +96,8 @@ static Py_ssize_t facts(PyObject *tensor, int64_t *out, int64_t *end) {
     out[2] = offset;
     out[3] = dtype;
     out[4] = ((int64_t)device_type << 32) | (uint32_t)device_index;
-    out[5] = dim;
+    out[5] = storage_in_impl >= 0 ? (int64_t)(intptr_t) * (void **)((char *)impl + storage_in_impl) : 0;
+    out[6] = dim;
     int64_t span = 1; /* elements from the first to the last, plus one */
     for (int64_t i = 0; i < dim; i++) {
         out[HEAD + i] = sizes[i];
@@ -131,12 +142,33 @@ static Py_ssize_t find_cdata_offset(PyObject *probes) {
     return -1;
 }
 
-/* init(addresses, cdata_descriptor, tensor_type, probes): the shim's functions, in the order of
- * fingerprint.py's SHIM; torch's tensor base class and its ``_cdata``; tensors to find with. */
+/* The offset in every probe's TensorImpl where a pointer equal to its storage's ``_cdata`` (its
+ * StorageImpl) lies, among the first words; -1 where no one offset holds for every probe. */
+static Py_ssize_t find_storage_in_impl(PyObject *probes, PyObject *storages) {
+    Py_ssize_t n = PyList_GET_SIZE(probes);
+    if (n < 2 || PyList_GET_SIZE(storages) != n)
+        return -1;
+    for (Py_ssize_t word = 1; word < 32; word++) {
+        int all = 1;
+        for (Py_ssize_t i = 0; all && i < n; i++) {
+            void *impl = *(void **)((char *)PyList_GET_ITEM(probes, i) + cdata_offset);
+            void *storage = PyLong_AsVoidPtr(PyList_GET_ITEM(storages, i));
+            all = storage != NULL && *(void **)((char *)impl + word * sizeof(void *)) == storage;
+        }
+        if (all)
+            return word * (Py_ssize_t)sizeof(void *);
+    }
+    PyErr_Clear();
+    return -1;
+}
+
+/* init(addresses, cdata_descriptor, tensor_type, probes, storages): the shim's functions, in the
+ * order of fingerprint.py's SHIM; torch's tensor base class and its ``_cdata``; tensors to find
+ * with, and their storages' ``_cdata``. Returns whether records hold each tensor's StorageImpl. */
 static PyObject *init(PyObject *self, PyObject *args) {
-    PyObject *addresses, *descr, *type, *probes;
-    if (!PyArg_ParseTuple(args, "O!OO!O!", &PyTuple_Type, &addresses, &descr, &PyType_Type, &type, &PyList_Type,
-                          &probes))
+    PyObject *addresses, *descr, *type, *probes, *storages;
+    if (!PyArg_ParseTuple(args, "O!OO!O!O!", &PyTuple_Type, &addresses, &descr, &PyType_Type, &type, &PyList_Type,
+                          &probes, &PyList_Type, &storages))
         return NULL;
     if (PyTuple_GET_SIZE(addresses) != 10 || Py_TYPE(descr)->tp_descr_get == NULL) {
         PyErr_SetString(PyExc_ValueError, "init: expected 10 function addresses and a descriptor");
@@ -168,7 +200,8 @@ static PyObject *init(PyObject *self, PyObject *args) {
     Py_INCREF(type);
     tensor_type = (PyTypeObject *)type;
     cdata_offset = find_cdata_offset(probes);
-    return PyLong_FromSsize_t(cdata_offset);
+    storage_in_impl = cdata_offset >= 0 ? find_storage_in_impl(probes, storages) : -1;
+    return PyBool_FromLong(storage_in_impl >= 0);
 }
 
 /* record(tensors) -> bytes, or the index of the first tensor whose storage does not hold every
@@ -276,7 +309,7 @@ static PyObject *same_items(PyObject *self, PyObject *pairs) {
 
 static PyMethodDef methods[] = {
     {"same_items", same_items, METH_O, "same_items(pairs) -> bool: each list holds its tuple's objects, in order."},
-    {"init", init, METH_VARARGS, "init(addresses, cdata, tensor_type, probes) -> where a tensor holds its at::Tensor"},
+    {"init", init, METH_VARARGS, "init(addresses, cdata, tensor_type, probes, storages) -> records hold storages"},
     {"record", record, METH_O, "record(tensors) -> bytes, or the index of a tensor its storage does not hold."},
     {"same", same, METH_VARARGS, "same(tensors, recorded) -> bool: the tensors' facts are those recorded."},
     {NULL, NULL, 0, NULL},

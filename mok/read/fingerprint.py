@@ -42,6 +42,7 @@ class Compiled(NamedTuple):
     record: Callable[[Sequence[Any]], bytes | int]
     same: Callable[[Sequence[Any], bytes], bool]
     same_items: Callable[[tuple[tuple[list[Any], tuple[Any, ...]], ...]], bool]
+    names_storages: bool  # a record holds each tensor's storage (StorageImpl), not only its size
 
 
 def _libtorch() -> ctypes.CDLL | None:
@@ -76,6 +77,7 @@ def compiled() -> Compiled | None:
     descriptor = torch._C.TensorBase.__dict__.get("_cdata")
     if descriptor is None or None in addresses:
         return None
-    probes = [torch.empty(2, 3), torch.nn.Parameter(torch.empty(1)), torch.empty(0, dtype=torch.uint8)[None]]
-    _fingerprint.init(addresses, descriptor, torch._C.TensorBase, probes)
-    return Compiled(_fingerprint.record, _fingerprint.same, _fingerprint.same_items)
+    probes = [torch.empty(2, 3), torch.nn.Parameter(torch.empty(1)), torch.empty(4, dtype=torch.uint8)[1:]]
+    storages = [p.untyped_storage()._cdata for p in probes]
+    named = _fingerprint.init(addresses, descriptor, torch._C.TensorBase, probes, storages)
+    return Compiled(_fingerprint.record, _fingerprint.same, _fingerprint.same_items, bool(named))

@@ -91,7 +91,7 @@ class Memory(NamedTuple):
         if isinstance(self.facts, PythonFacts):
             return self.facts.addresses
         words, found, i = memoryview(self.facts).cast("q"), [], 0
-        while i < len(words):  # each tensor's words: address, 5 more, then its sizes and strides
+        while i < len(words):  # each tensor's words: address, 6 more (the last its dim), sizes, strides
             found.append(words[i])
             i += _HEAD + 2 * words[i + _HEAD - 1]
         return tuple(found)
@@ -111,7 +111,7 @@ class Memory(NamedTuple):
         return Memory(facts, self.storages + other.storages, self.sizes + other.sizes)
 
 
-_HEAD = 6  # the words of a tensor's compiled record before its sizes and strides (_fingerprint.c)
+_HEAD = 7  # the words of a tensor's compiled record before its sizes and strides (_fingerprint.c)
 
 
 class PythonFacts(NamedTuple):
@@ -225,6 +225,8 @@ def comparer(memory: Memory) -> Callable[[Sequence[Any]], bool]:
         if reader is None:
             raise RuntimeError("mok.read.memory: facts recorded by the compiled reader, which is gone")
         same = reader.same
+        if reader.names_storages:  # the very storages the view's tensors share, kept alive: no size to ask
+            return lambda tensors: same(tensors, facts)
 
         def compare_compiled(tensors: Sequence[Any]) -> bool:
             return same(tensors, facts) and tuple(map(_nbytes, storages)) == sizes
