@@ -15,11 +15,14 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import mok
 from mok import weights as W
 from mok.plan import pipeline
 from mok.read import reading as snapshot
+from te_compat.testing import fake_mxfp8, fake_nvfp4, installed_release
 from tests import te_objects as T
 from tests.spec_oracle import spec_layout
 from tests.test_imports import _import_graph
@@ -287,6 +290,59 @@ def _race_and_heal(trial: int) -> None:
     mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
     for e, p in enumerate(ps):
         assert torch.equal(view.rowwise.scales[e], spec_layout(_rows(p._rowwise_scale_inv))), (trial, e)
+
+
+# ------------------------------------------------------------------ memory moved into one flat buffer
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    fmt=st.sampled_from(["bf16", "mxfp8", "nvfp4"]),
+    order=st.integers(1, 4).flatmap(lambda n: st.permutations(range(n))),
+    lead=st.sampled_from([0, 16, 4096]),
+    route=st.sampled_from(["split", "layer"]),
+)
+@example(fmt="bf16", order=[0, 1, 2], lead=0, route="split")
+@example(fmt="mxfp8", order=[2, 0, 1], lead=16, route="layer")
+def test_payloads_moved_into_one_flat_buffer_are_followed_to_their_own_offsets(
+    fmt: str, order: list[int], lead: int, route: str
+) -> None:
+    """TE (or an all-gather) moves every expert's payload into one new flat buffer, expert ``e``
+    at slot ``order.index(e)`` after ``lead`` bytes: the checked refresh points each expert's
+    payload view at its own slice, as a new view of the weights does (addresses, pointer table,
+    bytes)."""
+    with installed_release("2.20.2"):
+        experts = len(order)
+        if fmt == "bf16":
+            params: list[Any] = [
+                torch.nn.Parameter(torch.randn(R, C).bfloat16(), requires_grad=False) for _ in range(experts)
+            ]
+        else:
+            make = fake_mxfp8 if fmt == "mxfp8" else fake_nvfp4
+            params = [make((R, C), param=True, seed=e, columnwise=False) for e in range(experts)]
+        view = mok.split_weight_view(params, rows=R, columns=C, format=fmt)
+        layer = mok.LayerRefresh([(params, view)]) if route == "layer" else None
+        payloads = [p if fmt == "bf16" else p._rowwise_data for p in params]
+        size = payloads[0].numel() * payloads[0].element_size()
+        flat = torch.randint(0, 256, (lead + experts * size,), dtype=torch.uint8)
+        for slot, e in enumerate(order):
+            old = payloads[e]
+            new = flat[lead + slot * size : lead + (slot + 1) * size].view(old.dtype).view(old.shape)
+            if fmt == "bf16":
+                params[e].data = new
+            else:
+                params[e]._rowwise_data = new
+        if layer is not None:
+            layer()
+        else:
+            assert mok.split_weight_view(params, rows=R, columns=C, format=fmt, cached=view) is view
+        fresh = mok.split_weight_view(params, rows=R, columns=C, format=fmt)
+        got, want = view.rowwise, fresh.rowwise
+        assert [t.data_ptr() for t in got.data] == [t.data_ptr() for t in want.data]
+        assert got.data_ptrs is not None and want.data_ptrs is not None
+        assert got.data_ptrs.tolist() == want.data_ptrs.tolist()
+        pairs = zip(got.data, want.data, strict=True)
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in pairs)
 
 
 # ------------------------------------------------------------------ the architecture
