@@ -107,3 +107,36 @@ def test_without_megatron_te_compat_decides(monkeypatch: pytest.MonkeyPatch) -> 
         group = fake_grouped((2, 128, 128), format="mxfp8", param=True)
         view = mok_weights._single_grouped_mxfp8_scale_view(group, "_rowwise_scale_inv", (2, 128, 4), name="fc1")
         assert view.data_ptr() == group.scale_inv.data_ptr()
+
+
+@pytest.mark.parametrize("grouped_answer", [True, False])
+@pytest.mark.parametrize("per_tensor_answer", [True, False])
+def test_each_view_is_decided_by_its_own_megatron_predicate(
+    monkeypatch: pytest.MonkeyPatch, fp8_utils: types.ModuleType, per_tensor_answer: bool, grouped_answer: bool
+) -> None:
+    """Megatron's ``is_mxfp8tensor`` and ``is_grouped_mxfp8tensor`` answer differently about the
+    same weights: a grouped view goes ahead exactly when the grouped predicate says MXFP8, a
+    per-expert view exactly when the per-tensor one does."""
+    monkeypatch.setattr(fp8_utils, "is_mxfp8tensor", lambda p: per_tensor_answer, raising=False)
+    monkeypatch.setattr(fp8_utils, "is_grouped_mxfp8tensor", lambda p: grouped_answer, raising=False)
+    monkeypatch.setattr(fp8_utils, "get_grouped_quantized_members", lambda p: p.quantized_tensors)
+    monkeypatch.setattr(mok_weights, "_storage_view", mok_weights._storage_view.__wrapped__)  # composed, not mok's
+    with installed_release("2.20.2"):
+        group = fake_grouped((2, 128, 128), format="mxfp8", param=True)
+        experts = [fake_mxfp8((128, 128), param=True, seed=e) for e in range(2)]
+        if grouped_answer:
+            view = mok_weights._native_single_grouped_weight_view(
+                group, num_experts=2, rows=128, columns=128, use_mxfp8=True
+            )
+            assert view[0].data_ptr() == group.rowwise_data.data_ptr()
+        else:
+            with pytest.raises(RuntimeError, match="grouped weight: expected native TE grouped MXFP8 parameters"):
+                mok_weights._native_single_grouped_weight_view(
+                    group, num_experts=2, rows=128, columns=128, use_mxfp8=True
+                )
+        if per_tensor_answer:
+            split = mok_weights._native_split_weight_view(experts, rows=128, columns=128, use_mxfp8=True)
+            assert split.storage_table.tolist() == [p._rowwise_data.data_ptr() for p in experts]
+        else:
+            with pytest.raises(RuntimeError, match="expert 0: expected native TE MXFP8 storage"):
+                mok_weights._native_split_weight_view(experts, rows=128, columns=128, use_mxfp8=True)
