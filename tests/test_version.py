@@ -6,12 +6,15 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from packaging.version import Version
 
 import te_compat
-from te_compat import TENotFoundError, TEVersionError, parse_te_version, require_te, te_min_version
+from te_compat import TENotFoundError, TEVersionError, parse_te_version, require_te, te_min_version, testing
 
 
 @pytest.mark.parametrize(
@@ -225,3 +228,56 @@ def test_a_te_without_metadata_has_its_version_once_imported(tmp_path: Path) -> 
     assert no_version is True and source == "transformer_engine (no version metadata)"
     assert caps_version == "2.14.1" and usable is True and "grouped" in kinds
     assert version == te_version == "2.14.1" and after_source == "transformer_engine.__version__"
+
+
+# ------------------------------------------------------------------------------ builds of a release
+
+
+def _boundaries() -> list[str]:
+    """Every release (``X.Y.Z``) where a row of te_compat's tables starts or stops: where a build
+    of it read as an earlier version (2.13.0.dev0 and 2.13.0rc1 sort before 2.13.0 in PEP 440)
+    would get the rows of the release before."""
+    from te_compat import table
+
+    ranges = [*table.ROWS, *table.RECIPROCAL_ROWS, *table.POST_ALL_GATHER_ROWS, *table.QUANTIZER_FLAG_ROWS]
+    found = {r.since for r in ranges} | {r.until for r in ranges if r.until is not None}
+    return sorted({".".join(map(str, (*Version(v).release, 0, 0)[:3])) for v in found}, key=Version)
+
+
+def _reported(raw: str) -> dict[str, Any]:
+    """What te_compat reports of its tables with TE ``raw`` installed: the capabilities (less the
+    version string itself), and for each tensor kind it reports, the class and attributes of
+    te_compat.testing's fake of that release and the storage te_compat reads off it."""
+    with testing.installed_release(raw):
+        capabilities = te_compat.capabilities(import_te=False, verify=False).as_dict()
+        del capabilities["te_version"]
+        fakes = {}
+        for kind in capabilities["tensor_kinds"]:
+            fake = testing.fake_tensor(kind, (2, 64, 64) if kind == "grouped" else (64, 64))
+            cls = type(fake)
+            fakes[kind] = (
+                f"{cls.__module__}.{cls.__qualname__}",
+                sorted(vars(fake)),
+                sorted(te_compat.storage_values(fake)),
+            )
+        return {"capabilities": capabilities, "fakes": fakes, "rule": te_compat.mxfp8_reciprocal_rule()}
+
+
+BUILDS = st.tuples(  # PEP 440's order: pre-release, post, dev, local
+    st.sampled_from(["", "a1", "b1", "rc1", "rc2"]),
+    st.sampled_from(["", ".post1"]),
+    st.sampled_from(["", ".dev0", ".dev3"]),
+    st.sampled_from(["", "+abc", "+5fdd7bb", "+cu13.torch2.9"]),
+).map("".join)
+
+
+@settings(max_examples=40, deadline=None)
+@given(release=st.sampled_from(_boundaries()), build=BUILDS)
+@example(release="2.13.0", build=".dev0")
+@example(release="2.13.0", build="rc1")
+@example(release="2.13.0", build="+abc")
+def test_a_build_of_a_release_gets_that_release_s_rows(release: str, build: str) -> None:
+    """A dev, pre-release, post or local build of a release (``2.13.0.dev0``, ``2.13.0rc1``,
+    ``2.13.0+abc``) has that release's classes: te_compat reports of it exactly what it reports of
+    the release, at every release where its tables change."""
+    assert _reported(release + build) == _reported(release)
