@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib.machinery
 import importlib.metadata
+import io
 import json
 import os
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from packaging.version import Version
 
 import te_compat
 from te_compat import MissingFeatureError, cli
 from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities
 from te_compat.cli import main
+from te_compat.testing import installed_release
 from tests.entry_points import only_installed
 from tests.test_version import fake_te
 
@@ -448,3 +456,47 @@ def test_the_exit_codes_are_documented_in_help_and_docs(capsys: pytest.CaptureFi
     commands = page.split("\n## The command line\n", 1)[1].split("\n## ", 1)[0]
     for line in ("3 the output could not be written", "4 an unexpected error", "python -m te_compat"):
         assert line in " ".join(commands.split()), line
+
+
+def _installed(name: str) -> types.ModuleType:
+    """A module ``name`` that importlib finds (with a spec), standing for an installed package."""
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    return module
+
+
+# Capabilities that need a CUDA device (and, for the MXFP8 ones, its compute capability).
+DEVICE_BOUND = ("cuda", "mxfp8_hardware", "mxfp8_quantization", "cuda_kernel")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    release=st.one_of(
+        st.none(),
+        st.sampled_from(["1.13.0", "2.0.0", "2.11.0", "2.13.0", "2.14.1", "2.20.2", "2.21.0.dev0+abc", "2.99.0"]),
+    ),
+    import_te=st.booleans(),
+    cuda_core=st.booleans(),
+)
+@example(release="2.20.2", import_te=False, cuda_core=True)
+def test_no_cuda_device_no_device_bound_capability(release: str | None, import_te: bool, cuda_core: bool) -> None:
+    """On a machine where torch sees no CUDA device, whatever TE is installed (or none), with
+    cuda.core installed or not, every capability bound to the device or its compute capability
+    is reported missing, saying why, by capabilities() and by ``te-compat report --require``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)  # what torch says with no CUDA device
+        patch.setitem(sys.modules, "cuda.core", _installed("cuda.core") if cuda_core else None)
+        with installed_release(release):  # te_compat's caches cleared: the device is probed again
+            c = te_compat.capabilities(import_te=import_te, verify=False)
+            assert c.cuda_device is None and c.compute_capability is None
+            assert not c.mxfp8_hardware and not c.mxfp8_quantization
+            missing = c.missing(*DEVICE_BOUND)
+            assert set(missing) == set(DEVICE_BOUND), missing
+            assert "no CUDA device" in missing["mxfp8_hardware"]
+            for feature in DEVICE_BOUND:
+                with pytest.raises(MissingFeatureError, match=feature):
+                    c.require(feature)
+                err = io.StringIO()
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                    assert main(["report", "--no-import", "--require", feature]) == 1, feature
+                assert f"{feature}:" in err.getvalue()
