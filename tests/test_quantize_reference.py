@@ -6,12 +6,16 @@ to x / 2^(code - 127) (ties to even, +-448 at most)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from fractions import Fraction
+from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mok.errors import LayoutError
 from mok.quantize_reference import (
@@ -19,6 +23,7 @@ from mok.quantize_reference import (
     ProductRule,
     ReciprocalRule,
     dequantize_mxfp8_reference,
+    e4m3_satfinite,
     e8m0_reciprocal,
     quantize_mxfp8_reference,
 )
@@ -250,3 +255,76 @@ def test_requantising_a_block_whose_payloads_stay_below_225_changes_it() -> None
     payload = torch.full((1, 32), 0x70, dtype=torch.uint8).view(torch.float8_e4m3fn)  # 128 each
     x = dequantize_mxfp8_reference(payload, torch.tensor([[130]], dtype=torch.uint8), "rowwise")
     assert _row(x[0].tolist()) == (129, [0x78] * 32)  # 128 * 2^3 = 2^10 -> code 129 and 256
+
+
+# ------------------------------------------------------------------------------ saturation, whatever torch's cast does
+
+
+class OverflowingE4M3Cast(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """torch's casts to float8_e4m3fn as torch once made them: NaN for ``|x| >= 464`` (what rounds
+    beyond 448; infinities too), the conversion of c10/util/Float8_e4m3fn.h's
+    ``fp8e4m3fn_from_fp32_value`` (``f_bits >= fp8_max`` gives 0x7F, the sign or-ed in). How torch
+    casts an overflow is no contract of torch's: other releases saturate to +-448, so a reference
+    that left saturation to torch would be right under one torch and NaN under another. TE's
+    ``cvt.rn.satfinite`` saturates under any, so the reference is checked under both."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        casts = {torch.ops.aten._to_copy.default: 0, torch.ops.aten.copy_.default: 1}
+        if func in casts and isinstance(out, torch.Tensor) and out.dtype == torch.float8_e4m3fn:
+            source = args[casts[func]]
+            if source.dtype != torch.float8_e4m3fn:
+                bits = out.view(torch.uint8)
+                overflow = source.to(torch.float32).abs() >= 464  # NaN compares False: left as cast
+                bits.copy_(torch.where(overflow, (bits & 0x80) | 0x7F, bits))
+        return out
+
+
+CASTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
+    "torch's own cast": nullcontext,
+    "a cast that overflows to NaN": OverflowingE4M3Cast,
+}
+
+
+def test_the_overflowing_cast_overflows() -> None:
+    """The stand-in does what it stands for: NaN beyond 448's rounding range, nothing else changed."""
+    x = torch.tensor([1000.0, -INF, 463.0, -3.0, NAN], dtype=torch.float32)
+    with OverflowingE4M3Cast():  # type: ignore[no-untyped-call]
+        bits = x.to(torch.float8_e4m3fn).view(torch.uint8).tolist()
+    assert bits[:2] == [0x7F, 0xFF] and bits[2:4] == [0x7E, 0xC4] and bits[4] & 0x7F == 0x7F
+
+
+def satfinite_oracle(value: float) -> int:
+    """``cvt.rn.satfinite.e4m3`` of ``value``: NaN is 0x7F; infinities and values beyond 448
+    become 448 of their sign; else the nearest E4M3 (ties to even)."""
+    if math.isnan(value):
+        return 0x7F
+    negative = math.copysign(1.0, value) < 0
+    if math.isinf(value):
+        return (0x80 if negative else 0) | 0x7E
+    return e4m3_oracle(Fraction(value), negative)
+
+
+@pytest.mark.parametrize("cast", list(CASTS))
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.floats(width=32), min_size=1, max_size=64))
+@example(values=[INF, -INF, 448.0, -449.0, 464.0, -1e30, 3.4e38, NAN])
+def test_e4m3_saturates_whatever_torch_s_cast_does(cast: str, values: list[float]) -> None:
+    """Every fp32 value cast as TE's ``cvt.rn.satfinite`` does: beyond 448 (infinities too) 448
+    with its sign, never NaN; NaN the one E4M3 NaN."""
+    x = torch.tensor(values, dtype=torch.float32)
+    with CASTS[cast]():
+        got = e4m3_satfinite(x).view(torch.uint8).tolist()
+    assert got == [satfinite_oracle(float(v)) for v in x]
+
+
+@pytest.mark.parametrize("cast", list(CASTS))
+def test_an_inf_block_saturates_whatever_torch_s_cast_does(cast: str) -> None:
+    """The exact rule's reciprocal of an infinite block's code keeps the infinities: they become
+    +-448 (TE's satfinite), under any torch."""
+    with CASTS[cast]():
+        assert _row([INF, -INF, LARGEST_BF16, 1.0, -2.0], EXACT) == (254, [0x7E, 0xFE, 0x40, 0x00, 0x80])
+        q = quantize_mxfp8_reference(_block([-INF] * 32).t().contiguous(), EXACT)
+        assert q.col_data.view(torch.uint8)[:32, 0].tolist() == [0xFE] * 32
