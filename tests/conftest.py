@@ -25,3 +25,19 @@ def installed_te() -> Iterator[Callable[..., None]]:
             stack.enter_context(installed_release(raw, source=source))
 
         yield pretend
+
+
+@pytest.fixture(scope="module", params=["compiled", "python"])
+def memory_reader(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each of mok's readers of tensors' memory (mok.read.fingerprint) for the module's tests in
+    turn: the compiled one (skipped, saying so, where it is not built) and the Python one."""
+    from mok.read import fingerprint
+
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "python":
+            patch.setenv(fingerprint.ENV, "python")
+        fingerprint.compiled.cache_clear()
+        if request.param == "compiled" and fingerprint.compiled() is None:
+            pytest.skip("mok's compiled memory reader is not built here (it needs a C compiler at install)")
+        yield request.param
+    fingerprint.compiled.cache_clear()

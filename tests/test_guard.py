@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 import mok
 from te_compat.testing import fake_mxfp8, installed_release
 
+pytestmark = pytest.mark.usefixtures("memory_reader")  # both memory readers
 RELEASE = "2.20.2"
 E, R, C = 3, 64, 96  # padded both ways, as in tests/test_refresh_invariant.py
 BUFFERS = {"rowwise": "_rowwise_scale_inv", "columnwise": "_columnwise_scale_inv"}

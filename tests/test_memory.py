@@ -23,6 +23,9 @@ PER_EXPERT = R * C  # elements
 ITEM = torch.bfloat16.itemsize
 
 
+pytestmark = pytest.mark.usefixtures("memory_reader")  # both memory readers
+
+
 def _experts_in_one_buffer(experts: int, lead: int) -> tuple[torch.Tensor, list[torch.nn.Parameter]]:
     """One flat BF16 buffer and a Parameter per expert over it, expert e starting ``lead + e * R * C``
     elements in (``lead`` a multiple of 8: every expert 16-byte aligned, as mok's quantiser needs)."""
