@@ -99,6 +99,36 @@ def post_all_gather_support(release: Version | None, usable: bool) -> tuple[bool
     return True, f"TE {release}: a no-op for MXFP8 weights ({row.introduced_by})"
 
 
+# torch FSDP2 (``fully_shard``) over TE's quantized Parameters: TE's tensor classes take part in its
+# all-gather through ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``, first in TE 2.10 for
+# Float8Tensor and MXFP8Tensor (the matrix records of the 2.10.0 wheel list them; 2.9.0's do not;
+# tests/test_behaviour.py reads every record). ``fully_shard`` also calls ``param.view(-1)`` on each
+# Parameter, which TE answers by dequantizing: TE refuses MXFP8 dequantization below compute
+# capability 10.0 ("MXFP8 Dequantization is NOT supported by architectures < 10.0", TE 2.20.2 and
+# 2.12.0 on an H100), so MXFP8 Parameters shard only on sm_100 and later; Float8 dequantizes anywhere.
+FSDP2_HOOKS_SINCE = "2.10"
+FSDP2_DEQUANTIZE_CC = {"float8": None, "mxfp8": (10, 0)}
+
+
+def fsdp2_support(kind: str, release: Version | None, cc: tuple[int, int] | None) -> tuple[bool, str]:
+    """(whether torch FSDP2 can shard TE's ``kind`` Parameters ("float8", "mxfp8") in this process,
+    why): a release with TE's FSDP2 hooks for the kind, and a CUDA device on which TE dequantizes
+    it (``fully_shard`` asks for a dequantizing ``view``)."""
+    if kind not in FSDP2_DEQUANTIZE_CC:
+        raise ValueError(f"kind: expected one of {', '.join(map(repr, FSDP2_DEQUANTIZE_CC))}; found {kind!r}")
+    if release is None or release < Version(FSDP2_HOOKS_SINCE):
+        return False, f"needs TE >= {FSDP2_HOOKS_SINCE} (its FSDP2 all-gather hooks); found {release or 'no TE'}"
+    if cc is None:
+        return False, "needs a CUDA device; found none visible to torch"
+    least = FSDP2_DEQUANTIZE_CC[kind]
+    if least is not None and cc < least:
+        return False, (
+            f"fully_shard dequantizes each Parameter, and TE dequantizes {kind.upper()} only on compute capability "
+            f">= {least[0]}.{least[1]}; found {cc[0]}.{cc[1]}"
+        )
+    return True, f"TE {release}: {kind.upper()} Parameters take part in FSDP2's all-gather"
+
+
 def two_d_quantization(release: Version | None) -> tuple[bool, str]:
     """(whether the release's MXFP8Quantizer takes ``with_2d_quantization``, the row's fact)."""
     rows = [r for r in table.QUANTIZER_FLAG_ROWS if r.storage == "quantized_2d"]

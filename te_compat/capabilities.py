@@ -12,7 +12,7 @@ from typing import Any
 from packaging.version import Version
 
 from te_compat import table
-from te_compat.behaviour import post_all_gather_support, reciprocal_rule_source, two_d_quantization
+from te_compat.behaviour import fsdp2_support, post_all_gather_support, reciprocal_rule_source, two_d_quantization
 from te_compat.device import cuda_device, has_cuda_core
 from te_compat.errors import MissingFeatureError, TECompatError, TEVersionError
 from te_compat.quantize import describe as describe_quantize
@@ -52,6 +52,9 @@ class Capabilities:
     mxfp8_2d_quantization: bool  # TE 2.19+: MXFP8Quantizer(with_2d_quantization=...), 32x32 blocks
     post_all_gather_processing: bool  # TE's post_all_gather_processing takes MXFP8 weights (a no-op)
     post_all_gather_processing_reason: str
+    float8_fsdp2: bool  # torch FSDP2 can shard TE's Float8 Parameters here (TE 2.10+, a CUDA device)
+    mxfp8_fsdp2: bool  # ... TE's MXFP8 Parameters (TE 2.10+, compute capability >= 10.0)
+    fsdp2_reasons: dict[str, str]
     cuda_core: bool  # mok's kernel needs it (pip install te-compat[cuda]) and a CUDA device
 
     def as_dict(self) -> dict[str, Any]:
@@ -134,6 +137,8 @@ _CHECKS: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
     ),
     "mxfp8_quantization": lambda c: (c.mxfp8_quantization, _quantize_reason(c)),
     "post_all_gather_processing": lambda c: (c.post_all_gather_processing, c.post_all_gather_processing_reason),
+    "float8_fsdp2": lambda c: (c.float8_fsdp2, c.fsdp2_reasons["float8"]),
+    "mxfp8_fsdp2": lambda c: (c.mxfp8_fsdp2, c.fsdp2_reasons["mxfp8"]),
     "cuda_kernel": lambda c: (
         c.cuda_core and c.cuda_device is not None,
         f"mok's CUDA kernel needs cuda.core ({'present' if c.cuda_core else 'pip install te-compat[cuda]'}) "
@@ -157,6 +162,8 @@ TE_FEATURES = (
     "swizzled_scale_flag",
     "mxfp8_quantization",
     "post_all_gather_processing",
+    "float8_fsdp2",
+    "mxfp8_fsdp2",
 )
 
 
@@ -212,6 +219,7 @@ def capabilities(*, import_te: bool = True, verify: bool = True) -> Capabilities
     verified, verdict = _verification(status.present, verify)
     rule, rule_source = reciprocal_rule_source()
     gather, gather_reason = post_all_gather_support(release, usable)
+    fsdp2 = {kind: fsdp2_support(kind, release, cc) for kind in ("float8", "mxfp8")}
     return Capabilities(
         te_present=status.present,
         te_version=str(status.version) if status.version is not None else status.raw_version,
@@ -236,5 +244,8 @@ def capabilities(*, import_te: bool = True, verify: bool = True) -> Capabilities
         mxfp8_2d_quantization=two_d_quantization(release)[0],
         post_all_gather_processing=gather,
         post_all_gather_processing_reason=gather_reason,
+        float8_fsdp2=fsdp2["float8"][0],
+        mxfp8_fsdp2=fsdp2["mxfp8"][0],
+        fsdp2_reasons={kind: why for kind, (_, why) in fsdp2.items()},
         cuda_core=has_cuda_core(),
     )

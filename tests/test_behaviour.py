@@ -21,7 +21,7 @@ from matrix import native
 from matrix.check import check_release
 from matrix.extract import WHEEL_CACHE, load_record
 from matrix.releases import matrix_release, release_versions
-from te_compat import StorageValueError, TEVersionError, table
+from te_compat import StorageValueError, TEVersionError, behaviour, table
 from te_compat.behaviour import (
     check_post_all_gather_rows,
     check_quantizer_flag_rows,
@@ -403,3 +403,53 @@ def test_every_matrix_release_has_a_native_record() -> None:
     assert {p.stem for p in native.NATIVE_DIR.glob("*.json")} == set(release_versions())
     for release in release_versions():
         assert json.loads(native.record_path(release).read_text())["release"] == release
+
+
+# ------------------------------------------------------------------------------ FSDP2 over TE's Parameters
+
+
+def _records() -> dict[str, dict[str, Any]]:
+    root = Path(__file__).resolve().parent.parent / "matrix" / "records"
+    return {p.stem: json.loads(p.read_text()) for p in root.glob("*.json")}
+
+
+def test_fsdp2_hooks_start_where_the_wheels_first_have_them() -> None:
+    """FSDP2_HOOKS_SINCE is the first release whose Float8Tensor and MXFP8Tensor define
+    ``fsdp_pre_all_gather``, read from every release's recorded classes."""
+    for name, record in _records().items():
+        classes = record.get("classes", {})
+        for cls in ("float8_tensor.Float8Tensor", "mxfp8_tensor.MXFP8Tensor"):
+            found = [v for k, v in classes.items() if k.endswith(cls)]
+            hooks = bool(found) and "fsdp_pre_all_gather" in found[0].get("methods", [])
+            assert hooks == (Version(name) >= Version(behaviour.FSDP2_HOOKS_SINCE)), (name, cls)
+
+
+def _recorded_capabilities() -> set[tuple[int, int]]:
+    root = Path(__file__).resolve().parent.parent / "matrix" / "live"
+    return {tuple(json.loads(p.read_text())["compute_capability"]) for p in root.glob("*.json")}  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("cc", sorted(_recorded_capabilities() | {(10, 0), (10, 3), (12, 0)}))
+@pytest.mark.parametrize("release", ["2.9.0", "2.10.0", "2.20.2"])
+def test_fsdp2_over_mxfp8_needs_the_hooks_and_a_device_that_dequantizes(cc: tuple[int, int], release: str) -> None:
+    """The GPUs the live matrix ran on (H200: 9.0) cannot shard TE's MXFP8 Parameters; 10.x and
+    later can, from TE 2.10; Float8 shards on any of them from TE 2.10."""
+    ok, why = behaviour.fsdp2_support("mxfp8", Version(release), cc)
+    assert ok == (Version(release) >= Version("2.10") and cc >= (10, 0)), why
+    if Version(release) < Version("2.10"):
+        assert "needs TE >= 2.10" in why
+    elif cc < (10, 0):
+        assert f"found {cc[0]}.{cc[1]}" in why and "dequantizes MXFP8 only on compute capability >= 10.0" in why
+    float8, _ = behaviour.fsdp2_support("float8", Version(release), cc)
+    assert float8 == (Version(release) >= Version("2.10"))
+    assert behaviour.fsdp2_support("mxfp8", Version(release), None) == (
+        False,
+        "needs a CUDA device; found none visible to torch"
+        if Version(release) >= Version("2.10")
+        else "needs TE >= 2.10 (its FSDP2 all-gather hooks); found " + release,
+    )
+
+
+def test_fsdp2_support_names_the_kinds_it_knows() -> None:
+    with pytest.raises(ValueError, match="kind: expected one of 'float8', 'mxfp8'; found 'nvfp4'"):
+        behaviour.fsdp2_support("nvfp4", Version("2.20.2"), (10, 0))

@@ -259,7 +259,7 @@ def test_require_may_be_repeated_and_the_lists_merge(
 # present but unusable, each is missing whatever its release offers; the device features are not.
 TE_DEPENDENT = set(
     "te float8 mxfp8 float8_blockwise nvfp4 grouped hybrid verified swizzled_scale_flag mxfp8_quantization "
-    "post_all_gather_processing".split()
+    "post_all_gather_processing float8_fsdp2 mxfp8_fsdp2".split()
 )
 
 
@@ -289,6 +289,9 @@ def _everything(**changes: object) -> Capabilities:
         mxfp8_2d_quantization=True,
         post_all_gather_processing=True,
         post_all_gather_processing_reason="TE 2.20.2: a no-op for MXFP8 weights",
+        float8_fsdp2=True,
+        mxfp8_fsdp2=True,
+        fsdp2_reasons={"float8": "TE 2.20.2: FLOAT8 ...", "mxfp8": "TE 2.20.2: MXFP8 ..."},
         cuda_core=True,
     )
     return dataclasses.replace(full, **changes)  # type: ignore[arg-type]
