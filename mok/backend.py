@@ -99,4 +99,20 @@ def report() -> dict[str, object]:
         rows: dict[str, object] = {"kernel backend": choice.name, "kernel backend reason": choice.reason}
     except Exception as exc:  # an invalid variable or a demanded, missing kernel: report it
         rows = {"kernel backend": "unavailable", "kernel backend reason": str(exc)}
-    return rows | environment_report()
+    return rows | {"memory reader": memory_reader()} | environment_report()
+
+
+def memory_reader() -> str:
+    """How a checked refresh reads the memory facts of the tensors it guards (mok.read.fingerprint):
+    "compiled", or "python" with why."""
+    from mok.read import fingerprint
+
+    if fingerprint.compiled() is not None:
+        return "compiled (mok.read._fingerprint through torch's C shim)"
+    if os.environ.get(fingerprint.ENV, "").strip().lower() == "python":
+        return f"python ({fingerprint.ENV}=python)"
+    try:
+        from mok.read import _fingerprint  # type: ignore[attr-defined]  # noqa: F401
+    except ImportError:
+        return "python (mok.read._fingerprint is not built: it needs a C compiler at install)"
+    return "python (this torch lacks a function of the C shim the compiled reader uses)"

@@ -163,3 +163,16 @@ def test_a_tensor_beyond_its_storage_is_named_as_the_python_reader_names_it() ->
     t.untyped_storage().resize_(48)
     with pytest.raises(StorageFreedError, match="tensor 0: its storage holds 48 bytes, but the tensor spans 24 bytes"):
         memory.read_memory([t], _name)
+
+
+def test_the_report_says_which_reader_refreshes_use(python_reader: None) -> None:
+    from mok.backend import memory_reader, report
+
+    assert memory_reader() == f"python ({fingerprint.ENV}=python)" == report()["memory reader"]
+
+
+@needs_compiled
+def test_the_report_names_the_compiled_reader_where_it_is_in_use() -> None:
+    from mok.backend import memory_reader
+
+    assert memory_reader().startswith("compiled")
