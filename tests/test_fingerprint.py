@@ -80,21 +80,35 @@ def _tensors(shapes: list[tuple[int, int]], deep: list[bool]) -> list[torch.Tens
     return found
 
 
-def _verdict(tensors: list[torch.Tensor], change: str, at: int) -> tuple[object, object]:
-    """(whether a record after the change is refused, whether the comparison finds them the same)."""
-    recorded = memory.read_memory(tensors, _name)
-    compare = memory.comparer(recorded)
+def _read(tensors: list[torch.Tensor], reader: str) -> Any:
+    """read_memory of ``tensors`` by ``reader`` ("compiled" or "python"): its Memory, or the text of
+    its StorageFreedError."""
+    with pytest.MonkeyPatch.context() as patch:
+        if reader == "python":
+            patch.setenv(fingerprint.ENV, "python")
+        fingerprint.compiled.cache_clear()
+        try:
+            return memory.read_memory(tensors, _name)
+        except StorageFreedError as exc:
+            return str(exc)
+        finally:
+            fingerprint.compiled.cache_clear()
+
+
+def _verdicts(tensors: list[torch.Tensor], change: str, at: int) -> dict[str, tuple[object, object]]:
+    """For each reader, on the very same tensors (one change, so the allocator's choices are the
+    same for both): (its refusal of a record after the change or None, whether it finds them the same)."""
+    recorded = {reader: _read(tensors, reader) for reader in ("compiled", "python")}
     now = list(tensors)
     try:
         now[at] = CHANGES[change](now[at])
     except RuntimeError as exc:  # a change torch refuses for this tensor
-        return "torch refused", type(exc)
-    try:
-        memory.read_memory(now, _name)
-        refused: object = None
-    except StorageFreedError as exc:
-        refused = str(exc)
-    return refused, compare(now)
+        return {reader: ("torch refused", type(exc)) for reader in recorded}
+    found = {}
+    for reader, memory_ in recorded.items():
+        after = _read(now, reader)
+        found[reader] = (after if isinstance(after, str) else None, memory.comparer(memory_)(now))
+    return found
 
 
 CASES = st.tuples(
@@ -112,15 +126,8 @@ def test_the_compiled_reader_sees_what_the_python_reader_sees(case: tuple[list[t
     change = data.draw(st.sampled_from(sorted(CHANGES)), label="change")
     at = data.draw(st.integers(0, len(shapes) - 1), label="at")
     with torch.no_grad():
-        compiled = _verdict(_tensors(shapes, deep), change, at)
-        fingerprint.compiled.cache_clear()
-        try:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setenv(fingerprint.ENV, "python")
-                fingerprint.compiled.cache_clear()
-                in_python = _verdict(_tensors(shapes, deep), change, at)
-        finally:
-            fingerprint.compiled.cache_clear()
+        found = _verdicts(_tensors(shapes, deep), change, at)
+    compiled, in_python = found["compiled"], found["python"]
     assert compiled[0] == in_python[0], (change, at)  # the same refusal, or none
     assert compiled[1] is in_python[1] or (compiled[1] is False and in_python[1] is True), (change, at)
     if change == "nothing" or change == "bytes written":
