@@ -20,18 +20,16 @@ import torch
 
 from mok.checks import check_index, check_int, describe
 from mok.errors import LayoutError
+from te_compat.geometry import MXFP8
+from te_compat.geometry import roundup as _roundup
 
 ROW_BLOCK = 128  # rows of one tile of the layout
 COL_BLOCK = 4  # scale columns of one tile
 TILE_BYTES = 512
-MXFP8_BLOCK = 32  # values per E8M0 scale
+MXFP8_BLOCK = MXFP8.block  # values per E8M0 scale: te_compat's geometry, the one definition
 
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)  # torch >= 2.7 names the E8M0 dtype
 _SCALE_DTYPES = (torch.uint8,) if _E8M0 is None else (torch.uint8, _E8M0)
-
-
-def _roundup(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def roundup(value: int, multiple: int) -> int:

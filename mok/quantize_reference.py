@@ -57,9 +57,10 @@ from typing import Literal, NamedTuple
 import torch
 
 from mok.errors import LayoutError
+from mok.layout import MXFP8_BLOCK
 from te_compat import mxfp8_reciprocal_rule
 
-BLOCK = 32  # values per E8M0 scale
+BLOCK = MXFP8_BLOCK  # values per E8M0 scale
 E4M3_MAX = 448.0
 MAX_NORM_RCP = torch.tensor(1.0, dtype=torch.float32) / E4M3_MAX  # fp32(1/448) = 0x3B124925, as TE
 E4M3_NAN = 0x7F

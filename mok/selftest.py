@@ -36,6 +36,7 @@ from mok.quantize_reference import (
 from te_compat import SkipCheck, TensorKind
 from te_compat import table as te_table
 from te_compat.behaviour import reciprocal_rule_source
+from te_compat.geometry import roundup as _roundup
 from te_compat.version import release_of
 
 EXPERTS = 2
@@ -60,10 +61,6 @@ SPEC_VECTORS: tuple[tuple[int, int, tuple[tuple[int, int, int], ...]], ...] = (
 )
 # "Columnwise, data M=256, K=256: Scol[5,130] lands at 1569 (it is S'[130,5])": (M, K, i, j, offset)
 SPEC_COLUMNWISE = (256, 256, 5, 130, 1569)
-
-
-def _roundup(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def spec_offsets(rows: int, columns: int) -> torch.Tensor:

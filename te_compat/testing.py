@@ -49,6 +49,7 @@ from packaging.version import Version
 from te_compat import geometry, table
 from te_compat.errors import TENotFoundError
 from te_compat.gemm_layout import QUANTIZER_ROWS
+from te_compat.geometry import roundup as _roundup
 from te_compat.table import StorageRow, TensorKind, in_range
 from te_compat.version import TEStatus, parse_te_version, pretend_installed, te_status, te_version
 
@@ -362,10 +363,6 @@ def _quantizer(kind: TensorKind, version: Version) -> object:
 
 
 # ------------------------------------------------------------------------------ buffers
-
-
-def _roundup(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _dims(shape: Sequence[int], what: str) -> tuple[tuple[int, ...], int, int]:
