@@ -77,13 +77,13 @@ def open_view(
     request = backend_argument(backend)
     if fmt is Format.BF16:
         preference(request)
-    if cached is not None and _reran(weights, grouped, fmt, dims, cached, request):
+    if cached is not None and rerun(weights, grouped, fmt, dims, cached, request):
         return cached
     return view_or_refresh(reader_for(weights, grouped=grouped, fmt=fmt, dims=dims), cached, request)
 
 
-def _reran(
-    weights: object, grouped: bool, fmt: Format, dims: tuple[object, ...], cached: object, request: str | None
+def rerun(
+    weights: object, grouped: bool, fmt: Format, dims: tuple[object, ...], cached: object, request: str | None = None
 ) -> bool:
     """A refresh whose guard finds everything its last plan read unchanged: the prepared launch
     ran again, with no reader made. The reader a new view would choose is then the one the view

@@ -29,6 +29,7 @@ from mok.formats import Format
 from mok.layout import MXFP8_BLOCK
 from mok.read.blocks import BLOCKS
 from mok.read.readers import GroupedReader, is_bf16_group
+from mok.read.reading import Snapshot
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
 from te_compat import TensorKind, grouped_storage, known_storage_name, scale_matrix, storage_field, tensor_kind_or_none
@@ -329,13 +330,14 @@ def compose_split(
     and column layouts of every expert. A refresh (``outs``, the cached layout buffers) reads the
     scales again and converts them into ``outs``, expert by expert as Megatron does."""
     names = seams.names[2:] if outs is not None else tuple(seams.names)
+    for e, param in enumerate(params):  # a refresh refuses what a new view refuses, first
+        if not seams.is_mxfp8(param):
+            raise ExpertWeightError(f"expert {e}: expected native TE MXFP8 storage; found {type(param).__name__}")
     storage = [_expert_storage(e, p, seams, names) for e, p in enumerate(params)]
     row_data: list[Any] = []
     col_data: list[Any] = []
     if outs is None:
-        for e, (param, found) in enumerate(zip(params, storage, strict=True)):
-            if not seams.is_mxfp8(param):
-                raise ExpertWeightError(f"expert {e}: expected native TE MXFP8 storage; found {type(param).__name__}")
+        for e, found in enumerate(storage):
             for direction, payloads in (("rowwise", row_data), ("columnwise", col_data)):
                 payloads.append(
                     seams.storage_view(
@@ -474,6 +476,19 @@ def compose_split_bf16(experts: Sequence[object], rows: int, columns: int, seams
 # --------------------------------------------------------------------- Megatron's results and fp8_utils
 
 
+# Megatron's results hold both directions: a view of weights TE keeps rowwise only is refused so
+NEEDS_COLUMNWISE = {
+    True: "grouped weight: the 5-tuple needs columnwise data and scales; the weight has none",
+    False: "split weights: the view needs columnwise data and both directions' scales; found less",
+}
+
+
+def check_both_directions(snapshot: Snapshot, grouped: bool) -> None:
+    """A refresh of Megatron's result refuses, as a new one does, weights TE keeps rowwise only."""
+    if snapshot.quantize is None and len(snapshot.directions) < 2:
+        raise ExpertWeightError(NEEDS_COLUMNWISE[grouped])
+
+
 class GroupedWeightTuple(tuple[Any, ...]):
     """Megatron's 5-tuple ``(row_data, row_scales, column_data, column_scales, True)``, carrying
     ``expert_view``, the mok view it came from: a ``cached_view=`` refresh refreshes that view.
@@ -484,7 +499,7 @@ class GroupedWeightTuple(tuple[Any, ...]):
     def __new__(cls, view: GroupedExpertWeights) -> GroupedWeightTuple:
         row, col = view.rowwise, view.columnwise
         if col is None or col.scales is None or row.scales is None:
-            raise ExpertWeightError("grouped weight: the 5-tuple needs columnwise data and scales; the weight has none")
+            raise ExpertWeightError(NEEDS_COLUMNWISE[True])
         self = super().__new__(cls, (row.data[0], row.scales[0], col.data[0], col.scales[0], True))
         self.expert_view = view
         return self
@@ -538,7 +553,7 @@ def routed(
 def routed_from_view(view: SplitExpertWeights) -> SplitRoutedWeight:
     row, col = view.rowwise, view.columnwise
     if col is None or row.scales is None or col.scales is None:
-        raise ExpertWeightError("split weights: the view needs columnwise data and both directions' scales; found less")
+        raise ExpertWeightError(NEEDS_COLUMNWISE[False])
     return routed(row.data, col.data, row.scales, col.scales, view)
 
 

@@ -28,7 +28,7 @@ from mok import door, seams
 from mok.checks import check_bool, describe
 from mok.errors import MokError, RefreshError
 from mok.formats import Format
-from mok.plan.pipeline import view_or_refresh
+from mok.plan.pipeline import check_cached_as, view_or_refresh
 from mok.shared_expert import bf16_copy, warn_shared_experts_bf16
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device
 from te_compat import TECompatError, TensorKind
@@ -137,13 +137,16 @@ def _native_single_grouped_weight_view(
     columnwise scales of the ``[columns, rows/32]`` transpose. ``cached_view`` (an earlier
     result) has items 1 and 3 refreshed in place. Threads: as mok.grouped_weight_view."""
     steps, mine = _seams(), type(cached_view) is seams.GroupedWeightTuple
-    if use_mxfp8 is True and mine and (steps.own or cached_view.expert_view.quantized_on_the_fly):
-        view = cached_view.expert_view  # a refresh of mok's view: the door checks the rest
-        door.open_view(
-            weight, grouped=True, format=Format.MXFP8, use_mxfp8=None, dims=(num_experts, rows, columns), cached=view
-        )
+    if (
+        use_mxfp8 is True
+        and mine
+        and (steps.own or cached_view.expert_view.quantized_on_the_fly)
+        and door.rerun(weight, True, Format.MXFP8, (num_experts, rows, columns), cached_view.expert_view)
+    ):  # nothing the view was planned from changed: its launch ran again; else decided as a new view is
         return cached_view
     dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
+    if mine and use_mxfp8 is True:  # the call's sizes are the view's own, before the weights are read
+        check_cached_as(cached_view.expert_view, GroupedExpertWeights, Format.MXFP8, dims)
     seams.check_grouped_shape(weight, dims)
     if not check_bool("use_mxfp8", use_mxfp8):
         return seams.compose_grouped_bf16(weight, dims, steps)
@@ -151,7 +154,10 @@ def _native_single_grouped_weight_view(
         door.on_the_fly((weight,), True) or (steps.own and seams.te_kind(weight) is TensorKind.GROUPED)
     ):
         cached = cached_view.expert_view if mine else None
-        view = view_or_refresh(door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=dims), cached)
+        reader = door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=dims)
+        if cached is not None:  # a refresh refuses what a new 5-tuple refuses, first
+            seams.check_both_directions(reader.read(), grouped=True)
+        view = view_or_refresh(reader, cached)
         return cached_view if mine else seams.GroupedWeightTuple(cast(GroupedExpertWeights, view))
     outs = (None, None) if cached_view is None else seams.grouped_outputs(cached_view)
     return seams.compose_grouped(weight, (dims[0], dims[1], dims[2]), steps, outs)
@@ -169,29 +175,39 @@ def _native_split_weight_view(
     ``transposed_scale_tensors``) is refreshed in place and returned. Threads: as
     mok.split_weight_view."""
     steps, mine = _seams(), type(cached_view) is seams.SplitRoutedWeight and cached_view.expert_view is not None
-    if use_mxfp8 is True and mine and (steps.own or cached_view.expert_view.quantized_on_the_fly):
-        view = cached_view.expert_view  # a refresh of mok's view: the door checks the rest
-        door.open_view(params, grouped=False, format=Format.MXFP8, use_mxfp8=None, dims=(rows, columns), cached=view)
+    if (
+        use_mxfp8 is True
+        and mine
+        and (steps.own or cached_view.expert_view.quantized_on_the_fly)
+        and door.rerun(params, False, Format.MXFP8, (rows, columns), cached_view.expert_view)
+    ):  # nothing the view was planned from changed: its launch ran again; else decided as a new view is
         return cached_view
     experts = seams.check_experts(params)
     rows, columns = check_sizes(rows=rows, columns=columns)
+    if mine and use_mxfp8 is True:  # the call's sizes are the view's own, before the weights are read
+        check_cached_as(cached_view.expert_view, SplitExpertWeights, Format.MXFP8, (len(experts), rows, columns))
     mxfp8 = check_bool("use_mxfp8", use_mxfp8)
-    if cached_view is not None:
-        if not mxfp8:
+    if not mxfp8:
+        if cached_view is not None:
             raise RefreshError(
                 "cached_view: expected None for BF16 split weights (plain views of the parameters: nothing to "
                 f"refresh); found {describe(cached_view)}"
             )
-        seams.compose_split(experts, rows, columns, steps, seams.split_outputs(cached_view, len(experts)))
-        return cached_view
-    if not mxfp8:
         payloads = seams.compose_split_bf16(experts, rows, columns, steps)
         return seams.SplitRoutedWeight(data=payloads[0], storage_table=ptr_table(payloads, same_device(payloads)))
     kinds = {seams.te_kind(p) for p in {type(p): p for p in experts}.values()}  # one kind check per class
-    if door.on_the_fly(experts, False) or (steps.own and kinds == {TensorKind.MXFP8}):
+    if (cached_view is None or mine) and (
+        door.on_the_fly(experts, False) or (steps.own and kinds == {TensorKind.MXFP8})
+    ):
         reader = door.reader_for(experts, grouped=False, fmt=Format.MXFP8, dims=(rows, columns))
+        if mine:  # a refresh, decided as a new view is; it refuses what a new view refuses, first
+            seams.check_both_directions(reader.read(), grouped=False)
+            view_or_refresh(reader, cached_view.expert_view)
+            return cached_view
         return seams.routed_from_view(cast(SplitExpertWeights, view_or_refresh(reader)))
-    return seams.routed(*seams.compose_split(experts, rows, columns, steps, None))
+    outs = None if cached_view is None else seams.split_outputs(cached_view, len(experts))
+    found = seams.compose_split(experts, rows, columns, steps, outs)
+    return cached_view if cached_view is not None else seams.routed(*found)
 
 
 # ------------------------------------------------------------------------------ shared experts

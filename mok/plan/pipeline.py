@@ -264,15 +264,20 @@ def _view_direction(source: DirectionSource, slots: ScaleSlots, tables: bool) ->
 
 def check_cached(cached: object, reader: Reader[V]) -> V:
     """``cached`` as an earlier view of the reader's class, format, experts and shape."""
-    cls = reader.view_type
+    return check_cached_as(cached, reader.view_type, reader.format, reader.dims)
+
+
+def check_cached_as(cached: object, cls: type[V], fmt: object, dims: tuple[int, ...]) -> V:
+    """``cached`` as an earlier view of class ``cls``, format ``fmt`` and (experts, rows, columns)
+    ``dims``: the arguments a refresh is called with are the view's own."""
     if not isinstance(cached, cls):
         raise RefreshError(f"cached: expected a {cls.__name__} from an earlier call; found {type(cached).__name__}")
-    if cached.format is not reader.format:
-        raise RefreshError(f"cached: expected a {reader.format} view, as asked for; found a {cached.format} view")
+    if cached.format is not fmt:
+        raise RefreshError(f"cached: expected a {fmt} view, as asked for; found a {cached.format} view")
     got = (cached.num_experts, cached.rows, cached.columns)
-    if got != reader.dims:
+    if got != dims:
         raise RefreshError(
-            f"cached: expected a view of (experts, rows, columns) = {reader.dims}, as asked for; found one of {got}"
+            f"cached: expected a view of (experts, rows, columns) = {dims}, as asked for; found one of {got}"
         )
     return cached
 
