@@ -1,39 +1,22 @@
 """Typed checks of the scalar and sequence arguments of mok's public functions.
 
 Each raises ``TypeError`` (wrong type) or ``ValueError`` (out of range) with a message naming the
-parameter, the value found (and its type) and what was expected, so a bad argument never turns
-into a silent wrong result or a raw error from deep inside torch. ``bool`` is never an int here
+parameter, the value found (:func:`describe`: its type, a container's length and items, a
+tensor's shape and dtype, never a repr that would print a tensor) and what was expected, so a
+bad argument never turns into a silent wrong result or a raw error from deep inside torch. ``bool`` is never an int here
 (``rows=True`` is a mistake, not 1); numpy integers are accepted as ints.
 """
 
 from __future__ import annotations
 
 import numbers
-import sys
 from collections.abc import Sequence
 from itertools import repeat
 from typing import TypeVar, overload
 
+from te_compat.errors import describe as describe  # re-exported: mok describes what it found as te_compat does
+
 T = TypeVar("T")
-_REPR_LIMIT = 60
-
-
-def describe(value: object) -> str:
-    """``value`` for an error message: its (short) repr and its type.
-
-    A tensor is described by class, shape and dtype only: the repr of a TE tensor would
-    dequantize it (and a repr may itself fail).
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return f"a {type(value).__name__} of shape {tuple(value.shape)}, dtype {value.dtype}"
-    try:
-        text = repr(value)
-    except Exception as exc:  # a broken __repr__ must not hide the real error
-        text = f"<unprintable: {type(exc).__name__}>"
-    if len(text) > _REPR_LIMIT:
-        text = text[: _REPR_LIMIT - 3] + "..."
-    return f"{text} ({type(value).__name__})"
 
 
 def _range_text(minimum: int, maximum: int | None) -> str:
