@@ -16,6 +16,7 @@ from typing import Any
 from packaging.version import Version
 
 from te_compat import table
+from te_compat.errors import describe
 from te_compat.source_facts import Classes, keyword_call, lineage
 from te_compat.table import NEWEST_RULE, RECIPROCAL_ROWS, ReciprocalRow, Rule
 from te_compat.version import parse_te_version, release_of, te_status
@@ -31,7 +32,7 @@ def _release(release: object) -> Version:
         return release_of(parse_te_version(release))
     raise TypeError(
         f"release: expected a TE version string such as '2.13.0', a packaging Version, or None; "
-        f"found {type(release).__name__} {release!r}"
+        f"found {describe(release)}"
     )
 
 

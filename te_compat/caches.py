@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from te_compat.errors import describe
+
 _clearers: list[Callable[[], None]] = []
 
 
 def on_refresh(clear: Callable[[], None]) -> Callable[[], None]:
     """Register ``clear`` to run at every :func:`refresh` (usable as a decorator)."""
+    if not callable(clear):  # refused now: called at the next refresh, it would fail far from here
+        raise TypeError(f"on_refresh: expected a callable taking no arguments; found {describe(clear)}")
     if clear not in _clearers:
         _clearers.append(clear)
     return clear

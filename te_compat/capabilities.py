@@ -14,7 +14,7 @@ from packaging.version import Version
 from te_compat import table
 from te_compat.behaviour import fsdp2_support, post_all_gather_support, reciprocal_rule_source, two_d_quantization
 from te_compat.device import cuda_device, has_cuda_core
-from te_compat.errors import MissingFeatureError, TECompatError, TEVersionError
+from te_compat.errors import MissingFeatureError, TECompatError, TEVersionError, describe
 from te_compat.quantize import describe as describe_quantize
 from te_compat.quantize import quantize_row, support
 from te_compat.table import TensorKind
@@ -65,9 +65,9 @@ class Capabilities:
         ``TE_FEATURES`` are all missing while TE is present but not usable (its import failed)."""
         out: dict[str, str] = {}
         for name in features:
-            check = FEATURES.get(name)
+            check = FEATURES.get(name) if isinstance(name, str) else None
             if check is None:
-                raise ValueError(f"unknown feature {name!r}; expected one of {', '.join(FEATURES)}")
+                raise ValueError(f"unknown feature {describe(name)}; expected one of {', '.join(FEATURES)}")
             ok, why = check(self)
             if not ok:
                 out[name] = why
@@ -197,10 +197,14 @@ def _verification(present: bool, verify: bool) -> tuple[bool | None, str]:
 
 
 def capabilities(*, import_te: bool = True, verify: bool = True) -> Capabilities:
-    """Probe the process once (imports TE when ``import_te``; never raises for a broken TE).
+    """Probe the process once (imports TE when ``import_te``; never raises for a broken TE, only
+    for an argument that is not a bool).
 
     ``verify`` checks the installed TE's own source against the release table (te_compat.verify;
     about 150 ms the first time, without importing TE)."""
+    for name, value in (("import_te", import_te), ("verify", verify)):
+        if not isinstance(value, bool):
+            raise TypeError(f"capabilities: {name}: expected a bool (True or False); found {describe(value)}")
     status = te_import_status() if import_te else te_status()
     release = release_of(status.version) if status.version is not None else None
     kinds = table.kinds_in(release) if release is not None else ()

@@ -27,7 +27,7 @@ from typing import Any
 from packaging.version import Version
 
 from te_compat import table
-from te_compat.errors import TENotFoundError, UnsupportedTensorError
+from te_compat.errors import TENotFoundError, UnsupportedTensorError, describe
 from te_compat.probe import (
     class_path,
     find_in_lineage,
@@ -291,7 +291,7 @@ def _condition_refusal(row: QuantizerRow, quantizer: object, shapes: list[tuple[
     """Why TE would not write GEMM-layout scales for these shapes, or None when it would."""
     name = type(quantizer).__name__
     found = {f: getattr(quantizer, f, None) for c in row.conditions for f in c.flags}
-    odd = ", ".join(f"{f}={type(v).__name__} {v!r}" for f, v in found.items() if not isinstance(v, (bool, type(None))))
+    odd = ", ".join(f"{f}={describe(v)}" for f, v in found.items() if not isinstance(v, (bool, type(None))))
     if odd:  # TE's quantizers store True or False: which path TE would take is not guessed
         return f"{name}: expected bool flags (TE stores True or False); found {odd}"
     flags = {f: v is True for f, v in found.items()}  # None: not set, as in a release without it
@@ -420,13 +420,13 @@ def _named(params_or_module: object) -> list[tuple[str, object]]:
     if _is_module(params_or_module):
         named = list(params_or_module.named_parameters())  # type: ignore[attr-defined]
     elif isinstance(params_or_module, Mapping):
-        named = [(str(name), p) for name, p in params_or_module.items()]
+        named = [(name if isinstance(name, str) else describe(name), p) for name, p in params_or_module.items()]
     elif _is_single(params_or_module):
         named = [("<parameter>", params_or_module)]
     elif isinstance(params_or_module, (str, bytes)) or not isinstance(params_or_module, Iterable):
         raise UnsupportedTensorError(
             "request_gemm_layout_scales: params_or_module: expected a torch.nn.Module, a parameter, a mapping "
-            f"of name -> parameter or an iterable of parameters; found {type(params_or_module).__name__}"
+            f"of name -> parameter or an iterable of parameters; found {describe(params_or_module)}"
         )
     else:
         named = [(f"[{i}]", p) for i, p in enumerate(params_or_module)]
@@ -434,7 +434,7 @@ def _named(params_or_module: object) -> list[tuple[str, object]]:
         if not _is_single(p):
             raise UnsupportedTensorError(
                 f"request_gemm_layout_scales: {name}: expected a torch.Tensor, a Parameter or a Transformer Engine "
-                f"tensor; found {type(p).__name__}"
+                f"tensor; found {describe(p)}"
             )
     return named
 
@@ -444,7 +444,7 @@ def _checked_compute_capability(value: object) -> tuple[int, int] | None:
     if value is None:
         return None
     expected = "a (major, minor) tuple of two ints >= 0 such as (10, 0), or None"
-    found = f"{type(value).__name__} {value!r}"
+    found = describe(value)
     if not isinstance(value, (tuple, list)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise TypeError(f"request_gemm_layout_scales: compute_capability: expected {expected}; found {found}")
     if len(value) != 2 or min(value) < 0:

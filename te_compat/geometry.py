@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from te_compat.errors import describe
 from te_compat.table import StorageName, TensorKind
 
 SCALE_ROW_MULTIPLE = 128  # TE pads a scale buffer's rows to a multiple of this
@@ -107,8 +108,8 @@ class BlockGeometry:
 
     def direction(self, name: str) -> DirectionGeometry:
         """The direction called ``name`` ("rowwise" or "columnwise")."""
-        if name not in ("rowwise", "columnwise"):
-            raise ValueError(f"direction: expected 'rowwise' or 'columnwise'; found {name!r}")
+        if not isinstance(name, str) or name not in ("rowwise", "columnwise"):
+            raise ValueError(f"direction: expected 'rowwise' or 'columnwise'; found {describe(name)}")
         return self.rowwise if name == "rowwise" else self.columnwise
 
     def fits(self, rows: int, columns: int) -> bool:
@@ -143,8 +144,8 @@ GEOMETRY: dict[TensorKind, BlockGeometry] = {MXFP8.kind: MXFP8, NVFP4.kind: NVFP
 
 def block_geometry(kind: TensorKind) -> BlockGeometry:
     """How TE stores a block-scaled ``kind`` (MXFP8, NVFP4); ValueError for any other kind."""
-    found = GEOMETRY.get(kind)
+    found = GEOMETRY.get(kind) if isinstance(kind, TensorKind) else None
     if found is None:
         known = ", ".join(k.value for k in GEOMETRY)
-        raise ValueError(f"expected a block-scaled kind ({known}); found {kind}")
+        raise ValueError(f"kind: expected a block-scaled kind ({known}); found {describe(kind)}")
     return found

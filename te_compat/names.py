@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import cache
 
 from te_compat import table
-from te_compat.errors import AmbiguousStorageNameError, UnknownStorageNameError
+from te_compat.errors import AmbiguousStorageNameError, UnknownStorageNameError, describe
 from te_compat.table import StorageRow, TensorKind
 
 
@@ -54,7 +54,9 @@ def known_storage_name(attr: str, kind: TensorKind | None = None) -> str | None:
     A TE attribute that stands for different storage in different rows still raises
     :class:`AmbiguousStorageNameError`: no single answer exists, and None would mean "unknown".
     """
-    attr = str(attr)  # a StorageName or a plain string
+    attr = table.name_text(attr, "attr")  # a StorageName or a plain string
+    if kind is not None and not isinstance(kind, TensorKind):
+        raise TypeError(f"kind: expected a te_compat.TensorKind or None; found {describe(kind)}")
     names = _inverse(kind).get(attr)
     if names and len(names) == 1:
         return next(iter(names))

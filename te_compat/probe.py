@@ -24,6 +24,7 @@ from te_compat.errors import (
     TENotFoundError,
     UnknownStorageNameError,
     UnsupportedTensorError,
+    describe,
 )
 from te_compat.source_facts import PACKAGE
 from te_compat.table import StorageRow, TensorKind
@@ -138,7 +139,13 @@ def tensor_kind(obj: object) -> TensorKind:
     class the table does not cover is ``OTHER_QUANTIZED``; a non-tensor raises.
     """
     kind = _kind_cache.get(type(obj))  # a class seen before: one lookup (a view asks per expert)
-    return kind if kind is not None else tensor_kind_of_class(type(obj))
+    if kind is None:
+        kind = tensor_kind_or_none_of_class(type(obj))
+    if kind is None:
+        raise UnsupportedTensorError(
+            f"expected a torch.Tensor, a torch.nn.Parameter or a Transformer Engine tensor; found {describe(obj)}"
+        )
+    return kind
 
 
 def _installed_release(kind: TensorKind, cls: type) -> Version:
@@ -178,7 +185,7 @@ def tensor_kind_or_none(obj: object) -> TensorKind | None:
 
 def resolve(cls: type, logical: str) -> Resolution:
     """Which attribute of ``cls`` holds ``logical`` under the installed TE (cached)."""
-    logical = str(logical)  # a StorageName or a plain string
+    logical = table.name_text(logical, "name")  # a StorageName or a plain string
     key = (cls, logical, status_key())
     found = _resolution_cache.get(key)
     if found is not None:
@@ -258,7 +265,11 @@ def storage_field(obj: object, name: str) -> Any:
     Returns None when the installed release has no such storage for the object's kind.
     Looks on the object (a Parameter of a TE class is that class) and then on ``.data``.
     """
-    resolution = resolve(type(obj), name)
+    try:
+        resolution = resolve(type(obj), name)
+    except UnsupportedTensorError:
+        tensor_kind(obj)  # an object that is no tensor at all: refused naming the object itself
+        raise
     if not resolution.candidates:
         return None
     value = _read(obj, resolution)
@@ -288,14 +299,15 @@ def storage_reader(obj: object, names: tuple[str, ...] | None = None) -> Storage
     candidate attribute that ``obj`` has.
     """
     cls = type(obj)
-    names = None if names is None else tuple(map(str, names))
+    names = None if names is None else table.names_text(names, "names")
     key = (cls, names, status_key())
     found = _reader_cache.get(key)
     if found is not None:
         return found
     kept: list[str] = []
     attrs: list[str] = []
-    for name in names if names is not None else table.logical_names(tensor_kind_of_class(cls)):
+    kind = tensor_kind(obj)  # refuses an object that is no tensor, naming it
+    for name in names if names is not None else table.logical_names(kind):
         candidates = resolve(cls, name).candidates
         present = [a for a in candidates if hasattr(obj, a)] or list(candidates[:1])
         if present:
@@ -321,7 +333,7 @@ def storage_fingerprint(obj: object) -> tuple[Any, ...]:
     tensor's identity and address (or the value of a flag or count, or the identity of anything
     else). Equal fingerprints mean TE reassigned nothing since; values may have changed in place.
     """
-    resolution_kind = tensor_kind_of_class(type(obj))
+    resolution_kind = tensor_kind(obj)
     parts: list[Any] = [id(obj), type(obj)]
     for name in table.logical_names(resolution_kind):
         value = storage_field(obj, name)
@@ -346,5 +358,5 @@ def storage_attr(param: object, name: str) -> torch.Tensor | None:
         return cast("torch.Tensor | None", value)
     raise UnsupportedTensorError(
         f"{name!r} of {class_path(type(param))} is expected to be a torch.Tensor or None; "
-        f"found {type(value).__name__} (use storage_field for flags, counts and lists)"
+        f"found {describe(value)} (use storage_field for flags, counts and lists)"
     )

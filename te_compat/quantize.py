@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.version import Version
 
 from te_compat.errors import MissingFeatureError
+from te_compat.errors import describe as describe_value
 from te_compat.gemm_layout import QUANTIZER_ROWS, QuantizerRow
 from te_compat.geometry import MXFP8
 from te_compat.source_facts import Classes, KeywordCall, keyword_call
@@ -246,7 +247,7 @@ def _source(src: object) -> tuple[int, int]:
     import torch
 
     if not isinstance(src, torch.Tensor):
-        raise TypeError(f"mxfp8_quantize_into: src: expected a torch.Tensor; found {type(src).__name__}")
+        raise TypeError(f"mxfp8_quantize_into: src: expected a torch.Tensor; found {describe_value(src)}")
     if src.dtype not in (torch.bfloat16, torch.float16, torch.float32) or src.dim() < 2:
         raise ValueError(
             "mxfp8_quantize_into: src: expected a bfloat16, float16 or float32 tensor of 2 or more dims; "
@@ -268,9 +269,9 @@ def _buffer(name: str, value: object, src: torch.Tensor, shape: tuple[int, ...],
     kinds = (torch.uint8, torch.float8_e4m3fn) if payload else (torch.uint8,)
     expected = f"a contiguous {' or '.join(map(str, kinds))} tensor on {src.device}"
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"mxfp8_quantize_into: {name}: expected {expected}; found {type(value).__name__}")
+        raise TypeError(f"mxfp8_quantize_into: {name}: expected {expected}; found {describe_value(value)}")
     if value.dtype not in kinds or value.device != src.device or not value.is_contiguous():
-        found = f"{value.dtype} on {value.device}{'' if value.is_contiguous() else ', not contiguous'}"
+        found = f"{describe_value(value)} on {value.device}{'' if value.is_contiguous() else ', not contiguous'}"
         raise ValueError(f"mxfp8_quantize_into: {name}: expected {expected}; found {found}")
     if (tuple(value.shape) if payload else value.numel()) != (shape if payload else math.prod(shape)):
         want = f"shape {shape}" if payload else f"{math.prod(shape)} bytes (TE's padded {shape})"
@@ -344,7 +345,7 @@ def mxfp8_quantize_into(
     MXFP8 kernels do not write on, rather than return buffers TE left untouched.
     """
     if not isinstance(gemm_layout, bool):
-        raise TypeError(f"mxfp8_quantize_into: gemm_layout: expected a bool; found {type(gemm_layout).__name__}")
+        raise TypeError(f"mxfp8_quantize_into: gemm_layout: expected a bool; found {describe_value(gemm_layout)}")
     rows, columns = _source(src)
     given: dict[str, object] = {
         "rowwise_data": rowwise_data,
@@ -356,11 +357,12 @@ def mxfp8_quantize_into(
     columnwise = _pair("columnwise", columnwise_data, columnwise_scale_inv)
     if not (rowwise or columnwise):
         raise ValueError("mxfp8_quantize_into: expected the rowwise buffers, the columnwise ones, or both; found none")
+    buffers = _buffers(src, given, rows, columns)  # the arguments first: they are wrong on any machine
     row, release = _usable_row(gemm_layout)
     ok, why = support(release, True, _device_capability(src.device))
     if not ok:
         raise MissingFeatureError(f"mxfp8_quantize_into: {why}")
-    values: dict[str, Any] = {"shape": tuple(src.shape), "dtype": src.dtype, **_buffers(src, given, rows, columns)}
+    values: dict[str, Any] = {"shape": tuple(src.shape), "dtype": src.dtype, **buffers}
     values["fp8_dtype"] = getattr(importlib.import_module("transformer_engine_torch").DType, E4M3)
     values |= {"rowwise": rowwise, "columnwise": columnwise}
     # the row's keywords, exactly: the matrix checked those against the release's signatures

@@ -34,7 +34,7 @@ from packaging.version import Version
 
 from te_compat.caches import on_refresh
 from te_compat.device import cuda_device
-from te_compat.errors import TECompatError
+from te_compat.errors import TECompatError, describe
 from te_compat.table import TensorKind, kinds_in
 from te_compat.version import release_of, te_import_status, te_status
 
@@ -254,6 +254,11 @@ def _failed_load(name: str, why: str) -> tuple[str, Check]:
     return name, failed
 
 
+def _check_name(name: object) -> str:
+    """A provider's name for a check: its string, or a description of whatever else it gave."""
+    return name if isinstance(name, str) else describe(name)
+
+
 def _listed(provider: Provider) -> tuple[list[tuple[str, Check]], str]:
     """The checks one provider lists, and why it listed none ("" where it did). A check that is
     not callable fails by its own name."""
@@ -273,10 +278,11 @@ def _listed(provider: Provider) -> tuple[list[tuple[str, Check]], str]:
     try:
         for pair in pairs:
             check_name, check = pair
+            named = _check_name(check_name)
             if not callable(check):
-                found.append(_failed_load(str(check_name), f"{value}: {check_name!r} is {type(check).__name__}"))
+                found.append(_failed_load(named, f"{value}: {named!r} is {type(check).__name__}"))
             else:
-                found.append((str(check_name), check))
+                found.append((named, check))
     except (TypeError, ValueError) as exc:
         return [], f"{value}() returned {type(listed).__name__}; expected a mapping of checks ({exc})"
     return found, ""
@@ -351,6 +357,8 @@ def selftest(*, refresh: bool = False) -> SelftestResult:
     """The checks of behaviour on this machine (see the module doc): run once per process, the
     result kept; ``refresh=True`` runs them again. Never raises for a failing check: read
     ``result.ok`` and ``result.failures()``."""
+    if not isinstance(refresh, bool):
+        raise TypeError(f"selftest: refresh: expected a bool (True or False); found {describe(refresh)}")
     with _lock:
         if refresh or not _cached:
             result = run_selftest()

@@ -15,14 +15,19 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from te_compat.errors import StorageNotFoundError, StorageValueError, UnknownStorageNameError, UnsupportedTensorError
+from te_compat.errors import (
+    StorageNotFoundError,
+    StorageValueError,
+    UnknownStorageNameError,
+    UnsupportedTensorError,
+    describe,
+)
 from te_compat.geometry import block_geometry
 from te_compat.probe import (
     class_path,
@@ -32,7 +37,7 @@ from te_compat.probe import (
     storage_reader,
     tensor_kind,
 )
-from te_compat.table import TensorKind, quantizer_flag_rows
+from te_compat.table import TensorKind, name_text, quantizer_flag_rows
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +86,7 @@ class StorageSnapshot:
 
     def need(self, name: str) -> Any:
         """The named field, or StorageNotFoundError naming the attribute, class and TE release."""
-        name = str(name)  # a StorageName or a plain string
+        name = name_text(name, "name")  # a StorageName or a plain string
         if name not in self.__dataclass_fields__:
             known = ", ".join(f.name for f in fields(self))
             raise UnknownStorageNameError(f"{type(self).__name__} has no field {name!r}; expected one of {known}")
@@ -128,6 +133,10 @@ class _Values:
     """One object's storage, read once, each value checked as it is taken (see the module doc)."""
 
     def __init__(self, obj: object, kind: TensorKind, caller: str, read: StorageRead | None = None) -> None:
+        if read is not None and not callable(read):
+            raise TypeError(
+                f"{caller}: read: expected a callable (obj -> storage values by name) or None; found {describe(read)}"
+            )
         found = tensor_kind(obj)
         if found is not kind:
             raise UnsupportedTensorError(
@@ -193,7 +202,7 @@ class _Values:
         attrs, where = _attributes(self.obj, name)
         return StorageValueError(
             f"{class_path(type(self.obj))}: attribute {attrs} (storage {name!r}; {where}) is expected to be "
-            f"{expected}; found {type(value).__name__} {reprlib.repr(value)}"
+            f"{expected}; found {describe(value)}"
         )
 
 
@@ -266,7 +275,7 @@ class GroupedStorage(StorageSnapshot):
 def _positive(name: str, value: object) -> int:
     """``value`` as an int >= 1 (numpy integers too; a bool is no size)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int >= 1; found {reprlib.repr(value)} ({type(value).__name__})")
+        raise TypeError(f"{name}: expected an int >= 1; found {describe(value)}")
     if int(value) <= 0:
         raise ValueError(f"{name}: expected an int >= 1; found {int(value)}")
     return int(value)
@@ -289,7 +298,7 @@ def scale_matrix(
             f"values); found {scaled[1]}"
         )
     if not is_torch_tensor(type(buffer)):
-        raise TypeError(f"buffer: expected a torch.Tensor scale buffer; found {type(buffer).__name__}")
+        raise TypeError(f"buffer: expected a torch.Tensor scale buffer; found {describe(buffer)}")
     r, c = d.buffer_matrix(rows, columns)
     if buffer.dim() < 2 or buffer.shape[-2] < r or buffer.shape[-1] < c:
         raise ValueError(
@@ -358,8 +367,7 @@ def _quantizer_flag(v: _Values, kind: TensorKind, field: str) -> bool | None:
             return value
         raise StorageValueError(
             f"{class_path(type(quantizer))}.{row.attribute} (the quantizer of a {class_path(type(v.obj))}; "
-            f"TE {row.span}) is expected to be a bool (TE stores True or False); found {type(value).__name__} "
-            f"{reprlib.repr(value)}"
+            f"TE {row.span}) is expected to be a bool (TE stores True or False); found {describe(value)}"
         )
     return None
 

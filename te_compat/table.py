@@ -21,6 +21,7 @@ from typing import Literal
 
 from packaging.version import Version
 
+from te_compat.errors import describe
 from te_compat.version import release_of
 
 TE = "transformer_engine.pytorch"
@@ -98,6 +99,27 @@ class StorageName(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def name_text(name: object, what: str) -> str:
+    """``name`` (a str or a :class:`StorageName`) as a plain string. Anything else is a TypeError
+    naming ``what``: turning it into a string could print a tensor (and dequantize TE's)."""
+    if type(name) is str:
+        return name
+    if isinstance(name, StorageName):
+        return name.value
+    if isinstance(name, str):
+        return str.__str__(name)
+    raise TypeError(f"{what}: expected a storage name (a str or te_compat.StorageName); found {describe(name)}")
+
+
+def names_text(names: object, what: str) -> tuple[str, ...]:
+    """``names``, a tuple or list of storage names, as plain strings (:func:`name_text`)."""
+    if type(names) is tuple and set(map(type, names)) <= {str}:
+        return names
+    if not isinstance(names, (tuple, list)):
+        raise TypeError(f"{what}: expected a tuple of storage names or None; found {describe(names)}")
+    return tuple(name_text(name, f"{what}[{i}]") for i, name in enumerate(names))
 
 
 @dataclass(frozen=True)

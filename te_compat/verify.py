@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from packaging.version import Version
 
 from te_compat import table
-from te_compat.errors import TECompatError, TENotFoundError, TEVersionError
+from te_compat.errors import TECompatError, TENotFoundError, TEVersionError, describe
 from te_compat.source_facts import (
     PACKAGE,
     SOURCE_FILES,
@@ -248,16 +248,24 @@ def _installed_source() -> Path:
     return package_dir(found)
 
 
-def _check_arguments(source_dir: object, release: object) -> None:
+def _check_arguments(source_dir: object, release: object, rows: object, hints: object) -> None:
     if source_dir is not None and not isinstance(source_dir, (str, os.PathLike)):
         raise TypeError(
-            f"verify_installed: source_dir: expected a path (str or os.PathLike) or None; "
-            f"found {type(source_dir).__name__} {source_dir!r}"
+            f"verify_installed: source_dir: expected a path (str or os.PathLike) or None; found {describe(source_dir)}"
         )
     if release is not None and not isinstance(release, (str, Version)):
         raise TypeError(
             f"verify_installed: release: expected a version string such as '2.14.1', a packaging Version "
-            f"or None; found {type(release).__name__} {release!r}"
+            f"or None; found {describe(release)}"
+        )
+    if not isinstance(rows, (tuple, list)) or not all(isinstance(row, StorageRow) for row in rows):
+        raise TypeError(
+            f"verify_installed: rows: expected a sequence of te_compat.table.StorageRow (default: the table); "
+            f"found {describe(rows)}"
+        )
+    if not isinstance(hints, Hints):
+        raise TypeError(
+            f"verify_installed: hints: expected a Hints (PYTHON_HINTS or CLI_HINTS); found {describe(hints)}"
         )
 
 
@@ -280,7 +288,7 @@ def verify_installed(
     ``hints`` is how those errors tell the caller to name a tree or a release (the command line
     passes its options, :data:`CLI_HINTS`).
     """
-    _check_arguments(source_dir, release)
+    _check_arguments(source_dir, release, rows, hints)
     start = time.perf_counter()
     given = package_dir(source_dir) if source_dir is not None else None
     version = _version_to_verify(release, given, hints)

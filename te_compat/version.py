@@ -21,7 +21,7 @@ from functools import cache
 from packaging.version import InvalidVersion, Version
 
 from te_compat.caches import on_refresh, refresh
-from te_compat.errors import TENotFoundError, TEVersionError
+from te_compat.errors import TENotFoundError, TEVersionError, describe
 
 # Distributions that carry TE's Python package, in the order they are asked.
 DISTRIBUTIONS = (
@@ -50,6 +50,8 @@ class TEStatus:
 
 def parse_te_version(raw: str) -> Version:
     """Parse a TE version string into the release it stands for (see the module docstring)."""
+    if not isinstance(raw, str):
+        raise TypeError(f"parse_te_version: expected a version string such as '2.14.1'; found {describe(raw)}")
     try:
         parsed = Version(raw.strip())
     except InvalidVersion as exc:
@@ -204,7 +206,7 @@ def te_min_version(version: str) -> bool:
     "2.14" equals "2.14.0". A ``version`` that is not a PEP 440 string raises, TE or not.
     """
     if not isinstance(version, str):
-        raise TypeError(f"te_min_version: expected a version string such as '2.14'; found {version!r}")
+        raise TypeError(f"te_min_version: expected a version string such as '2.14'; found {describe(version)}")
     try:
         wanted = release_of(Version(version))
     except InvalidVersion as exc:
@@ -215,6 +217,9 @@ def te_min_version(version: str) -> bool:
 
 def require_te(min_version: str | None = None, feature: str | None = None) -> Version:
     """Return the installed TE release, or raise an error naming what was found and needed."""
+    for name, value, example in (("min_version", min_version, "'2.14'"), ("feature", feature, "'grouped tensors'")):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"require_te: {name}: expected a str such as {example} or None; found {describe(value)}")
     status = te_status()
     what = f" for {feature}" if feature else ""
     need = f" >= {min_version}" if min_version else ""

@@ -371,7 +371,7 @@ def test_a_bad_compute_capability_is_named(value: object, error: type, te: str |
     installed_te(te)
     with pytest.raises(error, match=r"compute_capability: expected a \(major, minor\) tuple of two ints >= 0") as info:
         request_gemm_layout_scales([torch.zeros(1)], compute_capability=value)  # type: ignore[arg-type]
-    assert f"found {type(value).__name__} {value!r}" in str(info.value)
+    assert f"found {value!r} ({type(value).__name__})" in str(info.value)
 
 
 @pytest.mark.parametrize("cc", [BLACKWELL, [10, 0]])
@@ -420,6 +420,6 @@ def test_a_quantizer_flag_that_is_not_a_bool_is_not_guessed(
     param, q = _nvfp4(release, with_rht=value)
     (entry,) = request_gemm_layout_scales(param, compute_capability=BLACKWELL).entries
     assert entry.status is UNSUPPORTED and getattr(q, GEMM_ATTR) is False
-    assert f"expected bool flags (TE stores True or False); found with_rht={type(value).__name__} {value!r}" in (
+    assert f"expected bool flags (TE stores True or False); found with_rht={value!r} ({type(value).__name__})" in (
         entry.reason
     )

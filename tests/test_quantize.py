@@ -421,7 +421,7 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         ValueError,
         "not contiguous",
     ),
-    ("a non-bool flag", {"gemm_layout": 1}, TypeError, "gemm_layout: expected a bool; found int"),
+    ("a non-bool flag", {"gemm_layout": 1}, TypeError, "gemm_layout: expected a bool; found 1 (int)"),
 ]
 
 

@@ -284,7 +284,7 @@ def test_a_flag_that_is_not_a_bool_is_a_named_error(
     if value is not None:
         message = str(info.value)
         assert name in message and repr(attr) in message and f"TE {release}" in message
-        assert f"found {type(value).__name__} {value!r}" in message and "expected to be a bool" in message
+        assert f"found {value!r} ({type(value).__name__})" in message and "expected to be a bool" in message
         assert isinstance(info.value, TypeError) and isinstance(info.value, UnsupportedTensorError)
 
 

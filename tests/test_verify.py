@@ -509,10 +509,10 @@ def test_a_tree_that_states_no_release_asks_for_one(
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"release": 2.14}, r"release: expected a version string such as '2.14.1'.*; found float 2.14"),
-        ({"release": b"2.14"}, r"release: expected .*; found bytes b'2.14'"),
-        ({"source_dir": 123}, r"source_dir: expected a path \(str or os.PathLike\) or None; found int 123"),
-        ({"source_dir": ["te"]}, r"source_dir: expected a path .*; found list \['te'\]"),
+        ({"release": 2.14}, r"release: expected a version string such as '2.14.1'.*; found 2.14 \(float\)"),
+        ({"release": b"2.14"}, r"release: expected .*; found b'2.14' \(bytes\)"),
+        ({"source_dir": 123}, r"source_dir: expected a path \(str or os.PathLike\) or None; found 123 \(int\)"),
+        ({"source_dir": ["te"]}, r"source_dir: expected a path .*; found \['te'\] \(list\)"),
     ],
 )
 def test_verify_installed_names_a_bad_argument(kwargs: dict[str, object], message: str) -> None:
