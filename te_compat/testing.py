@@ -47,7 +47,7 @@ import torch
 from packaging.version import Version
 
 from te_compat import geometry, table
-from te_compat.errors import TENotFoundError
+from te_compat.errors import TENotFoundError, describe
 from te_compat.gemm_layout import QUANTIZER_ROWS
 from te_compat.geometry import roundup as _roundup
 from te_compat.table import StorageRow, TensorKind, in_range
@@ -114,7 +114,8 @@ def installed_release(release: str | None, *, source: str = "te_compat.testing")
     fails; ``capabilities(import_te=False)`` reads the pretended release alone.
     """
     if release is not None and not isinstance(release, str):
-        raise TypeError(f"installed_release: expected a TE version string such as '2.20.2' or None; found {release!r}")
+        expected = "a TE version string such as '2.20.2' or None"
+        raise TypeError(f"installed_release: expected {expected}; found {describe(release)}")
     with pretend_installed(release, source):
         yield te_status()
 
@@ -229,18 +230,21 @@ def _version(release: str | None) -> Version:
             )
         return installed
     if not isinstance(release, str):
-        raise TypeError(f"release: expected a TE version string such as '2.20.2'; found {release!r}")
+        raise TypeError(f"release: expected a TE version string such as '2.20.2'; found {describe(release)}")
     return parse_te_version(release)
 
 
 def _kind(kind: TensorKind | str) -> TensorKind:
     faked = [k.value for k in TensorKind if table.rows_for(k)]
-    try:
-        found = TensorKind(kind)
-    except ValueError:
-        found = None
+    found = None
+    if isinstance(kind, str):  # Enum's own error for another value would print its repr
+        try:
+            found = TensorKind(kind)
+        except ValueError:
+            found = None
     if found is None or not table.rows_for(found):
-        raise ValueError(f"kind: expected one of {', '.join(faked)} (a kind of the release table); found {kind!r}")
+        expected = f"one of {', '.join(faked)} (a kind of the release table)"
+        raise ValueError(f"kind: expected {expected}; found {describe(kind)}")
     return found
 
 
@@ -327,6 +331,7 @@ def fake_class(kind: TensorKind | str, release: str | None = None, *, storage: b
     factories fill one in. Raises ValueError, naming the releases that have it, for a kind the
     release lacks.
     """
+    _bools("fake_class", storage=storage)
     return _fake_class(_kind(kind), _version(release), storage)
 
 
@@ -369,7 +374,7 @@ def _dims(shape: Sequence[int], what: str) -> tuple[tuple[int, ...], int, int]:
     """(shape, M, K) of a logical shape: M the product of the leading dims, K the last."""
     dims = tuple(shape) if isinstance(shape, Sequence) else ()
     if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
-        raise ValueError(f"{what}: expected a shape of positive ints such as (128, 256); found {shape!r}")
+        raise ValueError(f"{what}: expected a shape of positive ints such as (128, 256); found {describe(shape)}")
     return dims, math.prod(dims[:-1]), dims[-1]
 
 
@@ -382,6 +387,8 @@ def padded_scales(
     and 0xFF bytes in the padding, which TE (2.7+) leaves uninitialised: a reader that strays
     into the padding reads garbage, as it would on TE's own buffers.
     """
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.uint8, torch.float32):
+        raise ValueError(f"padded_scales: expected dtype torch.uint8 or torch.float32; found {describe(dtype)}")
     if dtype == torch.uint8:
         buf = torch.full((pad_rows, pad_cols), 0xFF, dtype=torch.uint8)
         buf[:rows, :cols] = torch.randint(0, 256, (rows, cols), dtype=torch.uint8, generator=generator)
@@ -390,7 +397,7 @@ def padded_scales(
         floats = torch.full((pad_rows, pad_cols * 4), 0xFF, dtype=torch.uint8).view(torch.float32)
         floats[:rows, :cols] = torch.rand(rows, cols, generator=generator) + 0.5
         return floats
-    raise ValueError(f"padded_scales: expected dtype torch.uint8 or torch.float32; found {dtype}")
+    raise AssertionError("unreachable: the dtype was checked above")
 
 
 def _bytes(shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
@@ -552,6 +559,7 @@ def grouped_buffers(
     tensor's buffers are (what TE's per-expert members hold).
     """
     experts, rows, columns = _grouped_dims(shape)
+    _choice("grouped_buffers", "format", format, GROUPED_FORMATS)
     where, dtype = _device("grouped_buffers", device), _dtype("grouped_buffers", dtype)
     _check_fits("grouped_buffers", shape, where, _grouped_bytes(format, columnwise, dtype))
     if format == "bf16":
@@ -559,7 +567,7 @@ def grouped_buffers(
     elif format in _SINGLE_BUFFERS:
         singles = [_SINGLE_BUFFERS[format]((rows, columns), generator, columnwise=columnwise) for _ in range(experts)]
     else:
-        raise ValueError(f"format: expected one of {', '.join(map(repr, GROUPED_FORMATS))}; found {format!r}")
+        raise AssertionError(f"unreachable: {format} is one of {GROUPED_FORMATS}")
     flat = {name: torch.cat([one[name].flatten() for one in singles]).to(device) for name in singles[0]}
     pieces: list[dict[str, torch.Tensor]] = [{} for _ in singles]
     for name, buffer in flat.items():
@@ -578,7 +586,7 @@ def grouped_buffers(
 def _grouped_dims(shape: Sequence[int]) -> tuple[int, int, int]:
     dims, _, _ = _dims(shape, "grouped shape")
     if len(dims) != 3:
-        raise ValueError(f"grouped shape: expected (experts, rows, columns); found {shape!r}")
+        raise ValueError(f"grouped shape: expected (experts, rows, columns); found {describe(shape)}")
     return dims[0], dims[1], dims[2]
 
 
@@ -648,15 +656,30 @@ class _Target:
 _SEEDS = range(-(2**63), 2**64)  # what torch.Generator.manual_seed takes (a negative seed wraps)
 
 
+def _bools(factory: str, **flags: object) -> None:
+    """Refuse, naming ``factory`` and the flag, any flag that is not a real bool (a string such
+    as "False" is truthy; a tensor's truth is its value)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{factory}: {name}: expected a bool; found {describe(value)}")
+
+
+def _choice(factory: str, name: str, value: object, choices: Sequence[str | None]) -> None:
+    """Refuse ``value`` unless it is one of ``choices`` (strings, or None where None is one)."""
+    if not (value is None or isinstance(value, str)) or value not in choices:
+        shown = ", ".join(repr(c) for c in choices if c is not None) + (" or None" if None in choices else "")
+        raise ValueError(f"{factory}: {name}: expected one of {shown}; found {describe(value)}")
+
+
 def _device(factory: str, device: object) -> torch.device:
     """``device`` as a torch.device this process has; refused, naming the factory, otherwise."""
     expected = "a torch.device or a string such as 'cpu', 'meta' or 'cuda:0'"
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"{factory}: device: expected {expected}; found {type(device).__name__} {device!r}")
+        raise TypeError(f"{factory}: device: expected {expected}; found {describe(device)}")
     try:
         parsed = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"{factory}: device: expected {expected}; found {device!r}") from None
+        raise ValueError(f"{factory}: device: expected {expected}; found {str(device)!r}") from None
     if parsed.type not in ("cpu", "meta"):
         try:
             torch.empty(0, device=parsed)  # nothing allocated: whether torch can reach the device at all
@@ -675,7 +698,7 @@ def _dtype(factory: str, dtype: object) -> torch.dtype:
     """``dtype`` if it is a floating-point torch.dtype (TE's nominal dtypes are), else refused."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(
-            f"{factory}: dtype: expected a floating-point torch.dtype such as torch.bfloat16; found {dtype!r}"
+            f"{factory}: dtype: expected a floating-point torch.dtype such as torch.bfloat16; found {describe(dtype)}"
         )
     return dtype
 
@@ -723,13 +746,11 @@ def _target(
         )
     seed = options.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"{factory}: seed: expected an int; found {seed!r}")
+        raise TypeError(f"{factory}: seed: expected an int; found {describe(seed)}")
     if seed not in _SEEDS:
         raise ValueError(f"{factory}: seed: expected an int from -2**63 to 2**64 - 1 (torch's seeds); found {seed}")
     storage, param = options.get("storage", False), options.get("param", False)
-    for name, value in (("storage", storage), ("param", param)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{factory}: {name}: expected a bool; found {value!r} ({type(value).__name__})")
+    _bools(factory, storage=storage, param=param)
     dtype = _dtype(factory, options.get("dtype", torch.bfloat16))
     device = _device(factory, options.get("device", "cpu"))
     version = _version(options.get("release"))
@@ -766,6 +787,7 @@ def fake_float8(shape: Sequence[int], *, transpose: bool = True, **options: Unpa
 
     Returns the tensor (see :class:`FakeOptions` for ``param``, ``storage`` (2.0+) and the rest).
     """
+    _bools("fake_float8", transpose=transpose)
     target = _target("fake_float8", shape, options, lambda _: 1 + transpose)
     return _build(TensorKind.FLOAT8, target, float8_buffers(shape, target.generator, transpose=transpose))
 
@@ -790,6 +812,7 @@ def fake_mxfp8(
     random scale per block written at every 1x32 position it covers, rowwise and columnwise, and
     the columnwise payload a copy of the rowwise one, as TE writes them (:func:`mxfp8_2d_buffers`).
     """
+    _bools("fake_mxfp8", rowwise=rowwise, columnwise=columnwise, swizzled=swizzled, quantized_2d=quantized_2d)
     target = _target("fake_mxfp8", shape, options, lambda _: rowwise + columnwise)
     logical = mxfp8_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise)
     row = _row(TensorKind.MXFP8, target.version)
@@ -843,6 +866,7 @@ def fake_nvfp4(
     ``row_scaled`` (2.16+; then one fp32 rowwise amax per row), ``nvfp4_use_4over6`` False and
     ``nvfp4_e4m3_max`` 448 (2.17+). Asking for a flag the release lacks raises.
     """
+    _bools("fake_nvfp4", rowwise=rowwise, columnwise=columnwise, swizzled=swizzled, row_scaled=row_scaled)
     target = _target("fake_nvfp4", shape, options, lambda _: (rowwise + columnwise) / 2)
     row, version = _row(TensorKind.NVFP4, target.version), target.version
     logical = nvfp4_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled)
@@ -869,6 +893,7 @@ def fake_blockwise(
     ``two_d``: 128x128 blocks (``_is_2D_scaled``), else 1x128. ``compact``: TE 2.5-2.11's COMPACT
     data format (``_data_format``, a :class:`Float8BlockScaleTensorFormat`; GEMM_READY otherwise).
     """
+    _bools("fake_blockwise", two_d=two_d, compact=compact, rowwise=rowwise, columnwise=columnwise)
     target = _target("fake_blockwise", shape, options, lambda _: rowwise + columnwise)
     logical = blockwise_buffers(
         shape, target.generator, two_d=two_d, rowwise=rowwise, columnwise=columnwise, compact=compact
@@ -926,14 +951,15 @@ def fake_hybrid(
     ``sub_storage``: the sub-storages are storage-only objects (what an internal sub-quantizer
     makes), else tensors.
     """
+    _bools("fake_hybrid", sub_storage=sub_storage)
+    _choice("fake_hybrid", "rowwise", rowwise, (*HYBRID_FORMATS, None))
+    _choice("fake_hybrid", "columnwise", columnwise, (*HYBRID_FORMATS, None))
     target = _target(
         "fake_hybrid", shape, options, lambda dtype: sum(_hybrid_bytes(f, dtype) for f in (rowwise, columnwise))
     )
     seed = options.get("seed", 0)
     logical: dict[str, Any] = {}
     for offset, (name, fmt) in enumerate((("rowwise", rowwise), ("columnwise", columnwise))):
-        if fmt is not None and fmt not in HYBRID_FORMATS:
-            raise ValueError(f"{name}: expected one of {', '.join(map(repr, HYBRID_FORMATS))} or None; found {fmt!r}")
         sub_seed = (seed + offset) % 2**64  # a seed torch takes (it wraps negative ones alike)
         sub: FakeOptions = {**options, "release": str(target.version), "seed": sub_seed, "storage": sub_storage}
         sub["param"] = False
@@ -977,6 +1003,8 @@ def fake_grouped(
     fake quantizer and, with ``members``, its per-expert tensors in ``quantized_tensors``, whose
     buffers are views of the group's. ``swizzled`` sets the group's flag (2.14+) and its members'.
     """
+    _bools("fake_grouped", columnwise=columnwise, members=members, swizzled=swizzled)
+    _choice("fake_grouped", "format", format, GROUPED_FORMATS)
     target = _target("fake_grouped", shape, options, lambda dtype: _grouped_bytes(format, columnwise, dtype))
     experts, rows, columns = _grouped_dims(shape)
     buffers = grouped_buffers(
