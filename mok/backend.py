@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 
+from mok.checks import describe
 from mok.errors import LayoutError
 from mok.kernels.config import environment_report
 from te_compat import MissingFeatureError, cuda_device, has_cuda_core
@@ -40,7 +41,8 @@ class BackendChoice:
 def backend_argument(backend: object) -> str | None:
     """A ``backend=`` argument, checked: one of :data:`BACKENDS` (any case) or None."""
     if backend is not None and (not isinstance(backend, str) or backend.lower() not in BACKENDS):
-        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))} or None; found {backend!r}")
+        expected = f"one of {', '.join(map(repr, BACKENDS))} or None"
+        raise ValueError(f"backend: expected {expected}; found {describe(backend)}")
     return backend
 
 

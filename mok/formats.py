@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from mok.checks import describe
+
 
 class Format(str, Enum):
     """The format of a view, or of one direction of it. mok passes these around; a string is
@@ -27,14 +29,14 @@ def format_named(format: object, use_mxfp8: object) -> Format:
     """The format asked for: ``format`` (a :class:`Format` or its name) if given, else from the
     seed's ``use_mxfp8`` flag. The one place a string becomes a format."""
     if use_mxfp8 is not None and not isinstance(use_mxfp8, bool):
-        raise TypeError(f"use_mxfp8: expected a bool; found {use_mxfp8!r} ({type(use_mxfp8).__name__})")
+        raise TypeError(f"use_mxfp8: expected a bool; found {describe(use_mxfp8)}")
     if format is None:
         if use_mxfp8 is None:
             raise TypeError("expected use_mxfp8=True/False or format= ('bf16', 'mxfp8', 'nvfp4'); found neither")
         return Format.MXFP8 if use_mxfp8 else Format.BF16
     found = _BY_NAME.get(format) if isinstance(format, str) else None
     if found is None:
-        raise ValueError(f"format: expected one of {', '.join(map(repr, _BY_NAME))}; found {format!r}")
+        raise ValueError(f"format: expected one of {', '.join(map(repr, _BY_NAME))}; found {describe(format)}")
     if use_mxfp8 is not None and use_mxfp8 is not (found is Format.MXFP8):
         raise ValueError(f"use_mxfp8={use_mxfp8} contradicts format={format!r}; pass one of them")
     return found

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mok.backend import backend_argument
+from mok.checks import describe
 from mok.door import reader_for
 from mok.errors import RefreshError
 from mok.plan.pipeline import LayerRerun, Reader, refresh
@@ -21,9 +22,8 @@ _LABEL = "refresh_layer"
 def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
     """The reader of one ``(weights, cached view)`` entry, for the view's format and shape."""
     if not isinstance(view, (GroupedExpertWeights, SplitExpertWeights)):
-        found = type(view).__name__
         raise RefreshError(
-            f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view; found {found}"
+            f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view; found {describe(view)}"
         )
     grouped = isinstance(view, GroupedExpertWeights)
     dims = (view.num_experts, view.rows, view.columns) if grouped else (view.rows, view.columns)
@@ -52,13 +52,10 @@ class LayerRefresh:
     @entries.setter
     def entries(self, entries: Sequence[LayerEntry]) -> None:
         if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
-            raise TypeError(
-                f"entries: expected a sequence of (weights, cached view) pairs; found {type(entries).__name__}"
-            )
+            raise TypeError(f"entries: expected a sequence of (weights, cached view) pairs; found {describe(entries)}")
         for i, entry in enumerate(entries):
             if not isinstance(entry, tuple) or len(entry) != 2:
-                found = type(entry).__name__
-                raise TypeError(f"{_LABEL} entry {i}: expected a (weights, cached view) pair; found {found}")
+                raise TypeError(f"{_LABEL} entry {i}: expected a (weights, cached view) pair; found {describe(entry)}")
         if len(entries) == 0:  # a layer of no views has nothing to launch
             raise ValueError(f"{_LABEL}: expected at least one (weights, cached view) pair; found none")
         entries = tuple(entries)

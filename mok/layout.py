@@ -133,7 +133,7 @@ def _as_uint8(t: torch.Tensor, name: str) -> torch.Tensor:
 def as_batch(scales: torch.Tensor, name: str = "scales") -> torch.Tensor:
     """Validate logical scales ``[R, C]`` or ``[E, R, C]`` and return them as ``[E, R, C]`` uint8."""
     if not isinstance(scales, torch.Tensor):
-        raise LayoutError(f"{name}: expected a torch.Tensor; found {type(scales).__name__}")
+        raise LayoutError(f"{name}: expected a torch.Tensor; found {describe(scales)}")
     s = _as_uint8(scales, name)
     if s.dim() == 2:
         s = s.unsqueeze(0)
@@ -163,7 +163,7 @@ def check_out(out: torch.Tensor, batch: torch.Tensor, name: str = "out") -> None
     e, r, c = batch.shape
     want = layout_shape(r, c, e)
     if not isinstance(out, torch.Tensor):
-        raise LayoutError(f"{name}: expected a torch.Tensor; found {type(out).__name__}")
+        raise LayoutError(f"{name}: expected a torch.Tensor; found {describe(out)}")
     problems = []
     if tuple(out.shape) != want:
         problems.append(f"shape {want} (found {tuple(out.shape)})")

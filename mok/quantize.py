@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from mok.backend import backend_argument
+from mok.checks import describe
 from mok.kernels.quantize import QuantizeOutputs, empty_outputs
 from mok.ops import quantize_op
 from mok.quantize_reference import check_input
@@ -29,6 +30,6 @@ def quantize_mxfp8(
         experts, rows, cols = batch.shape
         out = empty_outputs(experts, rows, cols, batch.device)
     elif not isinstance(out, QuantizeOutputs):
-        raise TypeError(f"out: expected a QuantizeOutputs (an earlier result); found {type(out).__name__}")
+        raise TypeError(f"out: expected a QuantizeOutputs (an earlier result); found {describe(out)}")
     quantize_op(batch, *out, backend_argument(backend))
     return out

@@ -56,6 +56,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
+from mok.checks import describe
 from mok.errors import LayoutError
 from mok.layout import MXFP8_BLOCK
 from te_compat import mxfp8_reciprocal_rule
@@ -163,7 +164,7 @@ def _quantize_blocks(
 def check_input(x: object, name: str = "x") -> torch.Tensor:
     """``x`` as a BF16 ``[E, R, C]`` batch (``[R, C]`` gets E = 1), R and C multiples of 32."""
     if not isinstance(x, torch.Tensor):
-        raise LayoutError(f"{name}: expected a BF16 torch.Tensor [E, R, C] or [R, C]; found {type(x).__name__}")
+        raise LayoutError(f"{name}: expected a BF16 torch.Tensor [E, R, C] or [R, C]; found {describe(x)}")
     if x.dtype != torch.bfloat16 or x.dim() not in (2, 3) or 0 in x.shape:
         raise LayoutError(
             f"{name}: expected a non-empty BF16 tensor [E, R, C] or [R, C]; found dtype {x.dtype}, "

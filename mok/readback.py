@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from mok.checks import describe
 from mok.errors import ExpertWeightError
 from mok.layout import layout_shape, te_swizzled_layout
 from mok.plan.work import ScaleWork, run_work
@@ -49,7 +50,7 @@ def _from_tensor(param: object, name: str) -> torch.Tensor:
     block = BLOCK_OF_KIND.get(tensor_kind(param))
     if block is None:
         raise ExpertWeightError(
-            f"expected a view, or a TE MXFP8 or NVFP4 tensor; found {type(param).__name__} (kind {tensor_kind(param)})"
+            f"expected a view, or a TE MXFP8 or NVFP4 tensor; found {describe(param)} (kind {tensor_kind(param)})"
         )
     d = block.geometry.direction(name)
     snapshot = block.snapshot(param)
@@ -74,8 +75,8 @@ def logical_scales(source: object, *, direction: str = "rowwise") -> torch.Tenso
     logical). Always new tensors: writing one never writes TE's storage, and saving one saves
     the scales alone.
     """
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction: expected one of {', '.join(map(repr, DIRECTIONS))}; found {direction!r}")
+    if not isinstance(direction, str) or direction not in DIRECTIONS:
+        raise ValueError(f"direction: expected one of {', '.join(map(repr, DIRECTIONS))}; found {describe(direction)}")
     if isinstance(source, ExpertWeights):
         return _from_view(source, direction)
     return _from_tensor(source, direction)

@@ -132,7 +132,7 @@ def grouped_scales(
     count = 0 if found is None else len(found)
     if (found is None and not te_group) or (found is not None and count != shape[0]):
         raise ExpertWeightError(  # Megatron's words: "MOK {name} expected E grouped members, got n"
-            f"MOK {name} expected {shape[0]} grouped members, got {count} (members of {type(param).__name__})"
+            f"MOK {name} expected {shape[0]} grouped members, got {count} (members of {describe(param)})"
         )
     if te_group:  # its flat buffers, whether TE made its members or not
         return _te_grouped_scales(param, member_attr, shape, name)
@@ -269,7 +269,7 @@ def compose_grouped(weight: object, dims: tuple[int, int, int], seams: Seams, ou
     experts, rows, columns = dims
     if not seams.is_grouped_mxfp8(weight):
         raise ExpertWeightError(
-            f"grouped weight: expected native TE grouped MXFP8 parameters; found {type(weight).__name__}"
+            f"grouped weight: expected native TE grouped MXFP8 parameters; found {describe(weight)}"
         )
     fp8 = torch.float8_e4m3fn
     row_data = seams.storage_view(
@@ -332,7 +332,7 @@ def compose_split(
     names = seams.names[2:] if outs is not None else tuple(seams.names)
     for e, param in enumerate(params):  # a refresh refuses what a new view refuses, first
         if not seams.is_mxfp8(param):
-            raise ExpertWeightError(f"expert {e}: expected native TE MXFP8 storage; found {type(param).__name__}")
+            raise ExpertWeightError(f"expert {e}: expected native TE MXFP8 storage; found {describe(param)}")
     storage = [_expert_storage(e, p, seams, names) for e, p in enumerate(params)]
     row_data: list[Any] = []
     col_data: list[Any] = []
@@ -386,7 +386,7 @@ def split_outputs(cached: object, experts: int) -> tuple[Sequence[torch.Tensor],
     if row is None or col is None:
         raise RefreshError(
             "cached_view: expected an earlier split view, with scale_tensors and transposed_scale_tensors "
-            f"(per-expert layout buffers); found {type(cached).__name__} without them"
+            f"(per-expert layout buffers); found {describe(cached)} without them"
         )
     row = check_sequence("cached_view.scale_tensors", row, "layout buffers", item_type=torch.Tensor)
     col = check_sequence("cached_view.transposed_scale_tensors", col, "layout buffers", item_type=torch.Tensor)
@@ -412,7 +412,7 @@ def check_scale_shape(shape: object) -> tuple[int, int, int]:
     """A grouped scale view's logical shape: three ints >= 1."""
     dims = check_sequence("shape", shape, "three ints (experts, rows, columns)")
     if len(dims) != 3:
-        raise LayoutError(f"shape: expected three ints (experts, rows, columns); found {tuple(dims)}")
+        raise LayoutError(f"shape: expected three ints (experts, rows, columns); found {describe(shape)}")
     experts, a, b = (check_int(f"shape[{i}]", d, minimum=1) for i, d in enumerate(dims))
     return experts, a, b
 
@@ -427,8 +427,12 @@ def check_grouped_shape(weight: object, shape: tuple[int, ...]) -> None:
     else:
         found = getattr(weight, "shape", None)
         found = tuple(found) if isinstance(found, Sequence) else found
+    if found is None:
+        raise ExpertWeightError(f"grouped weight: expected a weight of shape {shape}; found {describe(weight)}")
     if found != shape:
-        raise ExpertWeightError(f"grouped weight: expected shape {shape}; found {found}")
+        # a shape of ints as mok.door's reader words it (a refresh and a new view say the same)
+        shown = found if isinstance(found, tuple) and all(type(d) is int for d in found) else describe(found)
+        raise ExpertWeightError(f"grouped weight: expected shape {shape}; found {shown}")
 
 
 def compose_grouped_bf16(weight: Any, shape: tuple[int, ...], seams: Seams) -> Any:

@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Any, TypeVar, cast
 
-from mok.checks import check_bool
+from mok.checks import check_bool, describe
 
 T = TypeVar("T")
 _warned = False  # the BF16 warning was emitted in this process (see bf16_warning_emitted)
@@ -62,7 +62,7 @@ def bf16_config(config: T) -> T:
     if missing:
         raise TypeError(
             f"prepare_shared_expert_config: expected a config with attributes fp8 and fp8_param; "
-            f"{type(config).__name__} lacks {', '.join(missing)}"
+            f"found {describe(config)}, which lacks {', '.join(missing)}"
         )
     source: Any = config  # any object with the two attributes
     if not check_bool(f"{type(config).__name__}.fp8_param", source.fp8_param):

@@ -168,7 +168,7 @@ def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dt
         raise TypeError(f"{name}: dtype: expected a torch.dtype; found {describe(dtype)}")
     shape = _view_shape(shape)
     if not isinstance(storage, torch.Tensor):
-        raise ExpertWeightError(f"{name}: expected a torch.Tensor; found {type(storage).__name__}")
+        raise ExpertWeightError(f"{name}: expected a torch.Tensor; found {describe(storage)}")
     if storage.dtype != dtype and not (storage.dtype == torch.uint8 and dtype.itemsize == 1):
         raise ExpertWeightError(
             f"{name}: expected dtype {dtype}"

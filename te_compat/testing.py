@@ -116,6 +116,9 @@ def installed_release(release: str | None, *, source: str = "te_compat.testing")
     if release is not None and not isinstance(release, str):
         expected = "a TE version string such as '2.20.2' or None"
         raise TypeError(f"installed_release: expected {expected}; found {describe(release)}")
+    if not isinstance(source, str):
+        expected = "a str naming where the version came from"
+        raise TypeError(f"installed_release: source: expected {expected}; found {describe(source)}")
     with pretend_installed(release, source):
         yield te_status()
 

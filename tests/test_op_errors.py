@@ -28,7 +28,7 @@ M: Any = mok  # the public functions, called with what their annotations forbid
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: M.swizzle_mxfp8_scales(1), LayoutError, r"^scales: expected a torch.Tensor; found int"),
+        (lambda: M.swizzle_mxfp8_scales(1), LayoutError, r"^scales: expected a torch.Tensor; found 1 \(int\)"),
         (lambda: M.swizzle_mxfp8_scales(SCALES, out=3), LayoutError, r"^out: expected a torch.Tensor or None"),
         (lambda: M.swizzle_mxfp8_scales(SCALES, backend=3), ValueError, r"^backend: expected one of 'auto'"),
         (lambda: M.swizzle_mxfp8_scales_many([SCALES, 3]), TypeError, r"^scales\[1\]: expected logical scale"),

@@ -144,7 +144,7 @@ def check_source(src: torch.Tensor | Sequence[torch.Tensor]) -> Source:
             raise LayoutError(f"src: expected experts 16-byte apart (stride a multiple of 8); found {batch.stride()}")
         return Source(tuple(batch.unbind(0)), batch, batch.stride(1), batch.stride(0))
     if isinstance(src, (str, bytes)) or not isinstance(src, Sequence) or len(src) == 0:
-        raise LayoutError(f"src: expected a BF16 tensor or a non-empty sequence of them; found {type(src).__name__}")
+        raise LayoutError(f"src: expected a BF16 tensor or a non-empty sequence of them; found {describe(src)}")
     experts = tuple(check_input(x, f"src[{i}]")[0] for i, x in enumerate(src))
     first = experts[0]
     for i, x in enumerate(experts):
@@ -161,7 +161,7 @@ def check_outputs(out: QuantizeOutputs, source: Source, *, swizzled: bool) -> Qu
     """``out`` must be exactly the buffers :func:`empty_outputs` would make for ``source``, apart
     from each other and from the source, each writable here."""
     if not isinstance(out, QuantizeOutputs):
-        raise LayoutError(f"out: expected a QuantizeOutputs; found {type(out).__name__}")
+        raise LayoutError(f"out: expected a QuantizeOutputs; found {describe(out)}")
     device = source.experts[0].device
     wants = output_shapes(*source.dims, swizzled=swizzled)
     for name, t, shape, dtype in zip(QuantizeOutputs._fields, out, wants, DTYPES, strict=True):
