@@ -24,7 +24,8 @@ class ExpertWeightError(MokError, ValueError):
 
 class RefreshError(MokError, RuntimeError):
     """A cached view cannot be refreshed in place (another shape or format, a direction TE no
-    longer stores, buffers of its own that were freed, or nothing to refresh)."""
+    longer stores, buffers of its own that were freed, nothing to refresh, or a "view" that is
+    none, or of the other kind: grouped beside per-expert weights, or the reverse)."""
 
 
 class StorageFreedError(ExpertWeightError, RefreshError):

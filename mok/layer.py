@@ -19,12 +19,39 @@ LayerEntry = tuple[object, ExpertWeights]
 _LABEL = "refresh_layer"
 
 
-def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
-    """The reader of one ``(weights, cached view)`` entry, for the view's format and shape."""
+def _check_entry(i: int, entry: object) -> None:
+    """One ``(weights, cached view)`` entry: a pair whose view is mok's, of the weights' kind (a
+    grouped view beside one grouped weight, a per-expert view beside a list of experts)."""
+    if not isinstance(entry, tuple) or len(entry) != 2:
+        raise TypeError(f"{_LABEL} entry {i}: expected a (weights, cached view) pair; found {describe(entry)}")
+    weights, view = entry
     if not isinstance(view, (GroupedExpertWeights, SplitExpertWeights)):
+        inner = getattr(view, "expert_view", None)  # mok.weights' results carry the view they came from
+        hint = f" (its .expert_view is one: pass {type(inner).__name__})" if isinstance(inner, ExpertWeights) else ""
         raise RefreshError(
-            f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view; found {describe(view)}"
+            f"{_LABEL} entry {i}: expected a GroupedExpertWeights or SplitExpertWeights view (what "
+            f"mok.grouped_weight_view or mok.split_weight_view returns) as the pair's second item; found "
+            f"{describe(view)}{hint}"
         )
+    # what mok.split_weight_view takes for experts: any sequence (a list, a tuple) but a string
+    per_expert = isinstance(weights, Sequence) and not isinstance(weights, (str, bytes, bytearray))
+    if isinstance(view, GroupedExpertWeights) and per_expert:
+        raise RefreshError(
+            f"{_LABEL} entry {i}: the view is grouped (a GroupedExpertWeights of {view.num_experts} experts, "
+            f"over one [E, rows, columns] weight) and the weights are not: found {describe(weights)}; pair "
+            "per-expert parameters with a SplitExpertWeights view (mok.split_weight_view)"
+        )
+    if isinstance(view, SplitExpertWeights) and not per_expert:
+        raise RefreshError(
+            f"{_LABEL} entry {i}: the view is per expert (a SplitExpertWeights of {view.num_experts} experts, "
+            f"over a list of expert parameters) and the weights are one grouped weight: found {describe(weights)}; "
+            "pair a grouped weight with a GroupedExpertWeights view (mok.grouped_weight_view)"
+        )
+
+
+def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
+    """The reader of one ``(weights, cached view)`` entry (checked by :func:`_check_entry`), for
+    the view's format and shape."""
     grouped = isinstance(view, GroupedExpertWeights)
     dims = (view.num_experts, view.rows, view.columns) if grouped else (view.rows, view.columns)
     try:
@@ -36,7 +63,11 @@ def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
 class LayerRefresh:
     """Every cached view of one layer (fc1 and fc2, grouped and per expert, MXFP8 and NVFP4),
     refreshed in ONE kernel launch per call. The layer owns this plan; while TE reassigned no
-    storage of its weights, a call reruns the prepared launch after a bulk identity check."""
+    storage of its weights, a call reruns the prepared launch after a bulk identity check.
+
+    Entries are checked when given: each view must be mok's (a mok.weights result carries its
+    own as ``.expert_view``), grouped beside one grouped weight, per expert beside a list of
+    experts; anything else raises :class:`mok.RefreshError` naming the entry."""
 
     def __init__(self, entries: Sequence[LayerEntry], *, backend: str | None = None) -> None:
         self.backend = backend_argument(backend)
@@ -54,8 +85,7 @@ class LayerRefresh:
         if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
             raise TypeError(f"entries: expected a sequence of (weights, cached view) pairs; found {describe(entries)}")
         for i, entry in enumerate(entries):
-            if not isinstance(entry, tuple) or len(entry) != 2:
-                raise TypeError(f"{_LABEL} entry {i}: expected a (weights, cached view) pair; found {describe(entry)}")
+            _check_entry(i, entry)
         if len(entries) == 0:  # a layer of no views has nothing to launch
             raise ValueError(f"{_LABEL}: expected at least one (weights, cached view) pair; found none")
         entries = tuple(entries)

@@ -385,8 +385,9 @@ def split_outputs(cached: object, experts: int) -> tuple[Sequence[torch.Tensor],
     col = getattr(cached, "transposed_scale_tensors", None)
     if row is None or col is None:
         raise RefreshError(
-            "cached_view: expected an earlier split view, with scale_tensors and transposed_scale_tensors "
-            f"(per-expert layout buffers); found {describe(cached)} without them"
+            "cached_view: expected an earlier split view (a SplitRoutedWeight, or any object with scale_tensors "
+            f"and transposed_scale_tensors: per-expert layout buffers); found {describe(cached)}"
+            f"{_other_kind(cached, grouped=False)}"
         )
     row = check_sequence("cached_view.scale_tensors", row, "layout buffers", item_type=torch.Tensor)
     col = check_sequence("cached_view.transposed_scale_tensors", col, "layout buffers", item_type=torch.Tensor)
@@ -403,9 +404,28 @@ def grouped_outputs(cached: object) -> tuple[Any, Any]:
     if not isinstance(cached, Sequence) or len(cached) < 4:
         raise RefreshError(
             "cached_view: expected an earlier grouped view, the 5-tuple (row_data, row_scales, column_data, "
-            f"column_scales, True); found {describe(cached)}"
+            f"column_scales, True); found {describe(cached)}{_other_kind(cached, grouped=True)}"
         )
     return cached[1], cached[3]
+
+
+def _other_kind(cached: object, *, grouped: bool) -> str:
+    """What a refusal of ``cached`` adds where it is a view of the other kind, or mok's own view
+    where this module's result was expected."""
+    if grouped and isinstance(cached, (SplitRoutedWeight, SplitExpertWeights)):
+        return (
+            ": the view is per expert and the weight is grouped (one [E, rows, columns] parameter); refresh a "
+            "per-expert view with _native_split_weight_view, a grouped one with the 5-tuple this function returned"
+        )
+    if not grouped and isinstance(cached, (GroupedWeightTuple, GroupedExpertWeights)):
+        return (
+            ": the view is grouped and the weights are not (one parameter per expert); refresh a grouped view with "
+            "_native_single_grouped_weight_view, a per-expert one with the SplitRoutedWeight this function returned"
+        )
+    if isinstance(cached, (GroupedExpertWeights, SplitExpertWeights)):
+        mine = "5-tuple" if grouped else "SplitRoutedWeight"
+        return f": mok's own view; pass the {mine} this function returned (it carries that view)"
+    return ""
 
 
 def check_scale_shape(shape: object) -> tuple[int, int, int]:

@@ -13,7 +13,8 @@ While those functions are this module's own and the weights are TE's, a view is 
 BF16 weights asked for as MXFP8 are quantised by mok. On top of Megatron's: padded shapes, scales
 TE already swizzled never swizzled twice, TE attribute names of any release, CPU tensors (the
 torch reference). Every refusal is a ``RuntimeError``, as Megatron's are; its message names the
-parameter, expert and what was expected, and its ``__cause__`` is the project's own error.
+parameter, expert and what was expected, and it is the project's own error (mok's RefreshError is
+a RuntimeError) or has that error as its ``__cause__``.
 """
 
 from __future__ import annotations

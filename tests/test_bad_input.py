@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 import mok
 import mok.kernels.quantize
 import te_compat
-from mok import MokError
+from mok import MokError, weights
 from mok.checks import check_bool, check_index, check_int, check_pairs, check_sequence
 from mok.overlap import check_no_overlap
 from te_compat import TECompatError
@@ -790,6 +790,76 @@ def test_refresh_layer_names_the_entry_of_every_refusal(installed_te: Installer)
     v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
     with pytest.raises(ALLOWED, match="^refresh_layer entry 0: "):
         mok.LayerRefresh([(_params(), v)])()  # a list of experts beside a grouped view
+
+
+def test_a_layer_entry_says_which_of_view_and_weights_is_grouped(installed_te: Installer) -> None:
+    """Per-expert weights beside a grouped view, or a grouped weight beside a per-expert view:
+    refused when the layer is made, in words that say which side is grouped, nothing written."""
+    installed_te(RELEASE)
+    g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
+    gv = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    ps = _params()
+    sv = mok.split_weight_view(ps, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    layouts = [*(gv.rowwise.scales or ()), *(sv.rowwise.scales or ())]
+    before = [snapshot(t) for t in layouts]
+    grouped_beside_list = (
+        r"^refresh_layer entry 0: the view is grouped \(a GroupedExpertWeights of 2 experts, over one "
+        r"\[E, rows, columns\] weight\) and the weights are not: found a list of 2 items \(\[0\] a MXFP8Tensor "
+        r"of shape \(64, 128\), dtype torch.bfloat16; .*pair per-expert parameters with a SplitExpertWeights view"
+    )
+    with pytest.raises(mok.RefreshError, match=grouped_beside_list):
+        mok.LayerRefresh([(ps, gv)])
+    with pytest.raises(mok.RefreshError, match=grouped_beside_list.replace("list of 2", "tuple of 2")):
+        mok.refresh_layer([(tuple(ps), gv)])
+    per_expert_beside_group = (
+        r"^refresh_layer entry 1: the view is per expert \(a SplitExpertWeights of 2 experts, over a list of "
+        r"expert parameters\) and the weights are one grouped weight: found a GroupedTensor of shape "
+        r"\(2, 64, 128\), dtype torch.bfloat16; pair a grouped weight with a GroupedExpertWeights view"
+    )
+    with pytest.raises(mok.RefreshError, match=per_expert_beside_group):
+        mok.refresh_layer([(g, gv), (g, sv)])
+    layer = mok.LayerRefresh([(g, gv)])
+    with pytest.raises(mok.RefreshError, match=per_expert_beside_group.replace("entry 1", "entry 0")):
+        layer.entries = [(g, sv)]
+    assert layer.entries == ((g, gv),)  # the refused entries left the layer as it was
+    assert_unchanged(layouts, before)
+
+
+@pytest.mark.parametrize(
+    ("make", "found"),
+    [
+        (lambda ps, g: (ps, (1, 2)), r"\(1, 2\) \(tuple\)"),
+        (lambda ps, g: (ps, object()), "an object of class object"),
+        (
+            lambda ps, g: (ps, weights._native_split_weight_view(ps, rows=ROWS, columns=COLUMNS, use_mxfp8=True)),
+            r"an object of class mok.seams.SplitRoutedWeight \(its .expert_view is one: pass SplitExpertWeights\)",
+        ),
+        (
+            lambda ps, g: (
+                g,
+                weights._native_single_grouped_weight_view(
+                    g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True
+                ),
+            ),
+            r"a mok.seams.GroupedWeightTuple of 5 items \(\[0\] a Tensor of shape \(2, 64, 128\), dtype "
+            r"torch.float8_e4m3fn; .*\(its .expert_view is one: pass GroupedExpertWeights\)",
+        ),
+    ],
+    ids=["tuple", "object", "SplitRoutedWeight", "GroupedWeightTuple"],
+)
+def test_a_layer_entry_whose_view_is_no_mok_view_is_named(
+    make: Callable[[list[Any], Any], tuple[object, object]], found: str, installed_te: Installer
+) -> None:
+    installed_te(RELEASE)
+    entry = make(_params(), T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True))
+    expected = (
+        r"^refresh_layer entry 0: expected a GroupedExpertWeights or SplitExpertWeights view \(what "
+        r"mok.grouped_weight_view or mok.split_weight_view returns\) as the pair's second item; found "
+    )
+    with pytest.raises(mok.RefreshError, match=expected + found + "$"):
+        mok.LayerRefresh([entry])  # type: ignore[list-item]
+    with pytest.raises(mok.RefreshError, match=expected + found + "$"):
+        mok.refresh_layer([entry])  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize(

@@ -386,7 +386,7 @@ def test_split_refresh_errors(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
     got = W._native_split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
-    with pytest.raises(RefreshError, match="cached_view: expected an earlier split view, with scale_tensors and"):
+    with pytest.raises(RefreshError, match=r"cached_view: expected an earlier split view \(a SplitRoutedWeight, or"):
         W._native_split_weight_view(
             ps, rows=128, columns=128, use_mxfp8=True, cached_view=types.SimpleNamespace(scale_tensors=())
         )
@@ -395,6 +395,47 @@ def test_split_refresh_errors(installed_te: Installer) -> None:
     no_col = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True, columnwise=False) for e in range(2)]
     with refused(ExpertWeightError, match="the view needs columnwise data"):
         W._native_split_weight_view(no_col, rows=128, columns=128, use_mxfp8=True)
+
+
+def test_a_cached_view_of_the_other_kind_is_named(installed_te: Installer) -> None:
+    """A refresh given a view of the other kind (grouped for split weights, or the reverse), mok's
+    own view where this module's result is the contract, or any other object: refused as
+    Megatron refuses (a RuntimeError), saying which is grouped, nothing written."""
+    installed_te("2.20.2")
+    ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
+    g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True)
+    split = W._native_split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+    grouped = W._native_single_grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
+    layouts = [*split.scale_tensors, *split.transposed_scale_tensors, grouped[1], grouped[3]]
+    before = [t.clone() for t in layouts]
+
+    def split_refresh(cached: object) -> object:
+        return W._native_split_weight_view(ps, rows=128, columns=128, use_mxfp8=True, cached_view=cached)
+
+    def grouped_refresh(cached: object) -> object:
+        return W._native_single_grouped_weight_view(
+            g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached_view=cached
+        )
+
+    grouped_for_split = r": the view is grouped and the weights are not \(one parameter per expert\)"
+    split_for_grouped = r": the view is per expert and the weight is grouped \(one \[E, rows, columns\] parameter\)"
+    with refused(RefreshError, match=r"found a mok.seams.GroupedWeightTuple of 5 items \(.*\)" + grouped_for_split):
+        split_refresh(grouped)
+    with refused(RefreshError, match=r"found an object of class mok.views.GroupedExpertWeights" + grouped_for_split):
+        split_refresh(grouped.expert_view)
+    with refused(RefreshError, match=r"found an object of class mok.seams.SplitRoutedWeight" + split_for_grouped):
+        grouped_refresh(split)
+    with refused(RefreshError, match=r"found an object of class mok.views.SplitExpertWeights" + split_for_grouped):
+        grouped_refresh(split.expert_view)
+    with refused(RefreshError, match=r"SplitExpertWeights: mok's own view; pass the SplitRoutedWeight this function"):
+        split_refresh(split.expert_view)
+    with refused(RefreshError, match=r"GroupedExpertWeights: mok's own view; pass the 5-tuple this function"):
+        grouped_refresh(grouped.expert_view)
+    for refresh in (split_refresh, grouped_refresh):
+        with refused(RefreshError, match=r"; found an object of class object$"):
+            refresh(object())
+    assert all(torch.equal(t, b) for t, b in zip(layouts, before, strict=True))
+    assert split_refresh(split) is split and grouped_refresh(grouped) is grouped  # the right kind still refreshes
 
 
 def test_split_bf16(installed_te: Installer) -> None:
