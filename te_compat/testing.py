@@ -37,8 +37,8 @@ import enum
 import math
 import os
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
@@ -95,8 +95,7 @@ NVFP4_E4M3_MAX = 448  # NVFP4Tensor's default nvfp4_e4m3_max (2.17+)
 # ------------------------------------------------------------------------------ the installed TE
 
 
-@contextmanager
-def installed_release(release: str | None, *, source: str = "te_compat.testing") -> Iterator[TEStatus]:
+def installed_release(release: str | None, *, source: str = "te_compat.testing") -> AbstractContextManager[TEStatus]:
     """Make te_compat treat TE ``release`` as installed within the block; None: no TE at all.
 
     Returns (as the ``with`` target) the :class:`te_compat.TEStatus` te_compat then reports. Use it
@@ -112,15 +111,47 @@ def installed_release(release: str | None, *, source: str = "te_compat.testing")
     installation. TE itself is neither imported nor changed: ``capabilities()`` still tries to
     import it, and reports a TE present but not usable (so its TE features missing) when that
     fails; ``capabilities(import_te=False)`` reads the pretended release alone.
+
+    Each call makes one block: enter it once. Entering it again (nested or after it ended)
+    raises RuntimeError; write a new ``installed_release(...)`` for each ``with``.
     """
     if release is not None and not isinstance(release, str):
         expected = "a TE version string such as '2.20.2' or None"
         raise TypeError(f"installed_release: expected {expected}; found {describe(release)}")
     if not isinstance(source, str):
-        expected = "a str naming where the version came from"
-        raise TypeError(f"installed_release: source: expected {expected}; found {describe(source)}")
-    with pretend_installed(release, source):
-        yield te_status()
+        raise TypeError(
+            f"installed_release: source: expected a str naming where the version came from; found {describe(source)}"
+        )
+    return _InstalledRelease(release, source)
+
+
+class _InstalledRelease:
+    """One :func:`installed_release` block, entered at most once (a generator-based context
+    manager entered twice fails with an AttributeError that names none of this)."""
+
+    def __init__(self, release: str | None, source: str) -> None:
+        self._release, self._source = release, source
+        self._block: AbstractContextManager[None] | None = None
+        self._state = "new"  # then "open", then "ended"
+
+    def __enter__(self) -> TEStatus:
+        if self._state != "new":
+            where = "still open (a nested with)" if self._state == "open" else "already ended (a second with)"
+            raise RuntimeError(
+                f"installed_release({self._release!r}): expected a fresh installed_release(...) for each with-block; "
+                f"found this one entered before and {where}"
+            )
+        self._block = pretend_installed(self._release, self._source)
+        self._block.__enter__()
+        self._state = "open"
+        return te_status()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
+    ) -> bool | None:
+        self._state = "ended"
+        block, self._block = self._block, None
+        return None if block is None else block.__exit__(kind, exc, tb)
 
 
 # ------------------------------------------------------------------------------ fake classes

@@ -398,7 +398,31 @@ def test_installed_release_takes_any_version_string() -> None:
     with installed_release("not a version") as status:
         assert status.version is None and "cannot read" in status.reason
     with pytest.raises(TypeError, match=r"expected a TE version string such as '2.20.2' or None; found 2.2 \(float\)"):
-        installed_release(2.2).__enter__()  # type: ignore[arg-type]
+        installed_release(2.2)  # type: ignore[arg-type]
+
+
+REUSED = r"^installed_release\('2.20.2'\): expected a fresh installed_release\(...\) for each with-block; found "
+
+
+def test_one_installed_release_entered_twice_is_refused_saying_so() -> None:
+    """One block object is one with-block: entering it again, inside itself or after it ended,
+    is refused naming the mistake, and leaves the pretence as the first entry made it."""
+    outside = te_compat.te_status()
+    block = installed_release("2.20.2")
+    with block as status:
+        assert status.raw_version == "2.20.2"
+        with pytest.raises(RuntimeError, match=REUSED + r"this one entered before and still open \(a nested with\)$"):
+            with block:
+                pass
+        assert te_compat.te_status().raw_version == "2.20.2"  # the refused entry changed nothing
+        with installed_release("2.11.0"):  # a fresh one nests as documented
+            assert te_compat.te_status().raw_version == "2.11.0"
+        assert te_compat.te_status().raw_version == "2.20.2"
+    assert te_compat.te_status() == outside
+    with pytest.raises(RuntimeError, match=REUSED + r"this one entered before and already ended \(a second with\)$"):
+        with block:
+            pass
+    assert te_compat.te_status() == outside
 
 
 def _in_thread(work: Callable[[], object]) -> object:
