@@ -27,7 +27,7 @@ class Format(str, Enum):
 
 def format_named(format: object, use_mxfp8: object) -> Format:
     """The format asked for: ``format`` (a :class:`Format` or its name) if given, else from the
-    seed's ``use_mxfp8`` flag. The one place a string becomes a format."""
+    ``use_mxfp8`` flag (Megatron's). The one place a string becomes a format."""
     if use_mxfp8 is not None and not isinstance(use_mxfp8, bool):
         raise TypeError(f"use_mxfp8: expected a bool; found {describe(use_mxfp8)}")
     if format is None:

@@ -19,12 +19,14 @@ def grouped_weight_view(
     backend: str | None = None,
 ) -> GroupedExpertWeights:
     """Views over one grouped Parameter ``(E, rows, columns)`` (TE 2.13 ``data`` and 2.14+
-    ``rowwise_data`` naming, via te_compat). ``format``: "bf16", "mxfp8" or "nvfp4" (default
-    from the seed's ``use_mxfp8``). A BF16 weight (a plain tensor, or TE's high-precision
-    GroupedTensor) asked for as MXFP8 is quantised by mok, into buffers the view owns
-    (``quantized_on_the_fly``), again at every refresh. With ``cached`` (a previous result),
-    refresh its buffers in place and return it. One kernel launch on the cuda backend; ``backend`` as for
-    :func:`mok.split_weight_view`.
+    ``rowwise_data`` naming, via te_compat).
+
+    ``format``: "bf16", "mxfp8" or "nvfp4"; or ``use_mxfp8`` (Megatron's flag), True/False for
+    "mxfp8"/"bf16": give one of the two (both must agree). A BF16 weight (a plain tensor, or
+    TE's high-precision GroupedTensor) asked for as MXFP8 is quantised by mok, into buffers the
+    view owns (``quantized_on_the_fly``), again at every refresh. With ``cached`` (a previous
+    result), refresh it in place and return it, as :func:`mok.split_weight_view` does. One
+    kernel launch on the cuda backend; ``backend`` as for :func:`mok.split_weight_view`.
 
     Threads: as :func:`mok.split_weight_view`.
     """

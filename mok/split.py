@@ -22,15 +22,21 @@ def split_weight_view(
     """Views over one Parameter per expert, each ``(rows, columns)``, with pointer tables.
 
     ``format``: "bf16", "mxfp8", "nvfp4", or "hybrid" for TE 2.19+ hybrid weights, each direction
-    in its own format (``rowwise.format``/``columnwise.format``); default from the seed's
-    ``use_mxfp8``. BF16 Parameters asked for as MXFP8 are quantised by mok, into buffers the view
-    owns (``quantized_on_the_fly``), again at every refresh. With ``cached`` (a previous
-    result), refresh its scale buffers in place (same addresses) after checking that no payload
-    moved, and return it: when TE reassigned no storage since, the prepared launch simply runs
-    again. All experts convert in one kernel
-    launch (cuda backend). ``backend`` ("auto", "cuda", "torch"; default the environment's
-    TE_COMPAT_KERNEL_BACKEND) is resolved when the view is built; its refreshes keep it unless
-    they name another.
+    in its own format (``rowwise.format``/``columnwise.format``); or ``use_mxfp8`` (Megatron's
+    flag), True/False for "mxfp8"/"bf16": give one of the two (both must agree). BF16
+    Parameters asked for as MXFP8 are quantised by mok, into buffers the view owns
+    (``quantized_on_the_fly``), again at every refresh.
+
+    With ``cached`` (a previous result), refresh it in place and return it, equal to a new view
+    of the same weights: its own buffers (scale layouts, pointer tables) keep their addresses,
+    and where TE moved a payload (a buffer reassigned, FSDP's next all-gather) the view's
+    payload tensors and pointer tables follow it. When TE reassigned no storage since, the
+    prepared launch simply runs again. A refresh raises what a new view would, and
+    :class:`mok.RefreshError` where the view cannot become the new one in place (other shape,
+    count or format; a direction gone; a buffer of its own freed).
+    All experts convert in one kernel launch (cuda backend). ``backend`` ("auto", "cuda",
+    "torch"; default the environment's TE_COMPAT_KERNEL_BACKEND) is resolved when the view is
+    built; its refreshes keep it unless they name another.
 
     Threads: refreshes of different views, and concurrent refreshes of one view, are safe (each
     writes every byte of the view's own buffers once, with its final value). A refresh racing

@@ -143,8 +143,8 @@ def status_key() -> tuple[str | None, str | None] | None:
 
 
 def te_status() -> TEStatus:
-    """The installed TE (or, within :func:`pretend_installed`, the pretended one), cached; TE is
-    not imported (see :func:`te_import_status`)."""
+    """The installed TE (or, within ``te_compat.testing.installed_release``, the pretended one),
+    cached; TE is not imported (see :func:`te_import_status`)."""
     entry = _pretence()
     return _installed_status() if entry is None else _status(*entry.key)
 

@@ -398,7 +398,7 @@ def test_committed_native_records_match_the_cached_archives() -> None:
         assert fresh == native.record_path(release).read_text(), release
         checked += 1
     if not checked:
-        pytest.skip("no source archive in matrix/.cache/ (python -m matrix.native --all downloads them)")
+        pytest.skip("no TE source archive is downloaded here (python -m matrix.native --all downloads them)")
 
 
 def test_every_matrix_release_has_a_native_record() -> None:

@@ -21,7 +21,7 @@ def test_views_follow_fsdp2_on_one_gpu(tmp_path: Path) -> None:
     check_record(run_fsdp(tmp_path, 1, "cuda"), 1, 5)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (a machine of kind nvidia-h200-x2)")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_views_follow_fsdp2_sharded_over_two_gpus(tmp_path: Path) -> None:
     record = run_fsdp(tmp_path, 2, "cuda")
     check_record(record, 2, 5)

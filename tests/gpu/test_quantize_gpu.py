@@ -162,7 +162,7 @@ def _te_quantizer() -> object:
     except Exception as exc:
         pytest.skip(f"TE is not importable here ({type(exc).__name__})")
     if torch.cuda.get_device_capability() < (10, 0):
-        pytest.skip("TE's MXFP8 quantizers write nothing before sm_100 (shared/te-releases/facts.md)")
+        pytest.skip("TE's MXFP8 quantizers write nothing on GPUs of compute capability below 10.0 (before sm_100)")
     return MXFP8Quantizer(fp8_dtype=tex.DType.kFloat8E4M3, rowwise=True, columnwise=True)
 
 

@@ -235,7 +235,7 @@ STUB_FILES = [("cublaslt-grouped-stub.c", "STUB_C"), ("cublaslt-grouped-stub.map
 def test_gpu_live_script_carries_the_shared_stub_verbatim(name: str, marker: str) -> None:
     shared = SHARED_GPU / name
     if not shared.exists():
-        pytest.skip(f"{shared} is not beside this checkout")
+        pytest.skip(f"the reference copy of {name}, the GPU stub this script embeds, is not on this machine")
     embedded = re.search(rf"<<'{marker}'\n(.*?)\n{marker}\n", SCRIPT.read_text(), re.S)
     assert embedded is not None, f"matrix/gpu_live.sh has no {marker} here-document"
     assert embedded.group(1) + "\n" == shared.read_text()
