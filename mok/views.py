@@ -29,7 +29,8 @@ T = TypeVar("T")
 
 def _brief(value: object) -> str:
     """``value`` for a repr without printing a tensor's values (nor calling a TE tensor's repr,
-    which would dequantize it): dtype, shape and device; per-expert tuples by count."""
+    which would dequantize it): dtype, shape and device; per-expert tuples by count; other
+    containers as :func:`describe` names them."""
     if isinstance(value, torch.Tensor):
         return f"{value.dtype}{list(value.shape)} {value.device}"
     if isinstance(value, Format):
@@ -37,7 +38,9 @@ def _brief(value: object) -> str:
     if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
         shapes = sorted({_brief(v) for v in value})
         return f"{len(value)} x {shapes[0]}" if len(shapes) == 1 else f"{len(value)} tensors ({', '.join(shapes)})"
-    return repr(value)
+    if value is None or isinstance(value, (bool, int, float, str, ViewDirection)):
+        return repr(value)  # a view's own direction prints as this module prints it
+    return describe(value)  # anything else (a tuple mixing tensors and None, say) without its repr
 
 
 def _repr(obj: object) -> str:

@@ -16,6 +16,7 @@ import os
 import re
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -78,6 +79,20 @@ def test_describe_names_type_length_keys_index_shape_and_dtype() -> None:
     assert describe("x" * 100).endswith("xxx... (str)") and describe(object()) == "an object of class object"
     assert describe(torch.bfloat16) == "torch.bfloat16 (dtype)" and describe(()) == "() (tuple)"
     assert PRINTED == []
+
+
+def test_a_view_repr_prints_no_tensor_in_a_field_of_mixed_items() -> None:
+    """A view's repr names per-expert tensors by dtype and shape; a field mixing tensors and None
+    is described as messages describe it, never printed."""
+    with installed_release(RELEASE):
+        experts = [fake_mxfp8((128, 64), param=True, seed=e) for e in range(2)]
+        view = mok.split_weight_view(experts, rows=128, columns=64, use_mxfp8=True)
+    odd = replace(view, rowwise=replace(view.rowwise, amax=(unprintable(), None)))
+    PRINTED.clear()
+    text = repr(odd)
+    amax = "amax=a tuple of 2 items ([0] a Unprintable of shape (4, 8), dtype torch.float32; [1] None (NoneType))"
+    assert amax in text
+    assert "data=2 x torch.float8_e4m3fn[128, 64] cpu" in text and PRINTED == []
 
 
 # ------------------------------------------------------------------------------ the entries
