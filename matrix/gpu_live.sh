@@ -375,8 +375,8 @@ STAGE_LOG=$(mktemp)
 [[ -n ${GPU_LIVE_EXTRA:-} ]] || background_builds 2>&1 | tee -a "$STAGE_LOG"
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 # mok's compiled memory reader: the tree travels as source, so build it for this machine's Python
-(cd "$ROOT" && python3 setup.py -q build_ext --inplace > "$OUT/build_ext.log" 2>&1) ||
-    echo "note: mok's compiled memory reader did not build (build_ext.log); refreshes read in Python"
+(cd "$ROOT" && python3 setup.py -q build_ext --inplace > /tmp/build_ext.log 2>&1) ||
+    { tail -n 5 /tmp/build_ext.log; echo "note: mok's compiled memory reader did not build; refreshes read in Python"; }
 export NVTE_GROUPED_LINEAR_SINGLE_PARAM=1  # single grouped expert weights are opt-in (te-releases/facts.md)
 STATUS=0
 for V in "$@"; do
