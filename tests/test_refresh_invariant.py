@@ -250,12 +250,16 @@ def _shared(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 def _restrided(t: torch.Tensor) -> torch.Tensor | None:
     """``t`` at the same address with other strides: a matrix read column-major, a vector as
-    the transpose of its two halves. None where it has no such view."""
-    if t.dim() == 2 and min(t.shape) > 1:
-        return t.as_strided(t.shape, (1, t.shape[0]), t.storage_offset())
-    if t.dim() == 1 and t.numel() >= 4 and t.numel() % 2 == 0:
-        half = t.numel() // 2
-        return t.as_strided((half, 2), (1, half), t.storage_offset())
+    the transpose of its two halves. None where it has no such view (or its storage no longer
+    holds it: torch refuses such a view)."""
+    try:
+        if t.dim() == 2 and min(t.shape) > 1:
+            return t.as_strided(t.shape, (1, t.shape[0]), t.storage_offset())
+        if t.dim() == 1 and t.numel() >= 4 and t.numel() % 2 == 0:
+            half = t.numel() // 2
+            return t.as_strided((half, 2), (1, half), t.storage_offset())
+    except RuntimeError:
+        pass
     return None
 
 
@@ -282,6 +286,32 @@ def _realias_members(group: Any, moves: Sequence[tuple[torch.Tensor, torch.Tenso
                     byte = new.storage_offset() * new.element_size() + where
                     setattr(member, name, _at(new.untyped_storage(), byte, value, value.stride()))
                     break
+
+
+def _get(owner: Any, name: str | None) -> torch.Tensor:
+    return owner if name is None else getattr(owner, name)
+
+
+def _put(owner: Any, name: str | None, new: torch.Tensor | None) -> None:
+    if name is None:  # a BF16 weight: it changes under the same Parameter
+        assert new is not None
+        owner.data = new
+    else:
+        setattr(owner, name, new)
+
+
+def _move(pairs: Sequence[tuple[Any, str | None]], news: Sequence[torch.Tensor | None]) -> bool:
+    """Each buffer to its new memory (a None stays); a group's members follow theirs."""
+    moved = False
+    for (owner, name), new in zip(pairs, news, strict=True):
+        if new is None:
+            continue
+        old = _get(owner, name)
+        _put(owner, name, new)
+        if name is not None and te_compat.tensor_kind(owner) is TensorKind.GROUPED:
+            _realias_members(owner, [(old, new)])
+        moved = True
+    return moved
 
 
 # ------------------------------------------------------------------------------ TE's own clear()
@@ -315,7 +345,6 @@ def te_clear(obj: object) -> None:
 
 # TE's names of one direction's buffers, on a group and on a tensor (update_usage drops them)
 _GROUP_ROWWISE = ("rowwise_data", "scale_inv", "amax")
-_GROUP_COLUMNWISE = ("columnwise_data", "columnwise_scale_inv", "columnwise_amax")
 _MEMBER_ROWWISE = ("_rowwise_data", "_rowwise_scale_inv", "_amax_rowwise")
 _SWIZZLED = "_with_gemm_swizzled_scales"
 
@@ -334,26 +363,25 @@ def _holders(weight: Any) -> list[Any]:
     return [] if kind is TensorKind.PLAIN else [weight]
 
 
+def _refs(weight: Any) -> list[tuple[Any, str | None]]:
+    """(owner, attribute) of each buffer of a weight; (the weight, None) for a plain tensor."""
+    holders = _holders(weight)
+    return [(h, n) for h in holders for n in _owned_tensors(h)] if holders else [(weight, None)]
+
+
 def _place(weights: list[Any], memory: str) -> None:
     """Put the buffers of ``weights`` (one entry's) into ``memory``; a group's members follow."""
-    refs: list[tuple[Any, str | None]] = []
-    for w in weights:
-        holders = _holders(w)
-        refs += [(h, n) for h in holders for n in _owned_tensors(h)] if holders else [(w, None)]
-    olds = [_get(o, n) for o, n in refs]
     if memory == "own":
         return
+    refs = [ref for w in weights for ref in _refs(w)]
+    olds = [_get(*ref) for ref in refs]
     if memory == "shared":
         news: list[torch.Tensor | None] = list(_shared(olds))
     elif memory in ("deep", "shrunk"):
         news = [_deep(t, memory == "shrunk") for t in olds]
     else:
         news = [_restrided(t) for t in olds]
-    for (owner, name), old, new in zip(refs, olds, news, strict=True):
-        if new is not None:
-            _put(owner, name, new)
-            if te_compat.tensor_kind(owner) is TensorKind.GROUPED:
-                _realias_members(owner, [(old, new)])
+    _move(refs, news)
 
 
 def _bf16(shape: tuple[int, ...], seed: int, requires_grad: bool) -> torch.nn.Parameter:
@@ -579,19 +607,16 @@ class World:
 
     def buffers(self) -> list[tuple[Any, str | None]]:
         """(owner, attribute) of every tensor the views read; (tensor, None) for BF16 weights."""
-        found: list[tuple[Any, str | None]] = [(o, n) for o in self.owners() for n in _owned_tensors(o)]
-        return found + [(w, None) for e in self.entries for w in e.weights if not _holders(w)]
+        return [ref for e in self.entries for w in e.weights for ref in _refs(w)]
 
-    def groups_of_buffers(self) -> list[list[tuple[Any, str | None]]]:
-        """Buffers a flat allocation may hold together: a split entry's buffers of one name
-        (its BF16 weights), a group's buffers."""
+    def buffer_sets(self) -> list[list[tuple[Any, str | None]]]:
+        """Buffers one allocation may hold together: a split entry's experts' buffers of one
+        attribute (or its BF16 weights), a grouped weight's buffers."""
         found: list[list[tuple[Any, str | None]]] = []
         for entry in self.entries:
             by_name: dict[str | None, list[tuple[Any, str | None]]] = {}
-            for w in entry.weights:
-                holders = _holders(w)
-                for owner, name in [(h, n) for h in holders for n in _owned_tensors(h)] if holders else [(w, None)]:
-                    by_name.setdefault(name if not entry.grouped else "group", []).append((owner, name))
+            for owner, name in (ref for w in entry.weights for ref in _refs(w)):
+                by_name.setdefault(None if entry.grouped else name, []).append((owner, name))
             found += by_name.values()
         return found
 
@@ -604,18 +629,6 @@ def attempt(fn: Callable[[], Any]) -> Outcome:
 
 
 # ------------------------------------------------------------------------------ the changes on top of B
-
-
-def _get(owner: Any, name: str | None) -> torch.Tensor:
-    return owner if name is None else getattr(owner, name)
-
-
-def _put(owner: Any, name: str | None, new: torch.Tensor | None) -> None:
-    if name is None:  # a BF16 weight: it changes under the same Parameter
-        assert new is not None
-        owner.data = new
-    else:
-        setattr(owner, name, new)
 
 
 def _dtype_of_size(t: torch.Tensor) -> torch.dtype:
@@ -636,22 +649,8 @@ def _pick(candidates: Sequence[Any], index: int) -> Any:
     return candidates[index % len(candidates)] if candidates else None
 
 
-def _move(pairs: Sequence[tuple[Any, str | None]], news: Sequence[torch.Tensor | None]) -> bool:
-    """Each buffer to its new memory (a None stays); a group's members follow theirs."""
-    moved = False
-    for (owner, name), new in zip(pairs, news, strict=True):
-        if new is None:
-            continue
-        old = _get(owner, name)
-        _put(owner, name, new)
-        if name is not None and te_compat.tensor_kind(owner) is TensorKind.GROUPED:
-            _realias_members(owner, [(old, new)])
-        moved = True
-    return moved
-
-
 def apply_step(world: World, step: Step, g: torch.Generator) -> str:
-    """Make the change ``step`` names, where it applies; say what changed ("nothing" if none)."""
+    """Make the change ``step`` names, where it applies; say what it changed."""
     with torch.no_grad():
         done = _apply(world, step, g)
     return f"{step.kind} ({done})" if done else f"{step.kind} (nothing to change)"
@@ -684,7 +683,7 @@ def _apply(world: World, step: Step, g: torch.Generator) -> str:
     if kind in ("move deep into a storage", "deep into a shrunk storage") and t is not None:
         return label if _move([(owner, name)], [_deep(t, kind.startswith("deep"))]) else ""
     if kind == "share one flat buffer":
-        pairs = [p for p in _pick(world.groups_of_buffers(), which) or () if _alive(_get(*p))]
+        pairs = [p for p in _pick(world.buffer_sets(), which) or () if _alive(_get(*p))]
         return f"{len(pairs)} buffers" if len(pairs) > 1 and _move(pairs, _shared([_get(*p) for p in pairs])) else ""
     if kind == "write bytes" and _alive(t):
         _write(t, g)
@@ -731,9 +730,8 @@ def _apply(world: World, step: Step, g: torch.Generator) -> str:
         members = _pick(lists, which)
         nvfp4 = te_compat.tensor_kind(members[0]) is TensorKind.NVFP4
         i = other % len(members)
-        members[i] = (fake_nvfp4 if nvfp4 else fake_mxfp8)(
-            world.dims, seed=next(world.seeds)
-        )  # not in the group's buffers
+        foreign = (fake_nvfp4 if nvfp4 else fake_mxfp8)(world.dims, seed=next(world.seeds))
+        members[i] = foreign  # its buffers are its own, not views of the group's
         return f"member {i}"
     return ""
 
