@@ -5,6 +5,7 @@ mok reads Transformer Engine objects only through te_compat.
 
 from mok.backend import BackendChoice, kernel_backend
 from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError, StorageFreedError
+from mok.export import MXFP8Export, export_mxfp8
 from mok.formats import Format
 from mok.grouped import grouped_weight_view
 from mok.kernels.quantize import QuantizeOutputs
@@ -25,6 +26,7 @@ __all__ = [
     "GroupedExpertWeights",
     "LayerRefresh",
     "LayoutError",
+    "MXFP8Export",
     "MokError",
     "QuantizeOutputs",
     "RefreshError",
@@ -32,6 +34,7 @@ __all__ = [
     "SplitExpertWeights",
     "StorageFreedError",
     "ViewDirection",
+    "export_mxfp8",
     "grouped_weight_view",
     "kernel_backend",
     "layout_offset",

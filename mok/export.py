@@ -1,0 +1,274 @@
+"""export_mxfp8: TE's MXFP8 expert weights copied, never dequantised, into the layouts
+inference engines load (reinforcement-learning refit).
+
+The weights are read through mok's door: a view (split or grouped) that the export keeps and
+refreshes with ``cached=`` at every later export into the same buffers, so a buffer TE moved,
+freed or reassigned is followed or refused by name, never exported stale. The layouts are
+converted from the view's tensors (zero-copy payloads, scales in the 128x4 layout, whatever
+TE's own buffers were: padded, compact, or already swizzled) into the output alone:
+
+- ``"compact"``: payload ``[E, N, K]`` float8_e4m3fn and E8M0 scales ``[E, N, K/32]``
+  unpadded, rowwise; columnwise payload ``[E, N, K]`` and scales ``[E, N/32, K]`` in TE's
+  orientation (one scale per 32 rows, not transposed). What checkpoints and the vLLM / SGLang
+  MXFP8 loaders take.
+- ``"deepgemm"``: payload ``[E, N, K]`` and DeepGEMM's MN-major, TMA-aligned, packed UE8M0
+  int32 scales (mok.export_ops names the definition).
+- ``"flashinfer"``: Megatron-Core's ``prepare_routed_mxfp8_weights``
+  (``megatron/core/inference/moe/flashinfer_mxfp8.py``) result for FlashInfer's TRT-LLM
+  routed MoE: shuffled payload ``[E, roundup(N,128), roundup(K,128)]`` and Major-K scales.
+
+DeepGEMM and FlashInfer read the forward (rowwise) operand only; "compact" exports both
+directions TE keeps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import torch
+
+from mok.checks import describe
+from mok.errors import ExpertWeightError, LayoutError
+from mok.export_ops import TMA_ALIGN_WORDS, TRTLLM_ALIGN, deepgemm_scales_op, trtllm_payload_op, trtllm_scales_op
+from mok.formats import Format
+from mok.grouped import grouped_weight_view
+from mok.layout import _E8M0
+from mok.ops import unswizzle_op
+from mok.split import split_weight_view
+from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
+
+LAYOUTS = ("compact", "deepgemm", "flashinfer")
+BLOCK = 32  # values per E8M0 scale
+_FP8 = torch.float8_e4m3fn
+_SCALE_DTYPES = (torch.uint8,) if _E8M0 is None else (torch.uint8, _E8M0)
+
+
+def _roundup(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class MXFP8Export:
+    """One layer weight's export: the buffers an engine loads, and the view they were read from.
+
+    ``data``/``scales`` are the forward (rowwise) operand in ``layout``'s shapes (see
+    :func:`export_mxfp8`); ``columnwise_data``/``columnwise_scales`` the columnwise direction
+    ("compact" only; None otherwise or where TE keeps none). Pass the export back as ``out=``:
+    the next export refreshes ``view`` and rewrites these very buffers (same addresses).
+    """
+
+    layout: str
+    num_experts: int
+    rows: int
+    columns: int
+    data: torch.Tensor
+    scales: torch.Tensor
+    columnwise_data: torch.Tensor | None = None
+    columnwise_scales: torch.Tensor | None = None
+    view: ExpertWeights | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        parts = [f"layout={self.layout!r}", f"num_experts={self.num_experts}", f"rows={self.rows}"]
+        parts.append(f"columns={self.columns}")
+        for name in ("data", "scales", "columnwise_data", "columnwise_scales"):
+            t = getattr(self, name)
+            parts.append(f"{name}=" + ("None" if t is None else f"{t.dtype}{list(t.shape)} {t.device}"))
+        return f"MXFP8Export({', '.join(parts)})"
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The exported buffers by field name (those present)."""
+        names = ("data", "scales", "columnwise_data", "columnwise_scales")
+        return {n: t for n in names if (t := getattr(self, n)) is not None}
+
+
+def _shapes(layout: str, e: int, n: int, k: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]]:
+    """Each field's (shape, strides; None: contiguous) in ``layout``."""
+    if layout == "flashinfer":
+        np_, kp = _roundup(n, TRTLLM_ALIGN), _roundup(k, TRTLLM_ALIGN)
+        return {"data": ((e, np_, kp), None), "scales": ((e, np_ * kp // BLOCK), None)}
+    if layout == "deepgemm":
+        words, aligned = _roundup(k // BLOCK, 4) // 4, _roundup(n, TMA_ALIGN_WORDS)
+        return {"data": ((e, n, k), None), "scales": ((e, n, words), (aligned * words, 1, aligned))}
+    return {
+        "data": ((e, n, k), None),
+        "scales": ((e, n, k // BLOCK), None),
+        "columnwise_data": ((e, n, k), None),
+        "columnwise_scales": ((e, n // BLOCK, k), None),
+    }
+
+
+def _dtype(layout: str, name: str, scale_dtype: torch.dtype) -> torch.dtype:
+    if name.endswith("data"):
+        return _FP8
+    return {"deepgemm": torch.int32, "flashinfer": torch.uint8}.get(layout, scale_dtype)
+
+
+def _allocate(
+    layout: str, view: ExpertWeights, columnwise: bool, scale_dtype: torch.dtype, device: torch.device
+) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, (shape, strides) in _shapes(layout, view.num_experts, view.rows, view.columns).items():
+        if name.startswith("columnwise") and not columnwise:
+            continue
+        dtype = _dtype(layout, name, scale_dtype)
+        if strides is None:
+            out[name] = torch.empty(shape, dtype=dtype, device=device)
+        else:  # DeepGEMM's gap rows (R..roundup(R, 4)) are zero, as in its own reference
+            storage = torch.zeros(shape[0] * strides[0], dtype=dtype, device=device)
+            out[name] = storage.as_strided(shape, strides)
+    return out
+
+
+def _check_out(out: object, layout: str, view: ExpertWeights, columnwise: bool) -> dict[str, torch.Tensor]:
+    """``out``'s buffers, each checked against what ``layout`` needs for ``view``'s weights."""
+    if not isinstance(out, MXFP8Export):
+        raise TypeError(f"out: expected an MXFP8Export from an earlier export_mxfp8; found {describe(out)}")
+    found, want = (
+        (out.layout, out.num_experts, out.rows, out.columns),
+        (
+            layout,
+            view.num_experts,
+            view.rows,
+            view.columns,
+        ),
+    )
+    if found != want:
+        raise LayoutError(
+            f"out: expected an export of (layout, experts, rows, columns) {want}; found {found} "
+            "(export into new buffers)"
+        )
+    tensors = out.tensors
+    for name, (shape, strides) in _shapes(layout, *want[1:]).items():
+        if name.startswith("columnwise") and not columnwise:
+            continue
+        t = tensors.get(name)
+        if t is None:
+            raise LayoutError(f"out.{name}: expected a tensor (this export writes {name}); found None")
+        compact_scales = layout == "compact" and name.endswith("scales") and t.dtype in _SCALE_DTYPES
+        dtype = t.dtype if compact_scales else _dtype(layout, name, torch.uint8)
+        ok_strides = t.is_contiguous() if strides is None else t.stride() == strides
+        if tuple(t.shape) != shape or t.dtype != dtype or not ok_strides or t.device != view.rowwise.data[0].device:
+            where = "contiguous" if strides is None else f"strides {strides}"
+            raise LayoutError(
+                f"out.{name}: expected {dtype} {shape} ({where}) on {view.rowwise.data[0].device}; found {t.dtype} "
+                f"{tuple(t.shape)} strides {t.stride()} on {t.device}"
+            )
+    return tensors
+
+
+def _view(
+    weights: object, rows: int, columns: int, num_experts: int | None, cached: ExpertWeights | None
+) -> ExpertWeights:
+    """The weights' view through the door: split for a list of per-expert Parameters, grouped
+    for one grouped Parameter; ``cached`` refreshed in place."""
+    if isinstance(weights, list | tuple):
+        if num_experts is not None and num_experts != len(weights):
+            raise ExpertWeightError(
+                f"num_experts: expected the number of per-expert weights ({len(weights)}) or None; found {num_experts}"
+            )
+        return split_weight_view(weights, rows=rows, columns=columns, format="mxfp8", cached=cached)  # type: ignore[arg-type]
+    if num_experts is None:
+        raise ExpertWeightError(
+            f"num_experts: required for one grouped weight ({type(weights).__name__}); "
+            "pass a list for one weight per expert"
+        )
+    # a split view as cached= is refused by the refresh itself (not a view of the entry's kind)
+    grouped_cached = cast("GroupedExpertWeights | None", cached)
+    return grouped_weight_view(
+        weights, num_experts=num_experts, rows=rows, columns=columns, format="mxfp8", cached=grouped_cached
+    )
+
+
+def _check_view(view: ExpertWeights) -> None:
+    """An export copies TE's MXFP8 bytes: weights mok would quantise are refused, not quantised."""
+    if view.quantized_on_the_fly:
+        raise ExpertWeightError(
+            "export_mxfp8: expected TE MXFP8 weights; found BF16 weights (an export copies TE's quantized bytes, "
+            "it never quantises: quantise with TE, or call mok.quantize_mxfp8 yourself)"
+        )
+    for d in view.directions:
+        if d.format is not Format.MXFP8 or d.scales is None:
+            raise ExpertWeightError(f"export_mxfp8: expected MXFP8 in every direction; found {d.format.value}")
+
+
+def _batches(view: ExpertWeights, part: ViewDirection) -> list[tuple[slice, torch.Tensor, torch.Tensor]]:
+    """(experts, payload [E', N, K], scale layout of those E') per launch: one for a grouped
+    view, one per expert for a split view."""
+    assert part.scales is not None
+    if isinstance(view, GroupedExpertWeights):
+        return [(slice(0, view.num_experts), part.data[0], part.scales[0])]
+    return [(slice(e, e + 1), d.unsqueeze(0), s) for e, (d, s) in enumerate(zip(part.data, part.scales, strict=True))]
+
+
+def _convert(layout: str, view: ExpertWeights, out: dict[str, torch.Tensor], columnwise: bool) -> None:
+    directions = [("", view.rowwise)]
+    if columnwise and view.columnwise is not None:
+        directions.append(("columnwise_", view.columnwise))
+    for prefix, part in directions:
+        data, scales = out[prefix + "data"], out[prefix + "scales"]
+        for experts, payload, layout_buffer in _batches(view, part):
+            if layout == "flashinfer":
+                trtllm_payload_op(payload, data[experts])
+                trtllm_scales_op(layout_buffer, scales[experts])
+                continue
+            data[experts].copy_(payload)
+            if layout == "deepgemm":
+                deepgemm_scales_op(layout_buffer, scales[experts])
+                continue
+            logical = scales[experts].view(torch.uint8)
+            # the layout holds the matrix a GEMM reads: columnwise that is [K, N/32], TE's [N/32, K] transposed
+            unswizzle_op(layout_buffer, logical if not prefix else logical.transpose(1, 2))
+
+
+def export_mxfp8(
+    weights: Sequence[object] | object,
+    *,
+    rows: int,
+    columns: int,
+    layout: str,
+    num_experts: int | None = None,
+    out: MXFP8Export | None = None,
+    columnwise: bool | None = None,
+    scale_dtype: torch.dtype = torch.uint8,
+) -> MXFP8Export:
+    """Export one layer weight's MXFP8 experts, ``[rows, columns]`` each (N output features, K
+    input features), in ``layout`` ("compact", "deepgemm" or "flashinfer"; module doc).
+
+    ``weights``: a list of TE MXFP8 Parameters, one per expert, or one grouped Parameter with
+    ``num_experts``. ``out``: an earlier export of the same weight and layout, whose view is
+    refreshed (``cached=``) and whose buffers are rewritten in place; a moved or reassigned TE
+    buffer is followed, a freed one refused (mok.StorageFreedError). ``columnwise`` ("compact"
+    only): export TE's columnwise direction too (default: where TE keeps it). ``scale_dtype``
+    ("compact"): torch.uint8 or torch.float8_e8m0fnu. Returns the :class:`MXFP8Export`.
+
+    Refused, by name: weights that are not TE MXFP8 (BF16 would need quantising), scales TE
+    marks swizzled in a buffer that is not exactly the 128x4 layout, scale buffers smaller than
+    the matrix, an ``out`` of another layout, size or dtype.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}; found {layout!r}")
+    if scale_dtype not in _SCALE_DTYPES:
+        names = ", ".join(map(str, _SCALE_DTYPES))
+        raise TypeError(f"scale_dtype: expected one of {names}; found {describe(scale_dtype)}")
+    if columnwise and layout != "compact":
+        raise ValueError(f"columnwise=True: layout {layout!r} holds the forward (rowwise) operand only")
+    if out is not None and not isinstance(out, MXFP8Export):
+        raise TypeError(f"out: expected an MXFP8Export from an earlier export_mxfp8; found {describe(out)}")
+    view = _view(weights, rows, columns, num_experts, None if out is None else out.view)
+    _check_view(view)
+    has_columnwise = view.columnwise is not None
+    if columnwise and not has_columnwise:
+        raise ExpertWeightError("columnwise=True: expected weights with columnwise data; TE keeps none for these")
+    wanted = layout == "compact" and has_columnwise and columnwise is not False
+    if out is None:
+        buffers = _allocate(layout, view, wanted, scale_dtype, view.rowwise.data[0].device)
+        result = MXFP8Export(layout, view.num_experts, view.rows, view.columns, view=view, **buffers)
+    else:
+        buffers = _check_out(out, layout, view, wanted)
+        result = out if out.view is view else dataclasses.replace(out, view=view)
+    _convert(layout, view, buffers, wanted)
+    return result
