@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mok
 from mok import ExpertWeightError, LayoutError, MXFP8Export, StorageFreedError, export_mxfp8
@@ -335,3 +336,60 @@ def test_refuses_wrong_out(installed_te: Installer) -> None:
         export_mxfp8(experts, rows=n, columns=k, layout="compact", out=compact.data)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="layout: expected one of"):
         export_mxfp8(experts, rows=n, columns=k, layout="cutlass")
+
+
+# --------------------------------------------------------------------------------- the ops
+
+
+def _layouts(e: int, r: int, c: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random logical scales [E, R, C] and their 128x4 layout [E*Rp/128, Cp/4, 32, 16], built here."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randint(0, 256, (e, r, c), dtype=torch.uint8, generator=g)
+    layout = torch.stack([_cublas_layout(x) for x in s]).view(-1, _roundup(c, 4) // 4, 32, 16)
+    return s, layout
+
+
+def _deepgemm_out(e: int, r: int, c: int) -> torch.Tensor:
+    words, aligned = _roundup(c, 4) // 4, _roundup(r, 4)
+    return torch.zeros(e * aligned * words, dtype=torch.int32).as_strided((e, r, words), (aligned * words, 1, aligned))
+
+
+@pytest.mark.parametrize(("e", "r", "c"), [(1, 1, 1), (2, 33, 5), (2, 130, 8), (3, 256, 7)])
+def test_deepgemm_op_any_rows(e: int, r: int, c: int) -> None:
+    s, layout = _layouts(e, r, c, seed=r)
+    out = _deepgemm_out(e, r, c)
+    torch.ops.mok.mxfp8_scales_to_deepgemm(layout, out)
+    want = _deepgemm_reference(s)
+    assert torch.equal(out, want) and torch.equal(_storage(out), _storage(want))
+
+
+@pytest.mark.parametrize(("e", "r", "c"), [(1, 32, 1), (2, 160, 5), (2, 256, 8)])
+def test_trtllm_scale_op(e: int, r: int, c: int) -> None:
+    s, layout = _layouts(e, r, c, seed=c)
+    out = torch.empty(e, _roundup(r, 128) * _roundup(c, 4), dtype=torch.uint8)
+    torch.ops.mok.mxfp8_scales_to_trtllm(layout, out)
+    data = torch.zeros(e, r, c * 32, dtype=torch.uint8)
+    assert torch.equal(out, _flashinfer_reference(data, s)[1])
+
+
+def test_ops_opcheck_and_fake_checks() -> None:
+    e, r, c = 2, 160, 5
+    _, layout = _layouts(e, r, c, seed=2)
+    data = torch.randint(0, 256, (e, r, c * 32), dtype=torch.uint8)  # opcheck does arithmetic: no float8 on CPU
+    checks = [
+        (torch.ops.mok.mxfp8_scales_to_deepgemm.default, (layout, _deepgemm_out(e, r, c))),
+        (torch.ops.mok.mxfp8_scales_to_trtllm.default, (layout, torch.empty(e, 256 * 8, dtype=torch.uint8))),
+        (torch.ops.mok.mxfp8_payload_to_trtllm.default, (data, torch.empty(e, 256, 256, dtype=torch.uint8))),
+    ]
+    for op, args in checks:
+        result = torch.library.opcheck(op, args)
+        assert set(result.values()) == {"SUCCESS"}, (op, result)
+    with FakeTensorMode():
+        fake_layout = torch.empty(layout.shape, dtype=torch.uint8, device="cuda")
+        with pytest.raises(LayoutError, match="MN-major TMA-aligned strides"):
+            torch.ops.mok.mxfp8_scales_to_deepgemm(fake_layout, torch.empty(e, r, 2, dtype=torch.int32, device="cuda"))
+        with pytest.raises(LayoutError, match=r"out: expected a contiguous uint8 \[2, 2048\]"):
+            torch.ops.mok.mxfp8_scales_to_trtllm(fake_layout, torch.empty(e, 1024, dtype=torch.uint8, device="cuda"))
+        fake_data = torch.empty(e, r, c * 32, dtype=FP8, device="cuda")
+        with pytest.raises(LayoutError, match=r"\(2, 256, 256\)"):
+            torch.ops.mok.mxfp8_payload_to_trtllm(fake_data, torch.empty(e, r, c * 32, dtype=FP8, device="cuda"))
