@@ -833,6 +833,7 @@ def fake_mxfp8(
     columnwise: bool = True,
     swizzled: bool = False,
     quantized_2d: bool = False,
+    compact_scales: bool = False,
     **options: Unpack[FakeOptions],
 ) -> Any:
     """A fake MXFP8Tensor (TE 2.0+) of logical ``shape``, buffers from :func:`mxfp8_buffers`.
@@ -845,6 +846,7 @@ def fake_mxfp8(
     it a tensor TE quantized in 32x32 blocks: its quantizer's ``with_2d_quantization`` True, one
     random scale per block written at every 1x32 position it covers, rowwise and columnwise, and
     the columnwise payload a copy of the rowwise one, as TE writes them (:func:`mxfp8_2d_buffers`).
+    ``compact_scales``: scale buffers without TE's padding (:func:`compact_mxfp8_scales`).
     """
     _bools("fake_mxfp8", rowwise=rowwise, columnwise=columnwise, swizzled=swizzled, quantized_2d=quantized_2d)
     target = _target("fake_mxfp8", shape, options, lambda _: rowwise + columnwise)
@@ -865,7 +867,21 @@ def fake_mxfp8(
         setattr(quantizer, flag_rows[0].attribute, True)
         logical["quantizer"] = quantizer
         mxfp8_2d_buffers(logical, shape, target.generator)
+    if compact_scales:
+        compact_mxfp8_scales(logical, shape)
     return _build(TensorKind.MXFP8, target, logical)
+
+
+def compact_mxfp8_scales(buffers: dict[str, Any], shape: Sequence[int]) -> None:
+    """Replace ``buffers``' padded MXFP8 scales with compact ones holding the same logical bytes:
+    rowwise ``[M, K/32]``, columnwise ``[M/32, K]``, as TE's ``quantize_()`` accepts them once its
+    PR 3519 (issue 3518) is in, for scales not swizzled; TE's GEMM refuses them."""
+    _, m, k = _dims(shape, "mxfp8 shape")
+    for d in geometry.MXFP8.directions():
+        scales = buffers.get(str(d.scales))
+        if scales is not None:
+            r, c = d.buffer_matrix(m, k)
+            buffers[str(d.scales)] = scales[:r, :c].contiguous()
 
 
 def mxfp8_2d_buffers(buffers: dict[str, Any], shape: Sequence[int], generator: torch.Generator) -> None:

@@ -393,3 +393,37 @@ def test_ops_opcheck_and_fake_checks() -> None:
         fake_data = torch.empty(e, r, c * 32, dtype=FP8, device="cuda")
         with pytest.raises(LayoutError, match=r"\(2, 256, 256\)"):
             torch.ops.mok.mxfp8_payload_to_trtllm(fake_data, torch.empty(e, r, c * 32, dtype=FP8, device="cuda"))
+
+
+# ------------------------------------------------------------- compact scale buffers (TE PR 3519)
+
+
+@pytest.mark.parametrize("layout", mok.export.LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_compact_scale_buffers_as_input(installed_te: Installer, shape: tuple[int, int], layout: str) -> None:
+    """Unpadded scale buffers export as TE's padded ones with the same bytes do, and a refresh
+    follows TE swapping one kind of buffer for the other."""
+    installed_te("2.20.2")
+    n, k = shape
+    padded = _experts(n, k)
+    compact = _experts(n, k, compact_scales=True)
+    assert tuple(compact[0]._rowwise_scale_inv.shape) == (n, k // 32)
+    assert tuple(compact[0]._columnwise_scale_inv.shape) == (n // 32, k)
+    ref = _stack([_te_expert(p, n, k) for p in padded])
+    result = export_mxfp8(compact, rows=n, columns=k, layout=layout)
+    _check(result, ref)
+    view = mok.split_weight_view(compact, rows=n, columns=k, format="mxfp8")
+    assert torch.equal(torch.stack(list(mok.logical_scales(view))), ref["scales"])  # type: ignore[arg-type]
+    other = _experts(n, k, seed=20, compact_scales=True)
+    padded[1]._rowwise_scale_inv = other[1]._rowwise_scale_inv  # TE hands expert 1 a compact buffer
+    padded[1]._columnwise_scale_inv = other[1]._columnwise_scale_inv
+    first = export_mxfp8(_experts(n, k), rows=n, columns=k, layout=layout)
+    second = export_mxfp8(padded, rows=n, columns=k, layout=layout, out=first)
+    _check(second, _stack([_te_expert(p, n, k) for p in padded]))
+
+
+def test_compact_scales_marked_swizzled_are_refused(installed_te: Installer) -> None:
+    installed_te("2.20.2")
+    experts = _experts(96, 160, compact_scales=True, swizzled=True)
+    with pytest.raises(LayoutError, match="TE marks these scales swizzled"):
+        export_mxfp8(experts, rows=96, columns=160, layout="flashinfer")
