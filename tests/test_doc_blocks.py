@@ -24,6 +24,7 @@ PAGES = [
     "kernels.md",
     "bf16-on-the-fly.md",
     "weights.md",
+    "export.md",
     "matrix.md",
     "benchmarks.md",
     "benchmark-results.md",
