@@ -37,6 +37,7 @@ import enum
 import math
 import os
 import types
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from te_compat import geometry, table
 from te_compat.errors import TENotFoundError, describe
 from te_compat.gemm_layout import QUANTIZER_ROWS
 from te_compat.geometry import roundup as _roundup
+from te_compat.metadata import metadata_keys
 from te_compat.table import StorageRow, TensorKind, in_range
 from te_compat.version import TEStatus, parse_te_version, pretend_installed, te_status, te_version
 
@@ -175,6 +177,7 @@ def _detach(self: torch.Tensor) -> torch.Tensor:
         type(self), self.shape, dtype=self.dtype, device=self.device, requires_grad=False
     )
     twin.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_is_param"})
+    _mark_faked(twin, _FAKED.get(id(self)))
     return twin
 
 
@@ -337,7 +340,46 @@ def _row_classes(index: int, tensor_base: str | None, storage_base: str | None) 
     tensor_bases = (_base_class(tensor_base),) if tensor_base and not grouped else (torch.Tensor,)
     dict_backed = _row_attrs(row) - {"_data", "_fp8_attrs"} if "_fp8_attrs" in row.known else frozenset()
     bases = (mixin, *tensor_bases) if mixin else tensor_bases
-    return fake_te_class(row.classes[0], bases, doc=doc.format(row.classes[0]), dict_backed=dict_backed), mixin
+    main = fake_te_class(row.classes[0], bases, doc=doc.format(row.classes[0]), dict_backed=dict_backed)
+    (mixin or main).get_metadata = _GET_METADATA  # type: ignore[attr-defined]  # TE defines it on the storage class
+    return main, mixin
+
+
+# (kind, release) of each live fake by id, for get_metadata: a row's classes serve many releases, and
+# a fake holds no attribute its release never assigns
+_FAKED: dict[int, tuple[TensorKind, Version]] = {}
+
+
+def _mark_faked(obj: object, faked: tuple[TensorKind, Version] | None) -> None:
+    if faked is not None:
+        _FAKED[id(obj)] = faked
+        weakref.finalize(obj, _FAKED.pop, id(obj), None)
+
+
+def _metadata_of(obj: Any) -> Callable[[], dict[str, Any]]:
+    """TE's ``get_metadata`` of the faked release: exactly the keys its storage class returns
+    (te_compat.metadata), each holding the attribute TE returns there. AttributeError where the
+    release's class has no such method (TE before 2.0), as TE's own class would."""
+    faked = _FAKED.get(id(obj))
+    keys = metadata_keys(*faked) if faked else ()
+    if not keys:
+        raise AttributeError(f"{type(obj).__qualname__} has no get_metadata in this release")
+
+    def get_metadata() -> dict[str, Any]:
+        out = {}
+        for k in keys:
+            if k.attribute is not None:
+                out[k.key] = getattr(obj, k.attribute, None)
+            else:  # Float8's device (2.14-2.15): its data's, else its transpose's
+                data = getattr(obj, "_data", None)
+                data = data if data is not None else getattr(obj, "_transpose", None)
+                out[k.key] = None if data is None else data.device
+        return out
+
+    return get_metadata
+
+
+_GET_METADATA = property(_metadata_of)
 
 
 def _fake_class(kind: TensorKind, version: Version, storage: bool) -> type:
@@ -805,6 +847,7 @@ def _build(kind: TensorKind, target: _Target, logical: Mapping[str, Any]) -> Any
     cls = _fake_class(kind, version, target.storage)
     origin = _row_origin(row, version, f"{cls.__module__}.{cls.__qualname__}")
     obj = new_fake(cls, attrs, names=_row_attrs(row), origin=origin, shape=target.shape, dtype=dtype, device=device)
+    _mark_faked(obj, (kind, version))
     if not target.param:
         return obj
     if not isinstance(obj, torch.Tensor):
