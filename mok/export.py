@@ -26,23 +26,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 import torch
 
 from mok.checks import describe
+from mok.door import open_view
 from mok.errors import ExpertWeightError, LayoutError
 from mok.export_ops import TMA_ALIGN_WORDS, TRTLLM_ALIGN, deepgemm_scales_op, trtllm_payload_op, trtllm_scales_op
 from mok.formats import Format
-from mok.grouped import grouped_weight_view
-from mok.layout import _E8M0
 from mok.ops import unswizzle_op
-from mok.split import split_weight_view
 from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
 
 LAYOUTS = ("compact", "deepgemm", "flashinfer")
 BLOCK = 32  # values per E8M0 scale
 _FP8 = torch.float8_e4m3fn
+_E8M0 = getattr(torch, "float8_e8m0fnu", None)  # torch >= 2.7 names the E8M0 dtype
 _SCALE_DTYPES = (torch.uint8,) if _E8M0 is None else (torch.uint8, _E8M0)
 
 
@@ -163,24 +161,25 @@ def _check_out(out: object, layout: str, view: ExpertWeights, columnwise: bool) 
 def _view(
     weights: object, rows: int, columns: int, num_experts: int | None, cached: ExpertWeights | None
 ) -> ExpertWeights:
-    """The weights' view through the door: split for a list of per-expert Parameters, grouped
-    for one grouped Parameter; ``cached`` refreshed in place."""
+    """The weights' view through mok's door (what split_weight_view and grouped_weight_view
+    call): split for a list of per-expert Parameters, grouped for one grouped Parameter;
+    ``cached`` refreshed in place (a view of the other kind is refused by the refresh)."""
     if isinstance(weights, list | tuple):
         if num_experts is not None and num_experts != len(weights):
             raise ExpertWeightError(
                 f"num_experts: expected the number of per-expert weights ({len(weights)}) or None; found {num_experts}"
             )
-        return split_weight_view(weights, rows=rows, columns=columns, format="mxfp8", cached=cached)  # type: ignore[arg-type]
-    if num_experts is None:
+        dims: tuple[int, ...] = (rows, columns)
+    elif num_experts is None:
         raise ExpertWeightError(
             f"num_experts: required for one grouped weight ({type(weights).__name__}); "
             "pass a list for one weight per expert"
         )
-    # a split view as cached= is refused by the refresh itself (not a view of the entry's kind)
-    grouped_cached = cast("GroupedExpertWeights | None", cached)
-    return grouped_weight_view(
-        weights, num_experts=num_experts, rows=rows, columns=columns, format="mxfp8", cached=grouped_cached
-    )
+    else:
+        dims = (num_experts, rows, columns)
+    grouped = len(dims) == 3
+    view: ExpertWeights = open_view(weights, grouped=grouped, format="mxfp8", use_mxfp8=None, dims=dims, cached=cached)
+    return view
 
 
 def _check_view(view: ExpertWeights) -> None:
