@@ -125,15 +125,8 @@ def _check_out(out: object, layout: str, view: ExpertWeights, columnwise: bool) 
     """``out``'s buffers, each checked against what ``layout`` needs for ``view``'s weights."""
     if not isinstance(out, MXFP8Export):
         raise TypeError(f"out: expected an MXFP8Export from an earlier export_mxfp8; found {describe(out)}")
-    found, want = (
-        (out.layout, out.num_experts, out.rows, out.columns),
-        (
-            layout,
-            view.num_experts,
-            view.rows,
-            view.columns,
-        ),
-    )
+    found = (out.layout, out.num_experts, out.rows, out.columns)
+    want = (layout, view.num_experts, view.rows, view.columns)
     if found != want:
         raise LayoutError(
             f"out: expected an export of (layout, experts, rows, columns) {want}; found {found} "
@@ -260,9 +253,13 @@ def export_mxfp8(
     view = _view(weights, rows, columns, num_experts, None if out is None else out.view)
     _check_view(view)
     has_columnwise = view.columnwise is not None
-    if columnwise and not has_columnwise:
-        raise ExpertWeightError("columnwise=True: expected weights with columnwise data; TE keeps none for these")
-    wanted = layout == "compact" and has_columnwise and columnwise is not False
+    wanted = bool(columnwise) or (layout == "compact" and has_columnwise and columnwise is None)
+    if out is not None and out.columnwise_data is not None:
+        if columnwise is False:  # the export would hand back columnwise buffers left as they were
+            raise ValueError("columnwise=False: out holds columnwise buffers, which this export would leave stale")
+        wanted = True
+    if wanted and not has_columnwise:
+        raise ExpertWeightError("columnwise: expected weights with columnwise data to export; TE keeps none for these")
     if out is None:
         buffers = _allocate(layout, view, wanted, scale_dtype, view.rowwise.data[0].device)
         result = MXFP8Export(layout, view.num_experts, view.rows, view.columns, view=view, **buffers)

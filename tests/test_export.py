@@ -279,8 +279,11 @@ def test_e8m0_scales_and_rowwise_only(installed_te: Installer) -> None:
     rowwise = export_mxfp8(experts, rows=n, columns=k, layout="compact", columnwise=False)
     assert rowwise.columnwise_data is None and torch.equal(rowwise.scales, ref["scales"])
     only_rowwise = _experts(n, k, columnwise=False)
-    with pytest.raises(ExpertWeightError, match="columnwise=True"):
+    with pytest.raises(ExpertWeightError, match="TE keeps none"):
         export_mxfp8(only_rowwise, rows=n, columns=k, layout="compact", columnwise=True)
+    both = export_mxfp8(experts, rows=n, columns=k, layout="compact")
+    with pytest.raises(ValueError, match="leave stale"):
+        export_mxfp8(experts, rows=n, columns=k, layout="compact", columnwise=False, out=both)
 
 
 def test_refuses_swizzled_scales_that_are_not_the_layout(installed_te: Installer) -> None:
