@@ -197,7 +197,7 @@ def _verification_text(result: Verification, as_json: bool) -> str:
     if as_json:
         return json.dumps(result.as_dict(), indent=2) + "\n"
     lines = [result.verdict, f"rows used: {', '.join(result.rows)}"]
-    lines += [f"  - {line}" for line in result.problems]
+    lines += [f"  - {line}" for line in (*result.problems, *result.metadata_problems)]
     if result.uncovered:
         lines.append(f"not covered by the table (read as other_quantized): {', '.join(result.uncovered)}")
     lines.append(f"{result.files} files read in {result.elapsed_s * 1000:.0f} ms")

@@ -7,15 +7,18 @@ Read from every release's wheel (``get_metadata`` of ``Float8TensorBase``/``Floa
 ``HybridQuantizedTensorStorage``, ``IdentityTensorStorage``): one row per key, in TE's order,
 with the attribute its value is read from and the releases that return it (``since <= release
 < until``). A key whose value is computed names no attribute (Float8's ``device``).
+``te-compat verify`` checks the table against a TE source tree (:func:`check_metadata`).
 """
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.version import Version
 
-from te_compat.table import TensorKind, in_range
+from te_compat.table import TensorKind, in_range, row_for
 
 
 @dataclass(frozen=True)
@@ -77,3 +80,41 @@ def metadata_keys(kind: TensorKind, release: Version) -> tuple[MetadataKey, ...]
     """The keys ``get_metadata()`` returns for ``kind`` in ``release``, in TE's order (empty for
     a kind whose storage class has none there)."""
     return tuple(k for k in METADATA_KEYS if k.kind is kind and in_range(release, k.since, k.until))
+
+
+def source_metadata_keys(source: bytes | str, class_name: str) -> list[str] | None:
+    """The keys of the dict ``class_name.get_metadata`` builds in ``source`` (a module's Python
+    source), in order; None where that class defines no get_metadata."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "get_metadata":
+                    dicts = [d for d in ast.walk(fn) if isinstance(d, ast.Dict)]
+                    return [str(k.value) for d in dicts for k in d.keys if isinstance(k, ast.Constant)]
+    return None
+
+
+def check_metadata(release: Version, package: Path) -> tuple[int, tuple[str, ...]]:
+    """(keys checked, problems): each kind's storage class in the TE source tree ``package``
+    (the ``transformer_engine`` folder) against :data:`METADATA_KEYS` for ``release``. A problem
+    names the class, its file, the keys found and the keys expected."""
+    checked, problems = 0, []
+    for kind in dict.fromkeys(k.kind for k in METADATA_KEYS):
+        expected = [k.key for k in metadata_keys(kind, release)]
+        row = row_for(kind, release)
+        if not expected or row is None or len(row.classes) < 2:
+            continue
+        module, _, name = row.classes[1].rpartition(".")
+        path = package.parent / (module.replace(".", "/") + ".py")
+        try:
+            found = source_metadata_keys(path.read_bytes(), name)
+        except (OSError, SyntaxError, ValueError) as exc:
+            problems.append(f"{row.classes[1]}: cannot read {path}: {type(exc).__name__}: {exc}")
+            continue
+        checked += len(expected)
+        if found != expected:
+            problems.append(
+                f"{row.classes[1]}.get_metadata ({path}): te_compat.metadata expects keys {expected} for TE {release}; "
+                f"found {found if found is not None else 'no get_metadata'}"
+            )
+    return checked, tuple(problems)

@@ -28,6 +28,7 @@ from packaging.version import Version
 
 from te_compat import table
 from te_compat.errors import TECompatError, TENotFoundError, TEVersionError, describe
+from te_compat.metadata import check_metadata
 from te_compat.source_facts import (
     PACKAGE,
     SOURCE_FILES,
@@ -62,6 +63,8 @@ class Verification:
     newest_rows_verified: bool | None  # beyond the table: did the newest rows hold (else None)
     files: int = 0  # source files read
     uncovered: tuple[str, ...] = ()  # quantized classes no row covers (te_compat sees other_quantized)
+    # get_metadata keys of the storage classes against te_compat.metadata (not part of the matrix's table check)
+    metadata_problems: tuple[str, ...] = ()
     elapsed_s: float = field(default=0.0, compare=False)
 
     @property
@@ -69,7 +72,8 @@ class Verification:
         """One line for a person: verified or not, against which rows, and for a newer TE which."""
         where = f"the source at {self.source_dir}"
         if not self.ok:
-            return f"TE {self.release}: {len(self.problems)} disagreement(s) between {where} and the release table"
+            count = len(self.problems) + len(self.metadata_problems)
+            return f"TE {self.release}: {count} disagreement(s) between {where} and the release table"
         head = f"TE {self.release}: {where} agrees with the release table ({self.checked} facts checked)"
         if not self.beyond_table:
             return head
@@ -299,16 +303,18 @@ def verify_installed(
         result, newest_ok = _check_beyond(version, classes, rows)
     else:
         result, newest_ok = check_classes(version, classes, rows), False
+    metadata_checked, metadata_problems = check_metadata(version, pkg)
     return Verification(
-        ok=result.ok,
+        ok=result.ok and not metadata_problems,
         release=str(version),
         source_dir=str(pkg),
-        checked=result.checked,
+        checked=result.checked + metadata_checked,
         problems=result.problems,
         rows=tuple(f"{row.kind} {row.span}" for row in result.rows),
         beyond_table=beyond,
         newest_rows_verified=newest_ok if beyond else None,
         files=files,
         uncovered=tuple(uncovered_quantized(classes, rows)),
+        metadata_problems=metadata_problems,
         elapsed_s=time.perf_counter() - start,
     )

@@ -12,8 +12,9 @@ from packaging.version import Version
 
 import te_compat.testing as tt
 from matrix.releases import release_versions
-from te_compat.metadata import METADATA_KEYS
+from te_compat.metadata import METADATA_KEYS, check_metadata
 from te_compat.table import TensorKind, in_range
+from te_compat.verify import verify_installed
 from tests.test_verify import wheel_or_skip
 
 KINDS = [TensorKind.FLOAT8, TensorKind.MXFP8, TensorKind.NVFP4, TensorKind.FLOAT8_BLOCKWISE]
@@ -70,3 +71,26 @@ def test_every_row_is_used() -> None:
     """No row of the table outside every release the matrix reads (a typo in a span)."""
     releases = [Version(r) for r in _releases()]
     assert all(any(in_range(v, k.since, k.until) for v in releases) for k in METADATA_KEYS)
+
+
+def _unpacked(release: str, into: Path) -> Path:
+    """The release's ``transformer_engine`` Python package, unpacked from its wheel."""
+    with zipfile.ZipFile(wheel_or_skip(release)) as z:
+        z.extractall(into, [n for n in z.namelist() if n.startswith("transformer_engine/")])
+    return into / "transformer_engine"
+
+
+@pytest.mark.parametrize("release", ["2.1.0", "2.12.0", "2.16.0", "2.20.2"])
+def test_verify_checks_the_keys_against_the_source(release: str, tmp_path: Path) -> None:
+    pkg = _unpacked(release, tmp_path)
+    checked, problems = check_metadata(Version(release), pkg)
+    assert checked >= 11 and problems == ()
+    # a key TE renames is a disagreement naming the class and both key lists
+    storage = tt.fake_class(TensorKind.MXFP8, release, storage=True)
+    path = tmp_path / (storage.__module__.replace(".", "/") + ".py")
+    path.write_text(path.read_text().replace('"rowwise_scale_inv":', '"rowwise_scales":'))
+    checked, problems = check_metadata(Version(release), pkg)
+    assert len(problems) == 1 and storage.__qualname__ in problems[0] and "'rowwise_scales'" in problems[0]
+    result = verify_installed(pkg, release)
+    assert not result.ok and result.metadata_problems == problems
+    assert result.verdict.startswith(f"TE {release}: 1 disagreement(s)")
