@@ -175,6 +175,20 @@ def _view(
     return view
 
 
+def _check_out_matches(out: MXFP8Export, weights: object, layout: str, rows: int, columns: int) -> None:
+    """Before its view is refreshed: ``out`` must be an export of this layout and size, and of
+    weights of the same kind (per expert or grouped), so that the error names ``out``."""
+    found, want = (out.layout, out.rows, out.columns), (layout, rows, columns)
+    if found != want:
+        raise LayoutError(
+            f"out: expected an export of (layout, rows, columns) {want}; found {found} (export into new buffers)"
+        )
+    split = isinstance(weights, list | tuple)
+    if out.view is not None and isinstance(out.view, GroupedExpertWeights) == split:
+        kinds = ("one grouped weight", "per-expert weights")
+        raise LayoutError(f"out: expected an export of {kinds[split]}; found one of {kinds[not split]}")
+
+
 def _check_view(view: ExpertWeights) -> None:
     """An export copies TE's MXFP8 bytes: weights mok would quantise are refused, not quantised."""
     if view.quantized_on_the_fly:
@@ -250,6 +264,8 @@ def export_mxfp8(
         raise ValueError(f"columnwise=True: layout {layout!r} holds the forward (rowwise) operand only")
     if out is not None and not isinstance(out, MXFP8Export):
         raise TypeError(f"out: expected an MXFP8Export from an earlier export_mxfp8; found {describe(out)}")
+    if out is not None:
+        _check_out_matches(out, weights, layout, rows, columns)
     view = _view(weights, rows, columns, num_experts, None if out is None else out.view)
     _check_view(view)
     has_columnwise = view.columnwise is not None

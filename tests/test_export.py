@@ -328,8 +328,17 @@ def test_refuses_wrong_out(installed_te: Installer) -> None:
     n, k = 96, 160
     experts = _experts(n, k)
     first = export_mxfp8(experts, rows=n, columns=k, layout="deepgemm")
-    with pytest.raises(LayoutError, match="layout, experts, rows, columns"):
+    with pytest.raises(LayoutError, match=r"layout, rows, columns\) \('flashinfer', 96, 160\); found \('deepgemm'"):
         export_mxfp8(experts, rows=n, columns=k, layout="flashinfer", out=first)
+    with pytest.raises(LayoutError, match=r"out: expected an export of \(layout, rows, columns\)"):
+        export_mxfp8(experts, rows=n, columns=k - 32, layout="deepgemm", out=first)
+    with pytest.raises(LayoutError, match="expected an export of one grouped weight; found one of per-expert weights"):
+        grouped = fake_grouped((3, n, k), format="mxfp8", param=True)
+        export_mxfp8(grouped, rows=n, columns=k, layout="deepgemm", num_experts=3, out=first)
+    with pytest.raises(LayoutError, match=r"layout, experts, rows, columns\) \('deepgemm', 2, 96, 160\)"):
+        export_mxfp8(
+            experts[:2], rows=n, columns=k, layout="deepgemm", out=mok.export.dataclasses.replace(first, view=None)
+        )
     contiguous = torch.zeros(first.scales.shape, dtype=torch.int32)  # not DeepGEMM's MN-major strides
     with pytest.raises(LayoutError, match=r"out.scales: expected torch.int32"):
         export_mxfp8(
