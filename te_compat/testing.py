@@ -891,7 +891,14 @@ def fake_mxfp8(
     the columnwise payload a copy of the rowwise one, as TE writes them (:func:`mxfp8_2d_buffers`).
     ``compact_scales``: scale buffers without TE's padding (:func:`compact_mxfp8_scales`).
     """
-    _bools("fake_mxfp8", rowwise=rowwise, columnwise=columnwise, swizzled=swizzled, quantized_2d=quantized_2d)
+    _bools(
+        "fake_mxfp8",
+        rowwise=rowwise,
+        columnwise=columnwise,
+        swizzled=swizzled,
+        quantized_2d=quantized_2d,
+        compact_scales=compact_scales,
+    )
     target = _target("fake_mxfp8", shape, options, lambda _: rowwise + columnwise)
     logical = mxfp8_buffers(shape, target.generator, rowwise=rowwise, columnwise=columnwise)
     row = _row(TensorKind.MXFP8, target.version)

@@ -956,6 +956,7 @@ def _release() -> Iterator[None]:
         yield
 
 
+@pytest.mark.usefixtures("memory_reader")  # with the compiled memory reader and the Python one
 @pytest.mark.parametrize(("route", "fmt"), ROUTES)
 @PROPERTY
 @given(data=st.data())
