@@ -37,7 +37,9 @@ def _run(tree: Path, script: str, args: list[str], cpus: set[int] | None = None)
         out = Path(tmp) / "r.json"
         cmd = [sys.executable, str(tree / "benchmarks" / script), *args, "--out", str(out)]
         pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
-        done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, preexec_fn=pin)
+        # each tree imports its own packages: first on the path, before an installed or PYTHONPATH copy
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))}
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, preexec_fn=pin)
         if done.returncode != 0:
             raise SystemExit(
                 f"{tree.name}/{script} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
