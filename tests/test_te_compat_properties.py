@@ -169,7 +169,7 @@ FEATURE_CLASSES = {
     "grouped": "GroupedTensor",
     "hybrid": "HybridQuantizedTensor",
 }
-NEEDS_A_DEVICE = {"cuda", "mxfp8_hardware", "cuda_kernel", "mxfp8_quantization"}
+NEEDS_A_DEVICE = {"cuda", "mxfp8_hardware", "cuda_kernel", "mxfp8_quantization", "float8_fsdp2", "mxfp8_fsdp2"}
 
 
 def _expected_available(feature: str, release: str, te_imports: bool) -> bool:

@@ -173,6 +173,15 @@ def _same_count(
     return old
 
 
+def _plan_as_new(snapshot: Snapshot, what: str) -> None:
+    """Plan ``snapshot`` as a new view would, raising what that raises: a refresh about to refuse
+    something only a refresh refuses (the view cannot hold the weights) raises a new view's error
+    instead, where a new view of the weights would refuse them too. Only a refusing refresh gets
+    here; what it allocates is dropped."""
+    if snapshot.quantize is None:
+        plan_directions(snapshot.directions, None, what)
+
+
 def check_kind(view: ExpertWeights, snapshot: Snapshot, what: str) -> None:
     """A cached view holds what a new view of the weights as read would: TE's storage (payloads
     at TE's memory), or BF16 weights mok quantises into buffers the view owns. Where the weights
@@ -375,13 +384,17 @@ def refresh(
         with _naming(label, i):
             check_cached(view, reader)
             snapshot = reader.read()  # as a new view reads: it raises what a new view raises
-            check_kind(view, snapshot, reader.what)
-            if snapshot.quantize is None:
-                _, items, found = plan_directions(snapshot.directions, view, reader.what)
-                work += items
-                moves += found
-            else:
-                work.append(QuantizeWork(snapshot.quantize, _quantized_outputs(view)))
+            try:
+                check_kind(view, snapshot, reader.what)
+                if snapshot.quantize is None:
+                    _, items, found = plan_directions(snapshot.directions, view, reader.what)
+                    work += items
+                    moves += found
+                else:
+                    work.append(QuantizeWork(snapshot.quantize, _quantized_outputs(view)))
+            except MokError:
+                _plan_as_new(snapshot, reader.what)  # a new view's refusal comes first
+                raise
         readings += snapshot.readings
     follow(moves)
     _prepare(plan, views, top, readings, work, wanted)
