@@ -34,18 +34,15 @@ from mok.door import open_view
 from mok.errors import ExpertWeightError, LayoutError
 from mok.export_ops import TMA_ALIGN_WORDS, TRTLLM_ALIGN, deepgemm_scales_op, trtllm_payload_op, trtllm_scales_op
 from mok.formats import Format
+from mok.layout import MXFP8_BLOCK as BLOCK
 from mok.ops import unswizzle_op
 from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
+from te_compat.geometry import roundup as _roundup
 
 LAYOUTS = ("compact", "deepgemm", "flashinfer")
-BLOCK = 32  # values per E8M0 scale
 _FP8 = torch.float8_e4m3fn
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)  # torch >= 2.7 names the E8M0 dtype
 _SCALE_DTYPES = (torch.uint8,) if _E8M0 is None else (torch.uint8, _E8M0)
-
-
-def _roundup(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -38,14 +38,11 @@ from mok.checks import describe
 from mok.errors import LayoutError
 from mok.layout import COL_BLOCK, ROW_BLOCK, TILE_BYTES, check_writable
 from mok.overlap import check_no_overlap
+from te_compat.geometry import roundup as _roundup
 
 SHUFFLE_BLOCK = 32  # FlashInfer's get_shuffle_block_size(128): rows are permuted within blocks of 32
 TRTLLM_ALIGN = 128  # Megatron pads N and K of a routed weight to multiples of this
 TMA_ALIGN_WORDS = 4  # DeepGEMM's get_tma_aligned_size(R, 4): 16 bytes of int32
-
-
-def _roundup(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _tensor(value: object, name: str) -> torch.Tensor:
