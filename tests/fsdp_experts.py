@@ -29,8 +29,9 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -204,6 +205,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """End this rank's process without Python's finalization. destroy_process_group does not stop
+    gloo's worker threads (the group lives on, held through the mesh by DTensor's sharding
+    caches), and a worker thread frees a finished collective's tensors only after the caller has
+    moved on: ending its run loop's turn, the thread that ran the last barrier releases the
+    tensors of all_gather_object, whose Python objects need the GIL. Once the interpreter is
+    finalizing, a thread that asks for the GIL is ended there (pthread_exit) inside a noexcept
+    destructor, and the rank dies of std::terminate: SIGABRT, "terminate called without an active
+    exception". By now the record is written and the group destroyed; only stdio is left."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    raise SystemExit(main())
+    try:
+        status = main()
+    except Exception:
+        traceback.print_exc()  # a failed check: said here, and the rank still exits as exit_now says
+        status = 1
+    exit_now(status)
