@@ -45,6 +45,9 @@ _E8M0 = getattr(torch, "float8_e8m0fnu", None)  # torch >= 2.7 names the E8M0 dt
 _SCALE_DTYPES = (torch.uint8,) if _E8M0 is None else (torch.uint8, _E8M0)
 
 
+_FIELDS = ("data", "scales", "columnwise_data", "columnwise_scales")  # MXFP8Export's buffers, in order
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class MXFP8Export:
     """One layer weight's export: the buffers an engine loads, and the view they were read from.
@@ -68,7 +71,7 @@ class MXFP8Export:
     def __repr__(self) -> str:
         parts = [f"layout={self.layout!r}", f"num_experts={self.num_experts}", f"rows={self.rows}"]
         parts.append(f"columns={self.columns}")
-        for name in ("data", "scales", "columnwise_data", "columnwise_scales"):
+        for name in _FIELDS:
             t = getattr(self, name)
             parts.append(f"{name}=" + ("None" if t is None else f"{t.dtype}{list(t.shape)} {t.device}"))
         return f"MXFP8Export({', '.join(parts)})"
@@ -76,8 +79,7 @@ class MXFP8Export:
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
         """The exported buffers by field name (those present)."""
-        names = ("data", "scales", "columnwise_data", "columnwise_scales")
-        return {n: t for n in names if (t := getattr(self, n)) is not None}
+        return {n: t for n in _FIELDS if (t := getattr(self, n)) is not None}
 
 
 def _shapes(layout: str, e: int, n: int, k: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]]:
