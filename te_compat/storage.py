@@ -12,6 +12,7 @@ from its first payload otherwise (:func:`_logical_shape`).
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import operator
@@ -350,6 +351,11 @@ def mxfp8_storage(param: object) -> MXFP8Storage:
     )
 
 
+@functools.lru_cache(maxsize=256)  # per quantizer class: a class's bases do not change
+def _lineage(cls: type) -> frozenset[str]:
+    return frozenset(class_path(c) for c in cls.__mro__)
+
+
 def _quantizer_flag(v: _Values, kind: TensorKind, field: str) -> bool | None:
     """A quantizer flag of te_compat's quantizer flag rows, read from the tensor's quantizer (TE
     keeps it there, not on the tensor): None where the release has no such row or the tensor no
@@ -358,7 +364,7 @@ def _quantizer_flag(v: _Values, kind: TensorKind, field: str) -> bool | None:
     if quantizer is None:
         return None
     release = resolve(type(v.obj), "quantizer").release
-    lineage = {class_path(c) for c in type(quantizer).__mro__}
+    lineage = _lineage(type(quantizer))
     for row in quantizer_flag_rows(kind, release):
         if row.storage != field or row.quantizer not in lineage:  # another quantizer's flag of that name
             continue

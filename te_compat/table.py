@@ -47,6 +47,7 @@ class TensorKind(str, Enum):
         return self.value
 
 
+@cache  # asked per tensor read (quantizer flags) with a handful of distinct arguments
 def in_range(release: Version, since: str, until: str | None) -> bool:
     """``since <= release < until`` on release segments (a dev build of X counts as X; 2.14 is 2.14.0)."""
     plain = release_of(release)
@@ -628,6 +629,7 @@ def post_all_gather_row(release: Version) -> PostAllGatherRow | None:
     return next((r for r in POST_ALL_GATHER_ROWS if r.covers(release)), None)
 
 
+@cache  # asked per tensor read; a kind and a release give the same rows for good
 def quantizer_flag_rows(kind: TensorKind, release: Version) -> tuple[QuantizerFlagRow, ...]:
     """The quantizer flag rows that hold for a ``kind`` tensor of ``release``."""
     return tuple(r for r in QUANTIZER_FLAG_ROWS if kind in r.kinds and r.covers(release))
