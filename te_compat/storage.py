@@ -12,7 +12,6 @@ from its first payload otherwise (:func:`_logical_shape`).
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import operator
@@ -351,9 +350,15 @@ def mxfp8_storage(param: object) -> MXFP8Storage:
     )
 
 
-@functools.lru_cache(maxsize=256)  # per quantizer class: a class's bases do not change
+_LINEAGES: dict[type, frozenset[str]] = {}  # per quantizer class: a class's bases do not change
+
+
 def _lineage(cls: type) -> frozenset[str]:
-    return frozenset(class_path(c) for c in cls.__mro__)
+    """The class paths of ``cls`` and its bases (what a flag row's quantizer is matched against)."""
+    found = _LINEAGES.get(cls)
+    if found is None:
+        found = _LINEAGES[cls] = frozenset(class_path(c) for c in cls.__mro__)
+    return found
 
 
 def _quantizer_flag(v: _Values, kind: TensorKind, field: str) -> bool | None:
