@@ -4,7 +4,7 @@ matrix/ (releases, records, live runs).
     python -m matrix.support           # print the summary and the table
     python -m matrix.support --write   # replace them in docs/support.md and README.md
 
-tests/test_matrix.py fails when either file differs from this output.
+tests/matrix/test_matrix.py fails when either file differs from this output.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def post_all_gather_support(release: Version | None, usable: bool) -> tuple[bool
 # torch FSDP2 (``fully_shard``) over TE's quantized Parameters: TE's tensor classes take part in its
 # all-gather through ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``, first in TE 2.10 for
 # Float8Tensor and MXFP8Tensor (the matrix records of the 2.10.0 wheel list them; 2.9.0's do not;
-# tests/test_behaviour.py reads every record). ``fully_shard`` also calls ``param.view(-1)`` on each
+# tests/te_compat/test_behaviour.py reads every record). ``fully_shard`` also calls ``param.view(-1)`` on each
 # Parameter, which TE answers by dequantizing: TE refuses MXFP8 dequantization below compute
 # capability 10.0 ("MXFP8 Dequantization is NOT supported by architectures < 10.0", TE 2.20.2 and
 # 2.12.0 on an H100), so MXFP8 Parameters shard only on sm_100 and later; Float8 dequantizes anywhere.

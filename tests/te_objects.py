@@ -4,7 +4,7 @@ Which attribute holds which buffer comes from ../shared/te-releases/facts.md ("S
 attributes"), written here independently of te_compat's table so the table is checked, not
 echoed. Which classes exist, where, and what they assign comes from matrix/records. The buffers
 themselves (shapes, dtypes, TE's padding, keyed by te_compat's logical names) are
-te_compat.testing's builders, whose shapes tests/test_testing.py checks against the numbers below.
+te_compat.testing's builders, whose shapes tests/te_compat/test_testing.py checks against the numbers below.
 """
 
 from __future__ import annotations

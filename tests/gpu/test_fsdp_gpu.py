@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import te_compat
-from tests.test_fsdp import check_record, run_fsdp
+from tests.mok.test_fsdp import check_record, run_fsdp
 
 
 def test_views_follow_fsdp2_on_one_gpu(tmp_path: Path) -> None:

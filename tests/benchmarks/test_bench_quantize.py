@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests import ROOT
 from tests.benchmark_scripts import benchmark_script
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_bench_quantize_dry_run_writes_every_column(tmp_path: Path) -> None:

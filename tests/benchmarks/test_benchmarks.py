@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import ROOT
 from tests.benchmark_scripts import benchmark_script
 
-ROOT = Path(__file__).resolve().parent.parent
 KEYS = {"case", "g:kernel/copy", "g:exp/copy", "kernel/exp", "TE multi", "TE discrete", "runs", "median", "spread"}
 
 

@@ -2,7 +2,7 @@
 
 The references read TE's buffers as TE allocates them (attributes of the fakes, TE's padding
 rule) and never call mok: compact from TE's padded buffers; DeepGEMM from its own torch
-reference (tests/test_layout.py, ``get_mn_major_tma_aligned_packed_ue8m0_tensor_torch_impl``);
+reference (DeepGEMM tests/test_layout.py, ``get_mn_major_tma_aligned_packed_ue8m0_tensor_torch_impl``);
 FlashInfer from Megatron-Core's ``prepare_routed_mxfp8_weights`` steps
 (``_unshuffle_cublas_scale``, ``_shuffle_routed_scale``, FlashInfer's ``shuffle_matrix_a``),
 fed the cuBLAS 128x4 layout built here from the spec's byte-offset formula.

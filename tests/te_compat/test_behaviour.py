@@ -33,6 +33,7 @@ from te_compat.cli import main
 from te_compat.gemm_layout import QUANTIZER_ROWS, check_native_quantizer_rows
 from te_compat.source_facts import extract_functions
 from te_compat.testing import fake_mxfp8, installed_release
+from tests import ROOT
 
 
 def _record(release: str) -> dict[str, Any]:
@@ -411,7 +412,7 @@ def test_every_matrix_release_has_a_native_record() -> None:
 
 
 def _records() -> dict[str, dict[str, Any]]:
-    root = Path(__file__).resolve().parent.parent / "matrix" / "records"
+    root = ROOT / "matrix" / "records"
     return {p.stem: json.loads(p.read_text()) for p in root.glob("*.json")}
 
 
@@ -427,7 +428,7 @@ def test_fsdp2_hooks_start_where_the_wheels_first_have_them() -> None:
 
 
 def _recorded_capabilities() -> set[tuple[int, int]]:
-    root = Path(__file__).resolve().parent.parent / "matrix" / "live"
+    root = ROOT / "matrix" / "live"
     return {tuple(json.loads(p.read_text())["compute_capability"]) for p in root.glob("*.json")}  # type: ignore[misc]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +16,8 @@ import torch._dynamo
 import mok
 import mok.ops
 from mok import LayoutError
+from tests import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCALES = torch.randint(0, 256, (100, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
 LAYOUT = torch.zeros((1, 2, 32, 16), dtype=torch.uint8)  # the layout of [100, 7]
 SCHEMA_TEXT = "Declaration: mok::"  # how torch's schema parser words its refusals

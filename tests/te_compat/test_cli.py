@@ -26,10 +26,10 @@ from te_compat import MissingFeatureError, cli
 from te_compat.capabilities import FEATURES, TE_FEATURES, Capabilities
 from te_compat.cli import main
 from te_compat.testing import installed_release
+from tests import ROOT
 from tests.entry_points import only_installed
-from tests.test_version import fake_te
+from tests.te_compat.test_version import fake_te
 
-ROOT = Path(__file__).resolve().parent.parent
 Installer = Callable[..., None]
 GROUP = "te_compat.report"
 
@@ -163,7 +163,7 @@ def test_cli_report_sections_from_entry_points(
     installed_te: Installer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     installed_te(None)
-    here = "tests.test_capabilities_cli"
+    here = "tests.te_compat.test_cli"
     _entry_points(
         monkeypatch,
         importlib.metadata.EntryPoint("mok", f"{here}:demo_section", GROUP),

@@ -45,10 +45,10 @@ from te_compat.testing import (
     new_fake,
     nvfp4_buffers,
 )
+from tests import ROOT
 from tests.spec_oracle import spec_layout
 from tests.standins import assigned_names
 
-ROOT = Path(__file__).resolve().parent.parent
 ROWS_, COLS = 96, 160  # padded in every direction: 96 % 128, 160/32 % 4, 160/16 % 4, 96/16 % 4
 EXPERTS = 3
 SEED = 5

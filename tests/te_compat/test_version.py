@@ -15,6 +15,7 @@ from packaging.version import Version
 
 import te_compat
 from te_compat import TENotFoundError, TEVersionError, parse_te_version, require_te, te_min_version, testing
+from tests import ROOT
 
 
 @pytest.mark.parametrize(
@@ -81,7 +82,7 @@ def test_unparseable_metadata_is_reported_not_raised(installed_te) -> None:  # t
 
 def _run(code: str, path: Path) -> str:
     env_code = f"import sys; sys.path.insert(0, {str(path)!r}); " + textwrap.dedent(code)
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     done = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, cwd=root, check=True)
     return done.stdout.strip()
 

@@ -6,7 +6,7 @@ records (extracted from the same wheels) and ``matrix.check``. Without a cached 
 that reads a wheel skips, saying why, when pip is told to use no package index (PIP_NO_INDEX,
 or no-index in a pip configuration file) or the index cannot be reached; CI downloads every
 wheel first (``nox -s release``). The table against the records needs no wheel:
-tests/test_matrix.py.
+tests/matrix/test_matrix.py.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from tests import TESTS
+
 pytest.importorskip("torch.distributed.fsdp", reason="torch without FSDP2 (fully_shard)")
-SCRIPT = Path(__file__).resolve().parent / "fsdp_experts.py"
+SCRIPT = TESTS / "fsdp_experts.py"
 
 
 def run_fsdp(tmp_path: Path, ranks: int, device: str, steps: int = 5) -> dict[str, Any]:

@@ -3,7 +3,7 @@ asked for is checked as for any other weights.
 
 - NVFP4 is TE's storage only: mok quantises BF16 weights to MXFP8 and nothing else, so NVFP4
   asked of BF16 weights is refused by a new view and by a refresh, whatever the cached view is
-  (tests/test_views.py's grouped BF16 case: "NVFP4: TE's storage only"). A BF16 view handed
+  (tests/mok/test_views.py's grouped BF16 case: "NVFP4: TE's storage only"). A BF16 view handed
   back instead would be a silent wrong result: a kernel expecting FP4 payloads reading BF16.
 - ``backend=`` is validated on every path, "though a BF16 view converts nothing": a BF16 view
   given a backend refuses exactly what a view of TE's MXFP8 weights refuses.

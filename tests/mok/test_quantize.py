@@ -1,6 +1,6 @@
 """BF16 weights quantised to MXFP8 on the fly: mok.quantize_mxfp8 and its torch op, and views of
 BF16 weights through the one refresh pipeline (grouped, per expert, in a layer), refreshed in
-place. Expected bytes: the torch reference of TE's rule (tests/test_quantize_reference.py checks
+place. Expected bytes: the torch reference of TE's rule (tests/mok/test_quantize_reference.py checks
 it against hand-worked values) and the layout spec's formula (tests/spec_oracle.py)."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from matrix.releases import release_versions
 from te_compat.metadata import METADATA_KEYS, check_metadata
 from te_compat.table import TensorKind, in_range
 from te_compat.verify import verify_installed
-from tests.test_verify import wheel_or_skip
+from tests.te_compat.test_verify import wheel_or_skip
 
 KINDS = [TensorKind.FLOAT8, TensorKind.MXFP8, TensorKind.NVFP4, TensorKind.FLOAT8_BLOCKWISE]
 KINDS += [TensorKind.HYBRID, TensorKind.IDENTITY]

@@ -24,7 +24,7 @@ from te_compat.testing import fake_mxfp8, installed_release
 
 pytestmark = pytest.mark.usefixtures("memory_reader")  # both memory readers
 RELEASE = "2.20.2"
-E, R, C = 3, 64, 96  # padded both ways, as in tests/test_refresh_invariant.py
+E, R, C = 3, 64, 96  # padded both ways, as in tests/mok/test_refresh_invariant.py
 BUFFERS = {"rowwise": "_rowwise_scale_inv", "columnwise": "_columnwise_scale_inv"}
 
 # How a [rows, columns] buffer lies over its storage, as (row stride, column stride) given
