@@ -279,22 +279,3 @@ def unswizzle_reference(layout: torch.Tensor, out: torch.Tensor) -> torch.Tensor
     for box in _boxes(r, c):
         _logical_box(out, box).copy_(_layout_box(layout, e, r, c, box))
     return out
-
-
-def grouped_scales(flat: torch.Tensor, experts: int, rows: int, cols: int, name: str) -> torch.Tensor:
-    """``[E, rows, cols]`` view of a flat grouped buffer of E TE-padded ``[rows, cols]`` matrices."""
-    experts = check_int("experts", experts, minimum=1)
-    rows, cols = _dims(rows, cols)
-    if not isinstance(flat, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor scale buffer; found {describe(flat)}")
-    flat = _as_uint8(flat, name)
-    if flat.dim() != 1 or not flat.is_contiguous():
-        raise LayoutError(
-            f"{name}: expected a flat contiguous buffer; found shape {tuple(flat.shape)} strides {flat.stride()}"
-        )
-    if flat.numel() != experts * rows * cols:
-        raise LayoutError(
-            f"{name}: expected {experts} experts x [{rows}, {cols}] = {experts * rows * cols} bytes; "
-            f"found {flat.numel()}"
-        )
-    return flat.view(experts, rows, cols)

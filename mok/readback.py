@@ -25,12 +25,11 @@ DIRECTIONS = ("rowwise", "columnwise")
 def _unswizzle(
     block: BlockFormat, d: Direction, layouts: Sequence[torch.Tensor], experts: int, rows: int, columns: int
 ) -> list[torch.Tensor]:
-    """Each layout back into logical scales in TE's orientation (the transpose of the layout's
-    matrix where TE's buffer is), all in one launch."""
-    r, c = d.scale_matrix(rows, columns)
-    shape = (experts, c, r) if d.scales_transposed else (experts, r, c)
+    """Each layout back into logical scales in TE's orientation (te_compat's ``orient``), all in
+    one launch."""
+    shape = (experts, *d.buffer_matrix(rows, columns))
     outs = [torch.empty(shape, dtype=torch.uint8, device=lay.device) for lay in layouts]
-    matrices = [o.transpose(1, 2) if d.scales_transposed else o for o in outs]
+    matrices = [d.orient(o) for o in outs]
     run_work([ScaleWork(lay, m, inverse=True) for lay, m in zip(layouts, matrices, strict=True)])
     return outs
 
@@ -60,7 +59,7 @@ def _from_tensor(param: object, name: str) -> torch.Tensor:
         raise ExpertWeightError(f"expected a 2-D weight; found shape {tuple(snapshot.shape)}")
     if not snapshot.scales_swizzled:  # TE keeps them logical: a copy, never a view of TE's buffer
         logical = block.logical_scales(d, buffer, rows, columns, f"{name} scales")[0]
-        return (logical.t() if d.scales_transposed else logical).clone()
+        return d.orient(logical).clone()
     shape = layout_shape(*d.scale_matrix(rows, columns))
     layout = te_swizzled_layout(buffer.view(torch.uint8), shape, f"{name} scales")
     return _unswizzle(block, d, [layout], 1, rows, columns)[0][0]

@@ -1,7 +1,9 @@
 """How Transformer Engine lays out each direction of a block-scaled tensor: the shape and packing
 of its payload, the padded scale buffer it allocates, which way that buffer's matrix runs, and
 where a grouped tensor puts each expert's scales. Written once, here: te_compat's snapshots, its
-fakes (te_compat.testing), its quantize API and mok all read these facts from this module.
+fakes (te_compat.testing), its quantize API and mok all read these facts from this module, and
+:data:`MXFP8` ``.block`` and :func:`roundup` are the only definitions of the MXFP8 block and of
+rounding up a TE dimension in the project.
 
 A weight is ``[rows, columns]``. Its rowwise direction has a scale per ``block`` values of a row
 (for the forward GEMM), its columnwise direction a scale per ``block`` values of a column (for the
@@ -22,15 +24,26 @@ keeps each in a buffer padded to multiples of 128 rows and 4 columns, in its own
   after the previous one: expert e's scales start at byte ``e * prod(padded buffer)``
   (:meth:`DirectionGeometry.grouped_offsets`).
 
+:meth:`DirectionGeometry.logical_matrices` gives the logical matrices over TE's buffer (sizes and
+strides, its orientation undone) and :meth:`DirectionGeometry.orient` turns a matrix between the
+two orientations, so that no reader of TE's buffers works the orientation out again.
+
 Importing this module imports no torch; payload dtypes are named, and resolved by whoever views.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from te_compat.errors import describe
 from te_compat.table import StorageName, TensorKind
+
+if TYPE_CHECKING:
+    import torch
+
+Strided = tuple[tuple[int, int, int], tuple[int, int, int]]  # sizes and strides of logical [E, R, C]
 
 SCALE_ROW_MULTIPLE = 128  # TE pads a scale buffer's rows to a multiple of this
 SCALE_COLUMN_MULTIPLE = 4  # and its columns to a multiple of this
@@ -73,7 +86,7 @@ class DirectionGeometry:
         """``[R, C]``: the scale matrix of a ``[rows, columns]`` weight as a GEMM reads it (and
         as the 128x4 layout holds it), R the operand's rows, C its scales per row."""
         r, c = self._along(rows, columns)
-        return r, -(-c // self.block)
+        return r, -(-c // self.block)  # scales a row: values over block, rounded up
 
     def buffer_matrix(self, rows: int, columns: int) -> tuple[int, int]:
         """The same matrix in the orientation of TE's buffer (its unpadded corner)."""
@@ -85,6 +98,27 @@ class DirectionGeometry:
         r, c = self.scale_matrix(rows, columns)
         padded = roundup(r, SCALE_ROW_MULTIPLE), roundup(c, SCALE_COLUMN_MULTIPLE)
         return (padded[1], padded[0]) if self.scales_transposed else padded
+
+    def logical_matrices(self, rows: int, columns: int, shape: Sequence[int], strides: Sequence[int]) -> Strided:
+        """(sizes, strides) of the logical ``[E, R, C]`` scale matrices (:meth:`scale_matrix`, as
+        a GEMM reads them) over TE's buffer of ``shape`` and ``strides`` (in elements): one padded
+        buffer ``[R', C']`` (E = 1) or ``[E, R', C']``, each in TE's orientation and holding at
+        least :meth:`buffer_matrix`; the transpose of TE's where TE keeps it the other way round.
+        From the buffer's own offset; ValueError where the buffer cannot hold the matrices."""
+        r, c = self.buffer_matrix(rows, columns)
+        if len(shape) not in (2, 3) or len(strides) != len(shape) or shape[-2] < r or shape[-1] < c:
+            raise ValueError(f"expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(shape)}")
+        e, es = (1, 0) if len(shape) == 2 else (shape[0], strides[0])
+        rs, cs = strides[-2], strides[-1]
+        if self.scales_transposed:
+            return (e, c, r), (es, cs, rs)
+        return (e, r, c), (es, rs, cs)
+
+    def orient(self, matrices: torch.Tensor) -> torch.Tensor:
+        """``matrices`` (``[..., R, C]``) turned from the orientation a GEMM reads to that of TE's
+        buffer, or back: the transpose of the last two dims where TE keeps the buffer the other way
+        round (a view, no copy), else ``matrices`` itself. Its own inverse."""
+        return matrices.transpose(-1, -2) if self.scales_transposed else matrices
 
     def grouped_offsets(self, experts: int, rows: int, columns: int) -> tuple[int, ...]:
         """Where each of ``experts`` experts' scales start in a GroupedTensor's flat buffer

@@ -309,7 +309,44 @@ def scale_matrix(
     import torch
 
     cut = (buffer if buffer.dtype == torch.uint8 else buffer.view(torch.uint8))[..., :r, :c]
-    return cut.transpose(-1, -2) if d.scales_transposed else cut
+    return d.orient(cut)
+
+
+def grouped_scale_buffers(
+    flat: torch.Tensor,
+    experts: int,
+    rows: int,
+    columns: int,
+    *,
+    kind: TensorKind = TensorKind.MXFP8,
+    direction: str = "rowwise",
+    name: str | None = None,
+) -> torch.Tensor:
+    """``[E, R', C']`` (uint8, no copy): a GroupedTensor's flat scale buffer of ``experts``
+    ``[rows, columns]`` weights of ``kind`` viewed as each expert's padded buffer, in TE's
+    orientation (``DirectionGeometry.scale_buffer``), expert-major at the group's offsets
+    (``DirectionGeometry.grouped_offsets``). ``DirectionGeometry.logical_matrices`` gives the
+    matrices a GEMM reads over it. ``name`` (default: the kind and direction) starts every error."""
+    d = block_geometry(kind).direction(direction)
+    what = name if name is not None else f"{kind.value} grouped {direction} scales"
+    experts = _positive("experts", experts)
+    rows, columns = _positive("rows", rows), _positive("columns", columns)
+    if not is_torch_tensor(type(flat)):
+        raise TypeError(f"{what}: expected a torch.Tensor scale buffer; found {describe(flat)}")
+    if flat.element_size() != 1:
+        raise ValueError(f"{what}: expected 1-byte scales; found dtype {flat.dtype} of shape {tuple(flat.shape)}")
+    if flat.dim() != 1 or not flat.is_contiguous():
+        raise ValueError(
+            f"{what}: expected a flat contiguous buffer; found shape {tuple(flat.shape)} strides {flat.stride()}"
+        )
+    r, c = d.scale_buffer(rows, columns)
+    if flat.numel() != experts * r * c:
+        raise ValueError(
+            f"{what}: expected {experts} experts x [{r}, {c}] = {experts * r * c} bytes; found {flat.numel()}"
+        )
+    import torch
+
+    return (flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)).view(experts, r, c)
 
 
 def _matrix(snapshot: MXFP8Storage | NVFP4Storage, kind: TensorKind, direction: str) -> torch.Tensor:

@@ -5,7 +5,7 @@ te_compat.geometry's; this module only reads by it.
 
 The logical scale matrices of a direction are ``[E, R, C]``: per expert, the matrix a GEMM reads
 (``DirectionGeometry.scale_matrix``), as a geometry (sizes, strides in bytes) over TE's uint8
-buffer from its own offset, the transpose of TE's buffer where TE keeps it the other way round.
+buffer from its own offset, as ``DirectionGeometry.logical_matrices`` gives it.
 """
 
 from __future__ import annotations
@@ -136,20 +136,15 @@ class BlockFormat:
 
 
 def _scale_geometry(d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> Geometry:
-    """(sizes, strides) of the logical ``[E, R, C]`` view of ``buffer`` (``[R', C']`` or
-    ``[E, R', C']`` in TE's orientation, at least the matrix TE keeps there), after checking it."""
-    r, c = d.buffer_matrix(rows, columns)
-    shape = buffer.shape
-    if len(shape) not in (2, 3) or shape[-2] < r or shape[-1] < c:
-        raise LayoutError(f"{name}: expected a buffer of at least [{r}, {c}] (TE pads it); found {tuple(shape)}")
+    """(sizes, strides) of the logical ``[E, R, C]`` view of ``buffer`` (te_compat's
+    ``logical_matrices`` over TE's padded buffer, its orientation undone), after checking it."""
+    try:
+        geometry = d.logical_matrices(rows, columns, buffer.shape, buffer.stride())
+    except ValueError as exc:
+        raise LayoutError(f"{name}: {exc}") from None
     if buffer.element_size() != 1:
         raise LayoutError(f"{name}: expected 1-byte scales; found dtype {buffer.dtype}")
-    strides = buffer.stride()
-    e, es = (1, 0) if len(shape) == 2 else (shape[0], strides[0])
-    rs, cs = strides[-2], strides[-1]
-    if d.scales_transposed:
-        return (e, c, r), (es, cs, rs)
-    return (e, r, c), (es, rs, cs)
+    return geometry
 
 
 def _reading(fmt: Format, geometry: BlockGeometry, snapshot: Callable[[object], Any]) -> BlockFormat:

@@ -21,9 +21,8 @@ from typing import Any, NamedTuple
 import torch
 
 from mok.checks import describe
-from mok.errors import ExpertWeightError
+from mok.errors import ExpertWeightError, LayoutError
 from mok.formats import Format
-from mok.layout import grouped_scales
 from mok.read.blocks import BLOCK_OF_KIND, BLOCKS, BlockFormat, Direction, block_format
 from mok.read.reading import (
     DirectionSource,
@@ -50,6 +49,7 @@ from te_compat import (
     GroupedStorage,
     StorageName,
     TensorKind,
+    grouped_scale_buffers,
     grouped_storage,
     hybrid_storage,
     storage_field,
@@ -309,14 +309,14 @@ def _members_scales(members: tuple[object, ...], d: Direction) -> list[Any]:
     return [storage_field(m, d.scales) for m in members]
 
 
-def _check_packing(gs: GroupedStorage, d: Direction, flat: torch.Tensor, per_expert: int) -> None:
-    """Each member's scales must be a view at offset e*per_expert of the grouped buffer (what the
-    group's offsets say, and where its members' scales are: a consistency check, not something
-    the launch reads, so not recorded for the guard)."""
+def _check_packing(gs: GroupedStorage, d: Direction, flat: torch.Tensor, bounds: Sequence[int]) -> None:
+    """Each member's scales must be a view at ``bounds[e]`` (te_compat's grouped offsets: E + 1)
+    of the grouped buffer (what the group's offsets say, and where its members' scales are: a
+    consistency check, not something the launch reads, so not recorded for the guard)."""
     n = gs.num_tensors
     found = gs.rowwise_scale_inv_offsets if d.name == "rowwise" else gs.columnwise_scale_inv_offsets
     offsets = (found or ())[:n]
-    starts = range(0, n * per_expert, per_expert) if per_expert else (0,) * n  # expert e's: e * per_expert
+    starts, per_expert = bounds[:n], bounds[1] - bounds[0]  # expert e's: e * per_expert
     if tuple(offsets) != tuple(starts[: len(offsets)]):  # compared whole; named expert by expert
         _check_offsets(offsets, d, per_expert)
     if not gs.members:
@@ -372,10 +372,14 @@ def _group_direction(
     payload = storage_view(
         data, (experts, *d.payload_shape(rows, columns)), dtype=block.payload_dtype, name=f"{name} data"
     )
-    pr, pc = d.scale_buffer(rows, columns)
     flat = gs.need(d.scales)
-    padded = grouped_scales(flat, experts, pr, pc, f"{name} scales")
-    _check_packing(gs, d, flat, pr * pc)
+    try:
+        padded = grouped_scale_buffers(
+            flat, experts, rows, columns, kind=block.kind, direction=d.name, name=f"{name} scales"
+        )
+    except ValueError as exc:
+        raise LayoutError(str(exc)) from None
+    _check_packing(gs, d, flat, d.grouped_offsets(experts, rows, columns))
     buffer, geometry = block.scale_source(d, padded, rows, columns, f"{name} scales")
     source = ScaleSource(f"{name} scales", buffer, geometry, gs.scales_swizzled)
     amax = None if d.amax is None else _aliases((gs.need(d.amax),), f"grouped {d.name} amax")

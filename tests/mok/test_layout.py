@@ -247,7 +247,7 @@ def test_formula_agrees_with_oracle_offsets() -> None:
         ),
         (lambda: mok.layout.roundup(5, 0), ValueError, r"multiple: expected an int >= 1; found 0"),
         (
-            lambda: mok.layout.grouped_scales(torch.zeros(1024, dtype=torch.uint8), -2, 128, 4, "g"),
+            lambda: te_compat.grouped_scale_buffers(torch.zeros(1024, dtype=torch.uint8), -2, 128, 128),
             ValueError,
             r"experts: .*-2",
         ),
@@ -265,3 +265,39 @@ def test_good_scalars_still_work() -> None:
     assert layout_offset(np.int64(199), 5, 200, 6) == 1657
     mxfp8 = te_compat.geometry.MXFP8
     assert mxfp8.rowwise.scale_buffer(96, 160) == (128, 8) and mxfp8.columnwise.scale_buffer(96, 160) == (4, 256)
+
+
+@pytest.mark.parametrize("kind", [te_compat.TensorKind.MXFP8, te_compat.TensorKind.NVFP4])
+@pytest.mark.parametrize("direction", ["rowwise", "columnwise"])
+def test_logical_matrices_over_te_buffers_are_scale_matrix(kind: te_compat.TensorKind, direction: str) -> None:
+    """te_compat's strided geometry over TE's padded buffers (one, and a grouped [E, ...] of them)
+    reads exactly te_compat.scale_matrix of each expert, and orient() turns it back into TE's."""
+    d = te_compat.geometry.block_geometry(kind).direction(direction)
+    rows, columns, experts = 96, 160, 3
+    padded = torch.randint(0, 256, (experts, *d.scale_buffer(rows, columns)), dtype=torch.uint8)
+    sizes, strides = d.logical_matrices(rows, columns, padded.shape, padded.stride())
+    logical = padded.as_strided(sizes, strides)
+    assert sizes == (experts, *d.scale_matrix(rows, columns))
+    for e in range(experts):
+        matrix = te_compat.scale_matrix(padded[e], rows, columns, kind=kind, direction=direction)
+        assert torch.equal(logical[e], matrix)
+        assert torch.equal(d.orient(matrix), padded[e][tuple(slice(0, n) for n in d.buffer_matrix(rows, columns))])
+    one = d.logical_matrices(rows, columns, padded[0].shape, padded[0].stride())
+    assert one[0] == (1, *sizes[1:])
+    with pytest.raises(ValueError, match=r"expected a buffer of at least \[\d+, \d+\] \(TE pads it\); found \(2, 3\)"):
+        d.logical_matrices(rows, columns, (2, 3), (3, 1))
+
+
+def test_grouped_scale_buffers_are_te_s_padded_buffers_at_its_offsets() -> None:
+    d = te_compat.geometry.MXFP8.columnwise
+    rows, columns, experts = 96, 160, 3
+    r, c = d.scale_buffer(rows, columns)
+    flat = torch.arange(experts * r * c, dtype=torch.int32).to(torch.uint8)
+    view = te_compat.grouped_scale_buffers(flat, experts, rows, columns, direction="columnwise")
+    offsets = d.grouped_offsets(experts, rows, columns)
+    assert view.shape == (experts, r, c) and view.data_ptr() == flat.data_ptr()
+    assert [view[e].data_ptr() - flat.data_ptr() for e in range(experts)] == list(offsets[:experts])
+    with pytest.raises(ValueError, match=rf"g: expected 3 experts x \[{r}, {c}\] = {offsets[-1]} bytes; found 10"):
+        te_compat.grouped_scale_buffers(flat[:10], experts, rows, columns, direction="columnwise", name="g")
+    with pytest.raises(TypeError, match="expected a torch.Tensor scale buffer; found"):
+        te_compat.grouped_scale_buffers([0] * 10, experts, rows, columns)
