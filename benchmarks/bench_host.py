@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mok
 import te_compat
 from mok import weights
+from te_compat.geometry import MXFP8
 
 EXPERTS = (8, 32, 256)
 STANDIN_RELEASE = "2.20.2"  # the TE release the CPU stand-ins are fakes of
@@ -223,7 +224,9 @@ def swizzled_standins(experts: int, rows: int, cols: int) -> list[Any]:
     """Stand-ins whose rowwise scales TE wrote in the GEMM layout (the 2.12+ flag set)."""
     params, _ = standin_weights(experts, rows, cols, False)
     for p in params:
-        p._rowwise_scale_inv = mok.swizzle_mxfp8_scales(p._rowwise_scale_inv[:rows, : cols // 32]).view(rows, -1)
+        p._rowwise_scale_inv = mok.swizzle_mxfp8_scales(p._rowwise_scale_inv[:rows, : cols // MXFP8.block]).view(
+            rows, -1
+        )
         p._with_gemm_swizzled_scales = True
     return params
 

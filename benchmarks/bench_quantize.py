@@ -47,6 +47,7 @@ import mok
 from mok.kernels import quantize as Q
 from mok.kernels.jobs import convert_job
 from mok.kernels.launch import Launch
+from te_compat.geometry import MXFP8
 
 Fn = Callable[[], object]
 SHAPES = [(2048, 7168), (7168, 2048)]
@@ -122,9 +123,9 @@ def quantize_case(e: int, r: int, c: int, clock: Clock, opts: Options) -> Case:
     case.fns["g:fused/exp"] = clock.graph(per_expert)
     logical = Q.QuantizeOutputs(
         out.row_data,
-        torch.empty(e, r, c // 32, dtype=torch.uint8, device=device),
+        torch.empty(e, r, c // MXFP8.block, dtype=torch.uint8, device=device),
         out.col_data,
-        torch.empty(e, r // 32, c, dtype=torch.uint8, device=device),
+        torch.empty(e, r // MXFP8.block, c, dtype=torch.uint8, device=device),
     )
     fresh = Q.empty_outputs(1, r, c, "meta")
     layouts = logical._replace(  # the two steps' own scale layouts, the payloads shared

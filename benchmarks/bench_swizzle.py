@@ -59,6 +59,7 @@ from mok.kernels.jobs import Job, convert_job, copy_job
 from mok.kernels.launch import Launch
 from mok.layout import swizzle_reference, unswizzle_reference
 from mok.plan.work import ScaleWork, run_work
+from te_compat.geometry import MXFP8
 
 Fn = Callable[[], object]
 ROW_CASES = [(256, 2048, 7168), (32, 4096, 7168), (8, 7168, 2048), (1, 65536, 7168), (256, 2080, 7200)]
@@ -66,10 +67,6 @@ COL_CASES = [(256, 2048, 7168), (32, 4096, 7168), (8, 7168, 2048), (256, 2080, 7
 LAYER = (256, 2048, 7168)  # E, ffn, hidden: fc1 [2*ffn, hidden], fc2 [hidden, ffn]
 DRY = {256: 3, 32: 2, 8: 2, 1: 1}  # --dry-run: experts
 STARTING_SHAPE = os.environ.get(SHAPE_ENV)  # the shape "default" stands for
-
-
-def _ru(v: int, m: int) -> int:
-    return -(-v // m) * m
 
 
 def _sizes(e: int, m: int, k: int, dry: bool) -> tuple[int, int, int]:
@@ -129,12 +126,11 @@ def _padded(e: int, r: int, c: int, pr: int, pc: int, device: torch.device) -> t
 
 
 def logical(kind: str, e: int, m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logical scales [E, R, C], the TE buffer they are cut from)."""
-    if kind == "rowwise":
-        buf = _padded(e, m, k // 32, _ru(m, 128), _ru(k // 32, 4), device)
-        return buf[:, :m, : k // 32], buf
-    buf = _padded(e, m // 32, k, _ru(m // 32, 4), _ru(k, 128), device)
-    return buf[:, : m // 32, :k].transpose(1, 2), buf
+    """(logical scales [E, R, C], the TE buffer they are cut from: te_compat.geometry's)."""
+    d = MXFP8.direction(kind)
+    r, c = d.buffer_matrix(m, k)
+    buf = _padded(e, r, c, *d.scale_buffer(m, k), device)
+    return d.orient(buf[:, :r, :c]), buf
 
 
 def _launch(jobs: list[Job], device: torch.device) -> Fn:

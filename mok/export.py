@@ -34,9 +34,9 @@ from mok.door import open_view
 from mok.errors import ExpertWeightError, LayoutError
 from mok.export_ops import TMA_ALIGN_WORDS, TRTLLM_ALIGN, deepgemm_scales_op, trtllm_payload_op, trtllm_scales_op
 from mok.formats import Format
-from mok.layout import MXFP8_BLOCK as BLOCK
 from mok.ops import unswizzle_op
 from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
+from te_compat.geometry import MXFP8
 from te_compat.geometry import roundup as _roundup
 
 LAYOUTS = ("compact", "deepgemm", "flashinfer")
@@ -86,15 +86,15 @@ def _shapes(layout: str, e: int, n: int, k: int) -> dict[str, tuple[tuple[int, .
     """Each field's (shape, strides; None: contiguous) in ``layout``."""
     if layout == "flashinfer":
         np_, kp = _roundup(n, TRTLLM_ALIGN), _roundup(k, TRTLLM_ALIGN)
-        return {"data": ((e, np_, kp), None), "scales": ((e, np_ * kp // BLOCK), None)}
+        return {"data": ((e, np_, kp), None), "scales": ((e, np_ * kp // MXFP8.block), None)}
     if layout == "deepgemm":
-        words, aligned = _roundup(k // BLOCK, 4) // 4, _roundup(n, TMA_ALIGN_WORDS)
+        words, aligned = _roundup(k // MXFP8.block, 4) // 4, _roundup(n, TMA_ALIGN_WORDS)
         return {"data": ((e, n, k), None), "scales": ((e, n, words), (aligned * words, 1, aligned))}
     return {
         "data": ((e, n, k), None),
-        "scales": ((e, n, k // BLOCK), None),
+        "scales": ((e, n, k // MXFP8.block), None),
         "columnwise_data": ((e, n, k), None),
-        "columnwise_scales": ((e, n // BLOCK, k), None),
+        "columnwise_scales": ((e, n // MXFP8.block, k), None),
     }
 
 

@@ -20,21 +20,14 @@ import torch
 
 from mok.checks import check_index, check_int, describe
 from mok.errors import LayoutError
-from te_compat.geometry import MXFP8
-from te_compat.geometry import roundup as _roundup
+from te_compat.geometry import roundup
 
 ROW_BLOCK = 128  # rows of one tile of the layout
 COL_BLOCK = 4  # scale columns of one tile
 TILE_BYTES = 512
-MXFP8_BLOCK = MXFP8.block  # values per E8M0 scale: te_compat's geometry, the one definition
 
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)  # torch >= 2.7 names the E8M0 dtype
 _SCALE_DTYPES = (torch.uint8,) if _E8M0 is None else (torch.uint8, _E8M0)
-
-
-def roundup(value: int, multiple: int) -> int:
-    """``value`` rounded up to a multiple of ``multiple`` (both checked: ints, value >= 0)."""
-    return _roundup(check_int("value", value), check_int("multiple", multiple, minimum=1))
 
 
 def _dims(rows: object, cols: object) -> tuple[int, int]:
@@ -45,7 +38,7 @@ def _dims(rows: object, cols: object) -> tuple[int, int]:
 def padded_shape(rows: int, cols: int) -> tuple[int, int]:
     """``(Rp, Cp)`` of the layout of a logical ``[rows, cols]`` scale matrix."""
     r, c = _dims(rows, cols)
-    return _roundup(r, ROW_BLOCK), _roundup(c, COL_BLOCK)
+    return roundup(r, ROW_BLOCK), roundup(c, COL_BLOCK)
 
 
 def layout_shape(rows: int, cols: int, experts: int = 1) -> tuple[int, int, int, int]:
@@ -120,7 +113,7 @@ def layout_offset(r: int, c: int, rows: int, cols: int) -> int:
     """
     rows, cols = _dims(rows, cols)
     r, c = check_index("r", r, rows), check_index("c", c, cols)
-    cp = _roundup(cols, COL_BLOCK)
+    cp = roundup(cols, COL_BLOCK)
     return ((r // 128) * (cp // 4) + c // 4) * TILE_BYTES + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
 
 

@@ -58,10 +58,9 @@ import torch
 
 from mok.checks import describe
 from mok.errors import LayoutError
-from mok.layout import MXFP8_BLOCK
 from te_compat import mxfp8_reciprocal_rule
+from te_compat.geometry import MXFP8
 
-BLOCK = MXFP8_BLOCK  # values per E8M0 scale
 E4M3_MAX = 448.0
 MAX_NORM_RCP = torch.tensor(1.0, dtype=torch.float32) / E4M3_MAX  # fp32(1/448) = 0x3B124925, as TE
 E4M3_NAN = 0x7F
@@ -171,8 +170,10 @@ def check_input(x: object, name: str = "x") -> torch.Tensor:
             f"shape {tuple(x.shape)}"
         )
     batch = x if x.dim() == 3 else x.unsqueeze(0)
-    if batch.shape[1] % BLOCK or batch.shape[2] % BLOCK:
-        raise LayoutError(f"{name}: MXFP8 needs rows and columns divisible by {BLOCK}; found shape {tuple(x.shape)}")
+    if batch.shape[1] % MXFP8.block or batch.shape[2] % MXFP8.block:
+        raise LayoutError(
+            f"{name}: MXFP8 needs rows and columns divisible by {MXFP8.block}; found shape {tuple(x.shape)}"
+        )
     return batch
 
 
@@ -183,14 +184,14 @@ def quantize_mxfp8_reference(
     leading dimensions. A reference: clear, exact, and as slow as torch on the CPU is."""
     batch = check_input(x).to(torch.float32)
     e, r, c = batch.shape
-    row_data, row_scales = _quantize_blocks(batch.view(e, r, c // BLOCK, BLOCK), 3, rule, product)
-    col_data, col_scales = _quantize_blocks(batch.view(e, r // BLOCK, BLOCK, c), 2, rule, product)
+    row_data, row_scales = _quantize_blocks(batch.view(e, r, c // MXFP8.block, MXFP8.block), 3, rule, product)
+    col_data, col_scales = _quantize_blocks(batch.view(e, r // MXFP8.block, MXFP8.block, c), 2, rule, product)
     shape = x.shape[:-2]
     return MXFP8Reference(
         row_data.view(*shape, r, c),
-        row_scales.view(*shape, r, c // BLOCK),
+        row_scales.view(*shape, r, c // MXFP8.block),
         col_data.view(*shape, r, c),
-        col_scales.view(*shape, r // BLOCK, c),
+        col_scales.view(*shape, r // MXFP8.block, c),
     )
 
 
@@ -203,11 +204,15 @@ def dequantize_mxfp8_reference(payload: torch.Tensor, scales: torch.Tensor, dire
             f"expected a float8_e4m3fn payload and uint8 scales; found {payload.dtype} and {scales.dtype}"
         )
     r, c = payload.shape[-2:]
-    want = (*payload.shape[:-2], r, c // BLOCK) if direction == "rowwise" else (*payload.shape[:-2], r // BLOCK, c)
+    want = (
+        (*payload.shape[:-2], r, c // MXFP8.block)
+        if direction == "rowwise"
+        else (*payload.shape[:-2], r // MXFP8.block, c)
+    )
     if tuple(scales.shape) != want:
         raise LayoutError(
             f"{direction} scales of payload {tuple(payload.shape)}: expected {want}; found {tuple(scales.shape)}"
         )
     dim = -1 if direction == "rowwise" else -2
-    factor = e8m0_value(scales).repeat_interleave(BLOCK, dim=dim)
+    factor = e8m0_value(scales).repeat_interleave(MXFP8.block, dim=dim)
     return payload.to(torch.float32) * factor

@@ -26,13 +26,13 @@ import torch
 from mok.checks import check_int, check_sequence, describe
 from mok.errors import ExpertWeightError, LayoutError, RefreshError
 from mok.formats import Format
-from mok.layout import MXFP8_BLOCK
 from mok.read.blocks import BLOCKS
 from mok.read.readers import GroupedReader, is_bf16_group
 from mok.read.reading import Snapshot
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
 from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
 from te_compat import TensorKind, grouped_storage, known_storage_name, scale_matrix, storage_field, tensor_kind_or_none
+from te_compat.geometry import MXFP8
 
 MembersOf = Callable[[object], Any]  # a grouped weight's per-expert quantized tensors (Megatron's fp8_utils)
 
@@ -101,9 +101,9 @@ def convert_scale(
     if not isinstance(logical_scale, torch.Tensor) or logical_scale.dim() != 3:
         found = tuple(logical_scale.shape) if isinstance(logical_scale, torch.Tensor) else describe(logical_scale)
         raise LayoutError(f"logical_scale: expected a 3-D tensor [E, rows, columns/32]; found {found}")
-    if columns % MXFP8_BLOCK:
-        raise LayoutError(f"columns: expected a multiple of {MXFP8_BLOCK} (one scale per block); found {columns}")
-    want = (logical_scale.shape[0], rows, columns // MXFP8_BLOCK)
+    if columns % MXFP8.block:
+        raise LayoutError(f"columns: expected a multiple of {MXFP8.block} (one scale per block); found {columns}")
+    want = (logical_scale.shape[0], rows, columns // MXFP8.block)
     if tuple(logical_scale.shape) != want:
         raise LayoutError(
             f"logical_scale: expected shape {want} for rows={rows}, columns={columns}; "
@@ -285,10 +285,10 @@ def compose_grouped(weight: object, dims: tuple[int, int, int], seams: Seams, ou
         name="single-grouped MXFP8 columnwise",
     )
     row = seams.grouped_scales(
-        weight, seams.names.rowwise_scales, (experts, rows, columns // 32), name="single-grouped rowwise"
+        weight, seams.names.rowwise_scales, (experts, rows, columns // MXFP8.block), name="single-grouped rowwise"
     )
     col = seams.grouped_scales(
-        weight, seams.names.columnwise_scales, (experts, rows // 32, columns), name="single-grouped columnwise"
+        weight, seams.names.columnwise_scales, (experts, rows // MXFP8.block, columns), name="single-grouped columnwise"
     ).transpose(-2, -1)  # the [columns, rows/32] transpose: the dgrad GEMM reads [M, K] as [K, M]
     return (
         row_data,

@@ -14,8 +14,9 @@ import torch
 from mok.backend import backend_argument
 from mok.checks import check_int, check_sequence, describe
 from mok.errors import LayoutError
-from mok.layout import MXFP8_BLOCK, as_batch, check_layout_of, empty_layout
+from mok.layout import as_batch, check_layout_of, empty_layout
 from mok.ops import check_logical_out, check_some_scales, swizzle_many_op, swizzle_op, unswizzle_op
+from te_compat.geometry import MXFP8
 
 
 def swizzle_mxfp8_scales(
@@ -83,9 +84,9 @@ def unswizzle_mxfp8_scales(
     rows, columns, experts = (
         check_int(n, v, minimum=1) for n, v in (("rows", rows), ("columns", columns), ("experts", experts))
     )
-    if columns % MXFP8_BLOCK:
-        raise LayoutError(f"columns: expected a multiple of {MXFP8_BLOCK} (one scale per block); found {columns}")
-    logical = (experts, rows, columns // MXFP8_BLOCK)
+    if columns % MXFP8.block:
+        raise LayoutError(f"columns: expected a multiple of {MXFP8.block} (one scale per block); found {columns}")
+    logical = (experts, rows, columns // MXFP8.block)
     check_layout_of(layout, logical)
     if out is None:
         out = torch.empty(logical, dtype=torch.uint8, device=layout.device)

@@ -44,7 +44,6 @@ from te_compat.version import release_of, te_import_status
 if TYPE_CHECKING:
     import torch
 
-MXFP8_BLOCK = MXFP8.block
 # [from, below): the compute capabilities TE's MXFP8 cast kernels write on (module docstring)
 MXFP8_QUANTIZE_CC: tuple[tuple[int, int], tuple[int, int]] = ((10, 0), (12, 0))
 E4M3 = "kFloat8E4M3"  # the member of transformer_engine_torch.DType every 2.x quantizer takes
@@ -254,10 +253,10 @@ def _source(src: object) -> tuple[int, int]:
             f"found {src.dtype} of shape {tuple(src.shape)}"
         )
     rows, columns = math.prod(src.shape[:-1]), src.shape[-1]
-    if rows <= 0 or columns <= 0 or rows % MXFP8_BLOCK or columns % MXFP8_BLOCK:
+    if rows <= 0 or columns <= 0 or rows % MXFP8.block or columns % MXFP8.block:
         raise ValueError(
             f"mxfp8_quantize_into: src: expected rows (product of the leading dims) and columns to be positive "
-            f"multiples of {MXFP8_BLOCK}; found {rows} x {columns} (shape {tuple(src.shape)})"
+            f"multiples of {MXFP8.block}; found {rows} x {columns} (shape {tuple(src.shape)})"
         )
     return rows, columns
 

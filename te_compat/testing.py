@@ -89,7 +89,6 @@ __all__ = [
 
 Device = torch.device | str
 
-MXFP8_BLOCK = geometry.MXFP8.block
 BLOCKWISE_BLOCK = 128  # Float8BlockQuantizer.block_len
 NVFP4_E4M3_MAX = 448  # NVFP4Tensor's default nvfp4_e4m3_max (2.17+)
 
@@ -503,10 +502,10 @@ def mxfp8_buffers(
     """
     dims, m, k = _dims(shape, "mxfp8 shape")
     _check_fits("mxfp8_buffers", dims, _CPU, rowwise + columnwise)
-    if m % MXFP8_BLOCK or k % MXFP8_BLOCK:
+    if m % geometry.MXFP8.block or k % geometry.MXFP8.block:
         raise ValueError(
-            f"MXFP8 needs both dimensions divisible by {MXFP8_BLOCK} (TE's MXFP8 quantizer); found shape {dims} "
-            f"(M={m}, K={k})"
+            f"MXFP8 needs both dimensions divisible by {geometry.MXFP8.block} (TE's MXFP8 quantizer); "
+            f"found shape {dims} (M={m}, K={k})"
         )
     return _block_buffers(geometry.MXFP8, dims, m, k, generator, rowwise, columnwise)
 
@@ -563,14 +562,15 @@ def _blockwise_scales(m: int, k: int, two_d: bool, flat: bool, columnwise: bool)
     """(rows, cols, padded rows, padded cols) of one direction's fp32 blockwise scales."""
 
     def c(x: int) -> int:
-        return -(-x // BLOCKWISE_BLOCK)
+        return _roundup(x, BLOCKWISE_BLOCK) // BLOCKWISE_BLOCK
 
+    pad = geometry.SCALE_COLUMN_MULTIPLE
     if two_d:
         r, s = (c(k), c(m)) if columnwise else (c(m), c(k))
-        return r, s, r, _roundup(s, 4)
+        return r, s, r, _roundup(s, pad)
     if flat:
         return (c(m), k, c(m), k) if columnwise else (m, c(k), m, c(k))
-    return (c(m), k, c(m), _roundup(k, 4)) if columnwise else (c(k), m, c(k), _roundup(m, 4))
+    return (c(m), k, c(m), _roundup(k, pad)) if columnwise else (c(k), m, c(k), _roundup(m, pad))
 
 
 def blockwise_buffers(
@@ -941,11 +941,12 @@ def mxfp8_2d_buffers(buffers: dict[str, Any], shape: Sequence[int], generator: t
     scale with the 1-D scale_idx), the padding left as it was, and the columnwise payload equal to
     the rowwise one (tests/pytorch/test_mxfp8_2d_quantize.py asserts both)."""
     _, m, k = _dims(shape, "mxfp8 shape")
-    blocks = torch.randint(0, 256, (m // MXFP8_BLOCK, k // MXFP8_BLOCK), dtype=torch.uint8, generator=generator)
+    block = geometry.MXFP8.block
+    blocks = torch.randint(0, 256, (m // block, k // block), dtype=torch.uint8, generator=generator)
     if "rowwise_scale_inv" in buffers:
-        buffers["rowwise_scale_inv"][:m, : k // MXFP8_BLOCK] = blocks.repeat_interleave(MXFP8_BLOCK, dim=0)
+        buffers["rowwise_scale_inv"][:m, : k // block] = blocks.repeat_interleave(block, dim=0)
     if "columnwise_scale_inv" in buffers:
-        buffers["columnwise_scale_inv"][: m // MXFP8_BLOCK, :k] = blocks.repeat_interleave(MXFP8_BLOCK, dim=1)
+        buffers["columnwise_scale_inv"][: m // block, :k] = blocks.repeat_interleave(block, dim=1)
     if "rowwise_data" in buffers and "columnwise_data" in buffers:
         buffers["columnwise_data"].copy_(buffers["rowwise_data"])
 

@@ -30,7 +30,8 @@ from mok.kernels.abi import QuantizeFlag, quantize_macros
 from mok.kernels.streams import CurrentStream
 from mok.layout import check_writable, layout_shape, new_buffers, swizzle_reference
 from mok.overlap import check_no_overlap
-from mok.quantize_reference import BLOCK, ProductRule, ReciprocalRule, check_input, quantize_mxfp8_reference
+from mok.quantize_reference import ProductRule, ReciprocalRule, check_input, quantize_mxfp8_reference
+from te_compat.geometry import MXFP8
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from Python 3.11
@@ -95,8 +96,13 @@ def output_shapes(experts: int, rows: int, cols: int, *, swizzled: bool = True) 
     """The shape each output must have, in QuantizeOutputs' order."""
     data = (experts, rows, cols)
     if swizzled:
-        return data, layout_shape(rows, cols // BLOCK, experts), data, layout_shape(cols, rows // BLOCK, experts)
-    return data, (experts, rows, cols // BLOCK), data, (experts, rows // BLOCK, cols)
+        return (
+            data,
+            layout_shape(rows, cols // MXFP8.block, experts),
+            data,
+            layout_shape(cols, rows // MXFP8.block, experts),
+        )
+    return data, (experts, rows, cols // MXFP8.block), data, (experts, rows // MXFP8.block, cols)
 
 
 def empty_outputs(
@@ -351,8 +357,8 @@ def run_reference(
         out.row_data[e].copy_(q.row_data)
         out.col_data[e].copy_(q.col_data)
         if swizzled:
-            swizzle_reference(q.row_scales[None], _layout_of(out.row_scales, e, rows, cols // BLOCK))
-            swizzle_reference(q.col_scales.t()[None], _layout_of(out.col_scales, e, cols, rows // BLOCK))
+            swizzle_reference(q.row_scales[None], _layout_of(out.row_scales, e, rows, cols // MXFP8.block))
+            swizzle_reference(q.col_scales.t()[None], _layout_of(out.col_scales, e, cols, rows // MXFP8.block))
         else:
             out.row_scales[e].copy_(q.row_scales)
             out.col_scales[e].copy_(q.col_scales)
