@@ -132,3 +132,57 @@ def test_finding_the_providers_imports_none_of_them() -> None:
 def test_import_te_compat_does_not_search_for_providers() -> None:
     mods = _modules_after("import te_compat")
     assert not {"te_compat.providers", "te_compat.cli", "configparser"} & mods
+
+
+# a module path naming TE: "transformer_engine", "transformer_engine.pytorch.tensor", "transformer_engine_torch"
+TE_NAME = re.compile(r"transformer_engine(_torch)?(\.\w+)*(:[\w.]+)?")
+
+
+def _te_imports(path: Path) -> set[str]:
+    """What ``path`` imports of TE: import statements anywhere in its body, and strings that name
+    a TE module (``importlib.import_module("transformer_engine.pytorch")`` imports it as surely)."""
+    named = {d for d in _imported(path) if d.split(".")[0] in ("transformer_engine", "transformer_engine_torch")}
+    return named | {s for s in _named_modules(path) if TE_NAME.fullmatch(s.strip())}
+
+
+def test_no_mok_module_imports_transformer_engine(tmp_path: Path) -> None:
+    """mok reads and makes TE's objects only through te_compat (te_compat.factory for real ones)."""
+    leaky = tmp_path / "leaky.py"
+    leaky.write_text(
+        "import importlib\n"
+        "def f():\n"
+        "    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer\n"
+        "    return importlib.import_module('transformer_engine_torch')\n"
+    )
+    assert _te_imports(leaky) == {
+        "transformer_engine.pytorch.tensor.mxfp8_tensor",
+        "transformer_engine.pytorch.tensor.mxfp8_tensor.MXFP8Quantizer",
+        "transformer_engine_torch",
+    }
+    paths = sorted((ROOT / "mok").rglob("*.py"))
+    assert len(paths) > 20
+    assert {str(p.relative_to(ROOT)): _te_imports(p) for p in paths if _te_imports(p)} == {}
+
+
+def test_mok_s_te_checks_import_te_only_through_te_compat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The self-test's TE checks, run against the stand-in TE, ask te_compat for every TE module."""
+    import importlib
+
+    from mok import selftest
+    from te_compat import selfcheck
+    from tests.fake_te import fake_te
+
+    callers: set[str] = set()
+    real = importlib.import_module
+
+    def recording(name: str, package: str | None = None) -> object:
+        if name.split(".")[0] in ("transformer_engine", "transformer_engine_torch"):
+            callers.add(sys._getframe(1).f_globals["__name__"])
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", recording)
+    with fake_te(monkeypatch, "2.20.2"):
+        for name, check in selftest.checks().items():
+            if name.startswith("mok.te."):
+                assert selfcheck.run_check(name, check).status in ("passed", "skipped"), name
+    assert callers and all(c.startswith("te_compat.") for c in callers), callers
