@@ -1,21 +1,37 @@
 """Which backend converts scales: mok's CUDA kernel or the torch reference, and why.
 
-The choice is mok's; it rests on facts te_compat reports (cuda.core present, a CUDA device).
+The choice is mok's; it rests on mok's own fact (cuda.core present: :func:`has_cuda_core`) and
+the CUDA device te_compat reports.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from enum import Enum
+from functools import cache
 
 from mok.checks import describe
 from mok.errors import LayoutError
 from mok.kernels.config import environment_report
-from te_compat import MissingFeatureError, cuda_device, has_cuda_core
+from te_compat import MissingFeatureError, cuda_device, on_refresh
 
 BACKEND_ENV = "TE_COMPAT_KERNEL_BACKEND"
 BACKENDS = ("auto", "cuda", "torch")
+
+
+@cache
+def has_cuda_core() -> bool:
+    """cuda.core (the NVRTC compiler and launcher of mok's kernel) is importable; cached
+    (te_compat.refresh() clears it). Successor of the deprecated te_compat.has_cuda_core."""
+    try:
+        return importlib.util.find_spec("cuda.core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+on_refresh(has_cuda_core.cache_clear)
 
 
 class Backend(str, Enum):
@@ -101,7 +117,7 @@ def report() -> dict[str, object]:
         rows: dict[str, object] = {"kernel backend": choice.name, "kernel backend reason": choice.reason}
     except Exception as exc:  # an invalid variable or a demanded, missing kernel: report it
         rows = {"kernel backend": "unavailable", "kernel backend reason": str(exc)}
-    return rows | {"memory reader": memory_reader()} | environment_report()
+    return rows | {"cuda core": has_cuda_core(), "memory reader": memory_reader()} | environment_report()
 
 
 def memory_reader() -> str:

@@ -7,7 +7,7 @@ when a function is called. docs/te_compat.md describes the API.
 from te_compat.behaviour import mxfp8_reciprocal_rule
 from te_compat.caches import on_refresh, refresh
 from te_compat.capabilities import Capabilities, capabilities
-from te_compat.device import cuda_device, has_cuda_core
+from te_compat.device import cuda_device, has_cuda_core  # has_cuda_core: deprecated (mok.backend's)
 from te_compat.errors import (
     AmbiguousStorageNameError,
     MissingFeatureError,

@@ -1,10 +1,13 @@
-"""What this process can do: TE, torch, the GPU, and cuda.core (the facts mok's kernel needs).
+"""What this process can do: TE, torch and the GPU. (cuda.core, a fact of mok's kernel alone, is
+mok.backend's; ``cuda_core`` and the ``cuda_kernel`` feature answer here for one more release,
+deprecated.)
 
 Call once at start-up; ``require`` turns a missing feature into one clear error.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -13,7 +16,7 @@ from packaging.version import Version
 
 from te_compat import table
 from te_compat.behaviour import fsdp2_support, post_all_gather_support, reciprocal_rule_source, two_d_quantization
-from te_compat.device import cuda_device, has_cuda_core
+from te_compat.device import cuda_core_present, cuda_device
 from te_compat.errors import MissingFeatureError, TECompatError, TEVersionError, describe
 from te_compat.quantize import describe as describe_quantize
 from te_compat.quantize import quantize_row, support
@@ -55,7 +58,7 @@ class Capabilities:
     float8_fsdp2: bool  # torch FSDP2 can shard TE's Float8 Parameters here (TE 2.10+, a CUDA device)
     mxfp8_fsdp2: bool  # ... TE's MXFP8 Parameters (TE 2.10+, compute capability >= 10.0)
     fsdp2_reasons: dict[str, str]
-    cuda_core: bool  # mok's kernel needs it (pip install te-compat[cuda]) and a CUDA device
+    cuda_core: bool  # deprecated (one release): mok.backend.has_cuda_core() and mok's report row say it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,6 +122,21 @@ def _selftest(c: Capabilities) -> tuple[bool, str]:
     return result.ok, result.failures() or f"every check that ran passed: {result.summary()}"
 
 
+def _cuda_kernel(c: Capabilities) -> tuple[bool, str]:
+    """Deprecated (one release): mok's kernel is mok's to describe, ``mok.kernel_backend("cuda")``."""
+    warnings.warn(
+        "te_compat's 'cuda_kernel' feature is deprecated; use mok.kernel_backend('cuda'), which raises "
+        "MissingFeatureError saying what mok's kernel lacks",
+        DeprecationWarning,
+        stacklevel=3,  # the caller of missing(), or require()
+    )
+    return (
+        c.cuda_core and c.cuda_device is not None,
+        f"mok's CUDA kernel needs cuda.core ({'present' if c.cuda_core else 'pip install te-compat[cuda]'}) "
+        f"and a CUDA device ({c.cuda_device or 'none visible to torch'})",
+    )
+
+
 _CHECKS: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
     "te": lambda c: (c.te_usable, _te_reason(c) or "transformer_engine is usable"),
     "cuda": lambda c: (c.cuda_device is not None, "no CUDA device visible to torch"),
@@ -139,11 +157,7 @@ _CHECKS: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
     "post_all_gather_processing": lambda c: (c.post_all_gather_processing, c.post_all_gather_processing_reason),
     "float8_fsdp2": lambda c: (c.float8_fsdp2, c.fsdp2_reasons["float8"]),
     "mxfp8_fsdp2": lambda c: (c.mxfp8_fsdp2, c.fsdp2_reasons["mxfp8"]),
-    "cuda_kernel": lambda c: (
-        c.cuda_core and c.cuda_device is not None,
-        f"mok's CUDA kernel needs cuda.core ({'present' if c.cuda_core else 'pip install te-compat[cuda]'}) "
-        f"and a CUDA device ({c.cuda_device or 'none visible to torch'})",
-    ),
+    "cuda_kernel": _cuda_kernel,
     "selftest": _selftest,
 }
 
@@ -251,5 +265,5 @@ def capabilities(*, import_te: bool = True, verify: bool = True) -> Capabilities
         float8_fsdp2=fsdp2["float8"][0],
         mxfp8_fsdp2=fsdp2["mxfp8"][0],
         fsdp2_reasons={kind: why for kind, (_, why) in fsdp2.items()},
-        cuda_core=has_cuda_core(),
+        cuda_core=cuda_core_present(),
     )

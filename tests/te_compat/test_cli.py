@@ -503,3 +503,22 @@ def test_no_cuda_device_no_device_bound_capability(release: str | None, import_t
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
                     assert main(["report", "--no-import", "--require", feature]) == 1, feature
                 assert f"{feature}:" in err.getvalue()
+
+
+def test_mok_s_device_facts_are_mok_s_and_te_compat_s_names_deprecated() -> None:
+    """cuda.core is a fact of mok's kernel: mok.backend answers it (and mok's report section shows
+    it); te_compat's old names answer the same for one release, warning with their successor."""
+    import mok.backend
+
+    with pytest.warns(
+        DeprecationWarning, match=r"te_compat.has_cuda_core is deprecated; use mok.backend.has_cuda_core"
+    ):
+        old = te_compat.has_cuda_core()
+    assert old == mok.backend.has_cuda_core()
+    assert mok.backend.report()["cuda core"] == mok.backend.has_cuda_core()
+    caps = te_compat.capabilities(import_te=False, verify=False)
+    assert caps.cuda_core == mok.backend.has_cuda_core()
+    with pytest.warns(
+        DeprecationWarning, match=r"'cuda_kernel' feature is deprecated; use mok.kernel_backend\('cuda'\)"
+    ):
+        caps.missing("cuda_kernel")

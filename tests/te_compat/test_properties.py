@@ -195,7 +195,7 @@ def bare_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """No CUDA device, no cuda.core, no TE source on disk, and a TE whose import fails."""
     caps_module = sys.modules["te_compat.capabilities"]
     monkeypatch.setattr(caps_module, "cuda_device", lambda: (None, None, "no device (test)"))
-    monkeypatch.setattr(caps_module, "has_cuda_core", lambda: False)
+    monkeypatch.setattr(caps_module, "cuda_core_present", lambda: False)
     monkeypatch.setattr(te_compat.verify, "find_te_source", lambda: None)
     monkeypatch.setitem(sys.modules, "transformer_engine", None)  # import raises ImportError
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", None)
