@@ -49,7 +49,7 @@ class Capabilities:
     swizzled_scale_flag: bool
     mxfp8_hardware: bool
     mxfp8_quantization: bool  # TE can quantise MXFP8 here: usable, a quantize row, a 10.x device
-    mxfp8_quantize_api: str | None  # how (te_compat.mxfp8_quantize_into's call); None before TE 2.0
+    mxfp8_quantize_api: str | None  # how TE's own quantizer writes into given buffers; None before TE 2.0
     mxfp8_reciprocal_rule: str  # "shift" or "exact": TE's exp2f_rcp, the rule a quantiser follows to match TE
     mxfp8_reciprocal_rule_source: str  # the release, file and PR that say so
     mxfp8_2d_quantization: bool  # TE 2.19+: MXFP8Quantizer(with_2d_quantization=...), 32x32 blocks

@@ -1,5 +1,11 @@
 """Quantise a high-precision tensor into MXFP8 with TE's own quantizer, into buffers the caller owns.
 
+Deprecated as an API (one more release): the quantise API of this library is
+``mok.quantize_mxfp8`` (mok's kernel, on any CUDA device, the torch reference elsewhere, TE's
+bytes; its self-test checks it against TE's quantizer). What stays here are TE's facts: the rows
+of how each release quantises (:data:`QUANTIZE_ROWS`, checked by the matrix and read by the
+``mxfp8_quantization`` capability) and where TE's kernels write (:func:`support`).
+
 TE offers no call that quantises into arbitrary memory, but every 2.x release can wrap given
 buffers in an ``MXFP8Tensor`` and re-quantise into that tensor in place
 (``MXFP8Quantizer.update_quantized(src, dst)``, which runs ``tex.quantize(src, quantizer, dst)``).
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -342,7 +349,16 @@ def mxfp8_quantize_into(
     at least one direction. ``gemm_layout`` (TE 2.12+): TE writes the scales in the GEMM layout
     instead of compact. Refuses (MissingFeatureError) without a usable TE or on a device TE's
     MXFP8 kernels do not write on, rather than return buffers TE left untouched.
+
+    Deprecated: use ``mok.quantize_mxfp8``, the one quantise API (payloads and GEMM-layout scales
+    TE's quantizer would write, on any device; ``out=`` writes in place).
     """
+    warnings.warn(
+        "te_compat.mxfp8_quantize_into is deprecated; use mok.quantize_mxfp8, the one quantise API (TE's bytes, "
+        "scales in the GEMM layout, on any device)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     if not isinstance(gemm_layout, bool):
         raise TypeError(f"mxfp8_quantize_into: gemm_layout: expected a bool; found {describe_value(gemm_layout)}")
     rows, columns = _source(src)

@@ -30,6 +30,10 @@ from te_compat import MissingFeatureError, mxfp8_quantize_into
 from te_compat import quantize as Q
 from te_compat.source_facts import keyword_call, lineage, signature
 
+# mxfp8_quantize_into is deprecated (mok.quantize_mxfp8 is the one quantise API) and still works
+# for one release: these tests hold it to that; test_mxfp8_quantize_into_is_deprecated checks the warning.
+pytestmark = pytest.mark.filterwarnings("ignore:te_compat.mxfp8_quantize_into is deprecated:DeprecationWarning")
+
 Installer = Callable[..., None]
 QUANTIZER = "transformer_engine.pytorch.tensor.mxfp8_tensor.MXFP8Quantizer"
 TENSOR = "transformer_engine.pytorch.tensor.mxfp8_tensor.MXFP8Tensor"
@@ -450,3 +454,11 @@ def test_importing_te_compat_stays_cheap() -> None:
     code = "import sys, te_compat; print('torch' in sys.modules, 'transformer_engine' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_mxfp8_quantize_into_is_deprecated_naming_its_successor() -> None:
+    with (
+        pytest.warns(DeprecationWarning, match=r"te_compat.mxfp8_quantize_into is deprecated; use mok.quantize_mxfp8"),
+        pytest.raises(TypeError, match="src: expected a torch.Tensor"),
+    ):
+        mxfp8_quantize_into([1.0])  # type: ignore[arg-type]
