@@ -35,6 +35,7 @@ from mok.quantize_reference import (
 from te_compat import SkipCheck, TensorKind, factory
 from te_compat import table as te_table
 from te_compat.behaviour import reciprocal_rule_source
+from te_compat.geometry import MXFP8
 from te_compat.geometry import roundup as _roundup
 from te_compat.version import release_of
 
@@ -210,7 +211,7 @@ def check_layout_spec() -> str:
             expected[offset] = i + 1
         same_bytes(out, expected, f"the spec's {rows}x{columns} vectors")
     m, k, i, j, offset = SPEC_COLUMNWISE
-    columnwise = torch.zeros(m // 32, k, dtype=torch.uint8)
+    columnwise = torch.zeros(m // MXFP8.block, k, dtype=torch.uint8)
     columnwise[i, j] = 7
     out = mok.swizzle_mxfp8_scales(columnwise.t(), backend="torch").reshape(-1)  # S' = Scol.T
     if int(out[offset]) != 7 or int(out.count_nonzero()) != 1:
@@ -218,18 +219,17 @@ def check_layout_spec() -> str:
     logical = torch.randint(0, 256, (EXPERTS, 200, 6), dtype=torch.uint8, generator=_generator())
     layout = mok.swizzle_mxfp8_scales(logical, backend="torch")
     same_bytes(layout, spec_layout(logical), "random [2, 200, 6] scales")
-    back = mok.unswizzle_mxfp8_scales(layout, rows=200, columns=6 * 32, experts=EXPERTS, backend="torch")
+    back = mok.unswizzle_mxfp8_scales(layout, rows=200, columns=6 * MXFP8.block, experts=EXPERTS, backend="torch")
     same_bytes(back, logical, "the inverse of random [2, 200, 6] scales")
     return f"{sum(len(v) for _, _, v in SPEC_VECTORS) + 1} vectors of the spec, padding and the inverse"
 
 
 def _mxfp8_logical(storage: te_compat.MXFP8Storage, rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The matrices a GEMM reads, by the spec's words: rowwise ``S[:M, :K/32]``; columnwise the
-    transpose of ``Scol[:M/32, :K]`` (TE keeps it untransposed)."""
-    row, col = storage.rowwise_scale_inv, storage.columnwise_scale_inv
-    if row is None or col is None:
-        raise AssertionError("an MXFP8 weight without both scale directions")
-    return row[:rows, : columns // 32].view(torch.uint8), col[: rows // 32, :columns].view(torch.uint8).t()
+    """The matrices a GEMM reads (rowwise ``[M, K/32]``, columnwise ``[K, M/32]``) over TE's
+    buffers, as te_compat's geometry reads them (its own self-test holds that to TE's buffers)."""
+    if tuple(storage.shape) != (rows, columns):
+        raise AssertionError(f"expected an MXFP8 weight of shape {(rows, columns)}; found {storage.shape}")
+    return storage.scale_matrix("rowwise"), storage.scale_matrix("columnwise")
 
 
 def _compare_split(
@@ -280,7 +280,7 @@ def check_views_over_fakes() -> str:
             if not all(te_compat.mxfp8_storage(p).quantized_2d for p in two_d):
                 raise AssertionError("te_compat does not read a 2-D quantized MXFP8 weight as one")
             view = mok.split_weight_view(two_d, rows=rows, columns=columns, use_mxfp8=True, backend="torch")
-            blocks = (rows // 32) * (columns // 32)  # 35 random scales, each repeated 32 times
+            blocks = (rows // MXFP8.block) * (columns // MXFP8.block)  # 35 random scales, each repeated 32 times
             _compare_split(view, two_d, rows, columns, "2-D mxfp8", minimum=blocks // 2)
             done.append("2-D mxfp8")
         if TensorKind.GROUPED in kinds:
@@ -490,7 +490,7 @@ def check_kernel_swizzle() -> str:
         logical = torch.randint(0, 256, (3, rows, columns), dtype=torch.uint8, generator=generator)
         layout = mok.swizzle_mxfp8_scales(logical.to(device), backend=KERNEL)
         same_bytes(layout, spec_layout(logical), f"kernel layout of [3, {rows}, {columns}]")
-        back = mok.unswizzle_mxfp8_scales(layout, rows=rows, columns=columns * 32, experts=3, backend=KERNEL)
+        back = mok.unswizzle_mxfp8_scales(layout, rows=rows, columns=columns * MXFP8.block, experts=3, backend=KERNEL)
         same_bytes(back, logical, f"kernel inverse of [3, {rows}, {columns}]")
         many = mok.swizzle_mxfp8_scales_many([m.to(device) for m in logical], backend=KERNEL)
         same_bytes(
@@ -816,9 +816,9 @@ def check_te_mxfp8_2d() -> str:
         _te_call(p, "quantize_", x)
     s = te_compat.mxfp8_storage(params[0])
     row, col = _mxfp8_logical(s, rows, columns)
-    per_block = row[::32]  # one scale per 32x32 block, [rows/32, columns/32]
-    if not torch.equal(row, per_block.repeat_interleave(32, dim=0)) or not torch.equal(
-        col.t(), per_block.repeat_interleave(32, dim=1)
+    per_block = row[:: MXFP8.block]  # one scale per 32x32 block, [rows/32, columns/32]
+    if not torch.equal(row, per_block.repeat_interleave(MXFP8.block, dim=0)) or not torch.equal(
+        col.t(), per_block.repeat_interleave(MXFP8.block, dim=1)
     ):
         raise AssertionError(
             "TE's 2-D scales are not one per 32x32 block, at every 1x32 position rowwise and columnwise"
