@@ -156,12 +156,12 @@ def te_weights(experts: int, rows: int, cols: int, columnwise: bool) -> tuple[li
 
 
 def split_case(params: list[Any], rows: int, cols: int, repeats: int) -> dict[str, float]:
-    view = mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=rows, columns=cols, format="mxfp8")
     first = host_us(
-        lambda: mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True), max(5, repeats // 20)
+        lambda: mok.split_weight_view(params, rows=rows, columns=cols, format="mxfp8"), max(5, repeats // 20)
     )
     refresh = host_us(
-        lambda: mok.split_weight_view(params, rows=rows, columns=cols, use_mxfp8=True, cached=view), repeats
+        lambda: mok.split_weight_view(params, rows=rows, columns=cols, format="mxfp8", cached=view), repeats
     )
     found = {"first view": first, "refresh": refresh, "plans": float(view.refresh_plan.plans)}
     if view.columnwise is not None:  # the drop-in's views hold both directions
@@ -177,7 +177,7 @@ def split_case(params: list[Any], rows: int, cols: int, repeats: int) -> dict[st
 
 
 def grouped_case(weight: Any, experts: int, rows: int, cols: int, repeats: int) -> dict[str, float]:
-    kw = {"num_experts": experts, "rows": rows, "columns": cols, "use_mxfp8": True}
+    kw = {"num_experts": experts, "rows": rows, "columns": cols, "format": "mxfp8"}
     view = mok.grouped_weight_view(weight, **kw)
     first = host_us(lambda: mok.grouped_weight_view(weight, **kw), max(5, repeats // 20))
     refresh = host_us(lambda: mok.grouped_weight_view(weight, cached=view, **kw), repeats)
@@ -195,7 +195,7 @@ def bf16_case(experts: int, rows: int, cols: int, device: str, repeats: int) -> 
     ``fp8_param=False``): one Parameter per expert, and one grouped ``[E, R, C]`` Parameter."""
     split = [torch.nn.Parameter(torch.randn(rows, cols, dtype=torch.bfloat16, device=device)) for _ in range(experts)]
     grouped = torch.nn.Parameter(torch.randn(experts, rows, cols, dtype=torch.bfloat16, device=device))
-    kw = {"rows": rows, "columns": cols, "use_mxfp8": True}
+    kw = {"rows": rows, "columns": cols, "format": "mxfp8"}
     view = mok.split_weight_view(split, **kw)
     gview = mok.grouped_weight_view(grouped, num_experts=experts, **kw)
     few = max(5, repeats // 20)
@@ -214,8 +214,8 @@ def bf16_case(experts: int, rows: int, cols: int, device: str, repeats: int) -> 
 def layer_case(make: Callable[..., tuple[list[Any], Any]], experts: int, rows: int, cols: int, repeats: int) -> float:
     fc1, _ = make(experts, 2 * rows, cols, True)
     fc2, _ = make(experts, cols, rows, True)
-    v1 = mok.split_weight_view(fc1, rows=2 * rows, columns=cols, use_mxfp8=True)
-    v2 = mok.split_weight_view(fc2, rows=cols, columns=rows, use_mxfp8=True)
+    v1 = mok.split_weight_view(fc1, rows=2 * rows, columns=cols, format="mxfp8")
+    v2 = mok.split_weight_view(fc2, rows=cols, columns=rows, format="mxfp8")
     layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
     return host_us(layer, repeats)
 
@@ -249,7 +249,7 @@ def swizzled_refresh(params: list[Any] | str, rows: int, cols: int, repeats: int
     """Host us of a refresh of views over TE-swizzled aligned scales (zero-copy: no kernel work)."""
     if isinstance(params, str):
         return params
-    kw = {"rows": rows, "columns": cols, "use_mxfp8": True}
+    kw = {"rows": rows, "columns": cols, "format": "mxfp8"}
     view = mok.split_weight_view(params, **kw)
     assert view.rowwise.scales_zero_copy
     return host_us(lambda: mok.split_weight_view(params, cached=view, **kw), repeats)
@@ -260,7 +260,7 @@ def te_rowwise_peers(params: list[Any], rows: int, cols: int, calls: int) -> dic
     each as latency (a call, then a synchronisation) and as throughput (calls back to back)."""
     import transformer_engine_torch as tex
 
-    kw = {"rows": rows, "columns": cols, "use_mxfp8": True}
+    kw = {"rows": rows, "columns": cols, "format": "mxfp8"}
     view = mok.split_weight_view(params, **kw)
 
     def refresh() -> object:

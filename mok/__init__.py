@@ -4,6 +4,7 @@ mok reads Transformer Engine objects only through te_compat.
 """
 
 from mok.backend import BackendChoice, kernel_backend
+from mok.deprecation import renamed_keywords
 from mok.errors import ExpertWeightError, LayoutError, MokError, RefreshError, StorageFreedError
 from mok.export import MXFP8Export, export_mxfp8
 from mok.formats import Format
@@ -17,6 +18,11 @@ from mok.shared_expert import prepare_shared_expert_config
 from mok.split import split_weight_view
 from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many, unswizzle_mxfp8_scales
 from mok.views import ExpertWeights, GroupedExpertWeights, RefreshPlan, SplitExpertWeights, ViewDirection, storage_view
+
+# their ``cols=`` keyword is ``columns=``, as everywhere in mok's API; ``cols=`` warns for a release
+layout_offset = renamed_keywords(cols="columns")(layout_offset)
+layout_shape = renamed_keywords(cols="columns")(layout_shape)
+padded_shape = renamed_keywords(cols="columns")(padded_shape)
 
 __all__ = [
     "BackendChoice",

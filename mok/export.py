@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mok import door
 from mok.checks import describe
-from mok.door import open_view
 from mok.errors import ExpertWeightError, LayoutError
 from mok.export_ops import TMA_ALIGN_WORDS, TRTLLM_ALIGN, deepgemm_scales_op, trtllm_payload_op, trtllm_scales_op
 from mok.formats import Format
@@ -161,16 +161,18 @@ def _view(
             raise ExpertWeightError(
                 f"num_experts: expected the number of per-expert weights ({len(weights)}) or None; found {num_experts}"
             )
-        dims: tuple[int, ...] = (rows, columns)
+        experts = None  # counted from the weights
     elif num_experts is None:
         raise ExpertWeightError(
             f"num_experts: required for one grouped weight ({type(weights).__name__}); "
             "pass a list for one weight per expert"
         )
     else:
-        dims = (num_experts, rows, columns)
-    grouped = len(dims) == 3
-    view: ExpertWeights = open_view(weights, grouped=grouped, format="mxfp8", use_mxfp8=None, dims=dims, cached=cached)
+        experts = num_experts
+    grouped = experts is not None
+    view: ExpertWeights = door.view(
+        weights, grouped=grouped, format="mxfp8", rows=rows, columns=columns, experts=experts, cached=cached
+    )
     return view
 
 

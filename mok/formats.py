@@ -9,6 +9,7 @@ from __future__ import annotations
 from enum import Enum
 
 from mok.checks import describe
+from mok.deprecation import deprecated
 
 
 class Format(str, Enum):
@@ -25,21 +26,31 @@ class Format(str, Enum):
         return self.value
 
 
-def format_named(format: object, use_mxfp8: object) -> Format:
-    """The format asked for: ``format`` (a :class:`Format` or its name) if given, else from the
-    ``use_mxfp8`` flag (Megatron's). The one place a string becomes a format."""
-    if use_mxfp8 is not None and not isinstance(use_mxfp8, bool):
-        raise TypeError(f"use_mxfp8: expected a bool; found {describe(use_mxfp8)}")
-    if format is None:
-        if use_mxfp8 is None:
-            raise TypeError("expected use_mxfp8=True/False or format= ('bf16', 'mxfp8', 'nvfp4'); found neither")
-        return Format.MXFP8 if use_mxfp8 else Format.BF16
+def format_named(format: object) -> Format:
+    """The format asked for: a :class:`Format` or its name. The one place a string becomes a
+    format."""
     found = _BY_NAME.get(format) if isinstance(format, str) else None
     if found is None:
+        if format is None:
+            raise TypeError(f"format: expected one of {', '.join(map(repr, _BY_NAME))}; found None")
         raise ValueError(f"format: expected one of {', '.join(map(repr, _BY_NAME))}; found {describe(format)}")
-    if use_mxfp8 is not None and use_mxfp8 is not (found is Format.MXFP8):
-        raise ValueError(f"use_mxfp8={use_mxfp8} contradicts format={format!r}; pass one of them")
     return found
+
+
+def format_asked(format: object, use_mxfp8: object) -> object:
+    """``format=`` as mok's view functions take it, with the deprecated ``use_mxfp8=`` (Megatron's
+    flag, which mok.weights keeps) turned into it: True/False for "mxfp8"/"bf16", both given
+    must agree. Warns (DeprecationWarning) wherever ``use_mxfp8`` is given."""
+    if use_mxfp8 is None:
+        return format
+    deprecated("use_mxfp8= of mok's view functions", "format='mxfp8' or format='bf16'", stacklevel=4)
+    if not isinstance(use_mxfp8, bool):
+        raise TypeError(f"use_mxfp8: expected a bool; found {describe(use_mxfp8)}")
+    if format is None:
+        return Format.MXFP8 if use_mxfp8 else Format.BF16
+    if use_mxfp8 is not (format_named(format) is Format.MXFP8):
+        raise ValueError(f"use_mxfp8={use_mxfp8} contradicts format={format!r}; pass one of them")
+    return format
 
 
 _BY_NAME = {f.value: f for f in Format}  # a Format is a str too: its own key finds it

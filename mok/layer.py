@@ -53,9 +53,11 @@ def _reader(i: int, weights: object, view: ExpertWeights) -> Reader[Any]:
     """The reader of one ``(weights, cached view)`` entry (checked by :func:`_check_entry`), for
     the view's format and shape."""
     grouped = isinstance(view, GroupedExpertWeights)
-    dims = (view.num_experts, view.rows, view.columns) if grouped else (view.rows, view.columns)
+    experts = view.num_experts if grouped else None  # a split view's experts are its weights, counted
     try:
-        return reader_for(weights, grouped=grouped, fmt=view.format, dims=dims)
+        return reader_for(
+            weights, grouped=grouped, format=view.format, rows=view.rows, columns=view.columns, experts=experts
+        )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{_LABEL} entry {i}: {exc}") from exc
 

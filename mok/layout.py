@@ -30,20 +30,20 @@ _E8M0 = getattr(torch, "float8_e8m0fnu", None)  # torch >= 2.7 names the E8M0 dt
 _SCALE_DTYPES = (torch.uint8,) if _E8M0 is None else (torch.uint8, _E8M0)
 
 
-def _dims(rows: object, cols: object) -> tuple[int, int]:
+def _dims(rows: object, columns: object) -> tuple[int, int]:
     """The two dimensions of a scale matrix, checked: ints >= 1 (a wrong one would pad wrongly)."""
-    return check_int("rows", rows, minimum=1), check_int("cols", cols, minimum=1)
+    return check_int("rows", rows, minimum=1), check_int("columns", columns, minimum=1)
 
 
-def padded_shape(rows: int, cols: int) -> tuple[int, int]:
-    """``(Rp, Cp)`` of the layout of a logical ``[rows, cols]`` scale matrix."""
-    r, c = _dims(rows, cols)
+def padded_shape(rows: int, columns: int) -> tuple[int, int]:
+    """``(Rp, Cp)`` of the layout of a logical ``[rows, columns]`` scale matrix."""
+    r, c = _dims(rows, columns)
     return roundup(r, ROW_BLOCK), roundup(c, COL_BLOCK)
 
 
-def layout_shape(rows: int, cols: int, experts: int = 1) -> tuple[int, int, int, int]:
-    """Shape of the layout of ``experts`` logical ``[rows, cols]`` matrices."""
-    rp, cp = padded_shape(rows, cols)
+def layout_shape(rows: int, columns: int, experts: int = 1) -> tuple[int, int, int, int]:
+    """Shape of the layout of ``experts`` logical ``[rows, columns]`` matrices."""
+    rp, cp = padded_shape(rows, columns)
     return check_int("experts", experts, minimum=1) * rp // ROW_BLOCK, cp // COL_BLOCK, 32, 16
 
 
@@ -106,14 +106,14 @@ def logical_view(buffer: torch.Tensor, geometry: Geometry) -> torch.Tensor:
     return buffer.as_strided(geometry[0], geometry[1], buffer.storage_offset())
 
 
-def layout_offset(r: int, c: int, rows: int, cols: int) -> int:
-    """Byte offset of ``S[r, c]`` in the layout of one ``[rows, cols]`` matrix (the spec's formula).
+def layout_offset(r: int, c: int, rows: int, columns: int) -> int:
+    """Byte offset of ``S[r, c]`` in the layout of one ``[rows, columns]`` matrix (the spec's formula).
 
     ``r`` and ``c`` must lie inside the matrix: outside it the formula gives another entry's byte.
     """
-    rows, cols = _dims(rows, cols)
-    r, c = check_index("r", r, rows), check_index("c", c, cols)
-    cp = roundup(cols, COL_BLOCK)
+    rows, columns = _dims(rows, columns)
+    r, c = check_index("r", r, rows), check_index("c", c, columns)
+    cp = roundup(columns, COL_BLOCK)
     return ((r // 128) * (cp // 4) + c // 4) * TILE_BYTES + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
 
 

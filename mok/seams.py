@@ -1,38 +1,41 @@
-"""The steps of a view a caller may bring its own functions for, as Megatron's MOK weights module
-lets its callers replace them (mok.weights passes them in as :class:`Seams`): reading a storage
-attribute off any object, viewing a payload, viewing a grouped weight's scales, converting one
-scale matrix, telling MXFP8 weights. Here are mok's own implementations of them, and the
-composition over whatever a caller passed (:func:`compose_grouped`, :func:`compose_split`): each
-function called as Megatron's module calls it, so a caller that replaced one sees every call,
-every expert's scales still converted in one launch while the conversion is mok's own.
+"""The adapters between Megatron's MOK weights module's contract and mok's one door (mok.door):
+the steps a mok.weights caller may replace, in upstream's signatures (mok's own implementations
+of them); the :class:`~mok.read.readers.Seams` of a call, looked up as that module and
+Megatron's ``fp8_utils`` hold them at the call; Megatron's argument checks, refresh contracts
+and result types (:class:`GroupedWeightTuple`, :class:`SplitRoutedWeight`).
 
-mok's own do what Megatron's do, and more where a caller would not notice: TE attribute names of
-any release translated through te_compat's table, padded shapes (Megatron needs multiples of
-128), TE's own GroupedTensor read through its flat buffers, and errors that say what was
-expected and what was found. Where they are all mok's own and the weights are TE's, mok.weights
-takes the one door (mok.door) instead.
+A view asked of mok.weights goes through mok.door.view once: mok's readers read TE's weights
+while every step is mok's own, a :class:`~mok.read.readers.SeamReader` reads through the
+caller's functions otherwise, each called as Megatron's module calls it.
+
+mok's own steps do what Megatron's do, and more where a caller would not notice: TE attribute
+names of any release translated through te_compat's table, padded shapes (Megatron needs
+multiples of 128), TE's own GroupedTensor read through its flat buffers, and errors that say
+what was expected and what was found.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, cast
 
 import torch
 
-from mok.checks import check_int, check_sequence, describe
+from mok import door
+from mok.checks import check_bool, check_int, check_sequence, describe
 from mok.errors import ExpertWeightError, LayoutError, RefreshError
 from mok.formats import Format
+from mok.plan.pipeline import check_cached_as
 from mok.read.blocks import BLOCKS
-from mok.read.readers import GroupedReader, is_bf16_group
-from mok.read.reading import Snapshot
-from mok.swizzle import swizzle_mxfp8_scales, swizzle_mxfp8_scales_many
-from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device, storage_view
-from te_compat import TensorKind, grouped_storage, known_storage_name, scale_matrix, storage_field, tensor_kind_or_none
-from te_compat.geometry import MXFP8
+from mok.read.readers import NEEDS_COLUMNWISE, Seams, StorageNames, check_logical_scales, is_bf16_group
+from mok.swizzle import swizzle_mxfp8_scales
+from mok.views import ExpertWeights, GroupedExpertWeights, SplitExpertWeights, check_sizes, storage_view
+from te_compat import TensorKind, grouped_storage, known_storage_name, storage_field, tensor_kind_or_none
+
+__all__ = ["Seams", "StorageNames"]  # the reader's types, where mok.weights finds them
 
 MembersOf = Callable[[object], Any]  # a grouped weight's per-expert quantized tensors (Megatron's fp8_utils)
 
@@ -98,17 +101,7 @@ def convert_scale(
     ``[E*Rp/128, Cp/4, 32, 16]`` (``Rp = roundup(rows, 128)``, ``Cp = roundup(columns/32, 4)``;
     for aligned shapes Megatron's ``[E*rows/128, columns/128, 32, 16]``), into ``out`` when given."""
     rows, columns = check_sizes(rows=rows, columns=columns)
-    if not isinstance(logical_scale, torch.Tensor) or logical_scale.dim() != 3:
-        found = tuple(logical_scale.shape) if isinstance(logical_scale, torch.Tensor) else describe(logical_scale)
-        raise LayoutError(f"logical_scale: expected a 3-D tensor [E, rows, columns/32]; found {found}")
-    if columns % MXFP8.block:
-        raise LayoutError(f"columns: expected a multiple of {MXFP8.block} (one scale per block); found {columns}")
-    want = (logical_scale.shape[0], rows, columns // MXFP8.block)
-    if tuple(logical_scale.shape) != want:
-        raise LayoutError(
-            f"logical_scale: expected shape {want} for rows={rows}, columns={columns}; "
-            f"found {tuple(logical_scale.shape)}"
-        )
+    check_logical_scales(logical_scale, rows, columns)
     converted: torch.Tensor = swizzle_mxfp8_scales(logical_scale, out=out)
     return converted
 
@@ -116,7 +109,7 @@ def convert_scale(
 # ------------------------------------------------------------------------------ a grouped weight's scales
 
 
-def grouped_scales(
+def grouped_scale_view(
     param: object, member_attr: str, shape: tuple[int, int, int], name: str, members: MembersOf
 ) -> torch.Tensor:
     """``[E, a, b]`` view of a grouped weight's expert-major scale storage (no copy).
@@ -166,7 +159,10 @@ def _te_grouped_scales(param: object, member_attr: str, shape: tuple[int, int, i
             f"({rows}, {columns}); found {shape}"
         )
     # mok's reading of the group: TE's padding skipped, offsets and members' packing checked
-    snapshot = GroupedReader(param, Format.MXFP8, (gs.num_tensors, rows, columns)).read()
+    reader = door.reader_for(
+        param, grouped=True, format=Format.MXFP8, rows=rows, columns=columns, experts=gs.num_tensors
+    )
+    snapshot = reader.read()
     matrices = next((s.sources[0].logical for s in snapshot.directions if s.direction is direction), None)
     if matrices is None:
         raise ExpertWeightError(f"{name}: the grouped parameter holds no {direction.name} data")
@@ -207,39 +203,6 @@ def _packed(members: list[Any], member_attr: str, shape: tuple[int, int, int], n
     return flat.view(shape)
 
 
-# --------------------------------------------------------------------- the composition over a caller's functions
-
-
-class StorageNames(NamedTuple):
-    """The storage attribute names a composition asks a caller's ``storage_attr`` for: the names
-    the caller's module passes (Megatron's module passes TE's); mok's own ``storage_attr``
-    translates them through te_compat's table."""
-
-    rowwise_data: str
-    columnwise_data: str
-    rowwise_scales: str
-    columnwise_scales: str
-
-    def of(self, direction: str) -> str:
-        """The payload name of ``direction`` ("rowwise" or "columnwise")."""
-        return self.rowwise_data if direction == "rowwise" else self.columnwise_data
-
-
-class Seams(NamedTuple):
-    """The functions a caller brings for the steps of a view (mok.weights: Megatron's module's
-    own names, looked up at each call), and the storage names they are asked for. ``own``: every
-    function is mok's, so TE's weights may go through the pipeline instead."""
-
-    names: StorageNames
-    storage_attr: Callable[[object, str], Any]  # a storage attribute off any object, or None
-    storage_view: Callable[..., Any]  # (storage, shape, *, dtype, name): a payload view
-    grouped_scales: Callable[..., Any]  # (weight, member_attr, shape, *, name): [E, a, b] scales
-    convert: Callable[..., Any]  # (logical [E, R, C], *, rows, columns, out=None): the layout
-    is_mxfp8: Callable[[object], bool]
-    is_grouped_mxfp8: Callable[[object], bool]
-    own: bool
-
-
 def is_mxfp8(obj: object) -> bool:
     """mok's test of MXFP8 weights where Megatron's is not there: a TE MXFP8 tensor, or an object
     te_compat does not know (its storage decides); no plain tensor or other TE kind."""
@@ -254,128 +217,6 @@ def is_grouped_mxfp8(obj: object) -> bool:
     if kind is TensorKind.GROUPED:
         return not is_bf16_group(obj)
     return kind is None and not isinstance(obj, torch.Tensor)
-
-
-def _storage(seams: Seams, obj: object, name: str, what: str) -> Any:
-    value = seams.storage_attr(obj, name)
-    if value is None:
-        raise ExpertWeightError(f"{what}: expected {name} storage on the {type(obj).__name__}; found none")
-    return value
-
-
-def compose_grouped(weight: object, dims: tuple[int, int, int], seams: Seams, outs: Sequence[Any]) -> tuple[Any, ...]:
-    """Megatron's grouped MXFP8 view over ``seams``: ``(row data, row scales, column data,
-    column scales, True)``, the scales converted into ``outs`` (two buffers, or two Nones)."""
-    experts, rows, columns = dims
-    if not seams.is_grouped_mxfp8(weight):
-        raise ExpertWeightError(
-            f"grouped weight: expected native TE grouped MXFP8 parameters; found {describe(weight)}"
-        )
-    fp8 = torch.float8_e4m3fn
-    row_data = seams.storage_view(
-        _storage(seams, weight, seams.names.rowwise_data, "grouped weight"),
-        dims,
-        dtype=fp8,
-        name="single-grouped MXFP8 rowwise",
-    )
-    col_data = seams.storage_view(
-        _storage(seams, weight, seams.names.columnwise_data, "grouped weight"),
-        dims,
-        dtype=fp8,
-        name="single-grouped MXFP8 columnwise",
-    )
-    row = seams.grouped_scales(
-        weight, seams.names.rowwise_scales, (experts, rows, columns // MXFP8.block), name="single-grouped rowwise"
-    )
-    col = seams.grouped_scales(
-        weight, seams.names.columnwise_scales, (experts, rows // MXFP8.block, columns), name="single-grouped columnwise"
-    ).transpose(-2, -1)  # the [columns, rows/32] transpose: the dgrad GEMM reads [M, K] as [K, M]
-    return (
-        row_data,
-        seams.convert(row, rows=rows, columns=columns, out=outs[0]),
-        col_data,
-        seams.convert(col, rows=columns, columns=rows, out=outs[1]),
-        True,
-    )
-
-
-def _expert_storage(e: int, param: object, seams: Seams, names: Sequence[str]) -> dict[str, Any]:
-    found = {name: seams.storage_attr(param, name) for name in names}
-    missing = [name for name, value in found.items() if value is None]
-    if missing:
-        raise ExpertWeightError(
-            f"expert {e}: expected MXFP8 storage {', '.join(names)} on the {type(param).__name__} "
-            f"(shape {tuple(getattr(param, 'shape', ()))}); missing {', '.join(missing)}"
-        )
-    return found
-
-
-def _logical_pair(
-    e: int, storage: dict[str, Any], names: StorageNames, rows: int, columns: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One expert's scale matrices as the GEMMs read them, cut from TE's padded buffers (no copy)."""
-    try:
-        return (
-            scale_matrix(storage[names.rowwise_scales], rows, columns),
-            scale_matrix(storage[names.columnwise_scales], rows, columns, direction="columnwise"),
-        )
-    except (TypeError, ValueError) as exc:
-        raise LayoutError(f"expert {e}: {exc}") from exc
-
-
-def compose_split(
-    params: Sequence[object], rows: int, columns: int, seams: Seams, outs: tuple[Sequence[Any], Sequence[Any]] | None
-) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
-    """Megatron's split MXFP8 view over ``seams``: the row payloads, column payloads, row layouts
-    and column layouts of every expert. A refresh (``outs``, the cached layout buffers) reads the
-    scales again and converts them into ``outs``, expert by expert as Megatron does."""
-    names = seams.names[2:] if outs is not None else tuple(seams.names)
-    for e, param in enumerate(params):  # a refresh refuses what a new view refuses, first
-        if not seams.is_mxfp8(param):
-            raise ExpertWeightError(f"expert {e}: expected native TE MXFP8 storage; found {describe(param)}")
-    storage = [_expert_storage(e, p, seams, names) for e, p in enumerate(params)]
-    row_data: list[Any] = []
-    col_data: list[Any] = []
-    if outs is None:
-        for e, found in enumerate(storage):
-            for direction, payloads in (("rowwise", row_data), ("columnwise", col_data)):
-                payloads.append(
-                    seams.storage_view(
-                        found[seams.names.of(direction)],
-                        (rows, columns),
-                        dtype=torch.float8_e4m3fn,
-                        name=f"expert {e} MXFP8 {direction}",
-                    )
-                )
-    logical = [_logical_pair(e, found, seams.names, rows, columns) for e, found in enumerate(storage)]
-    row_scales, col_scales = _convert(logical, rows, columns, seams, outs)
-    return row_data, col_data, row_scales, col_scales
-
-
-def _convert(
-    logical: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    rows: int,
-    columns: int,
-    seams: Seams,
-    outs: tuple[Sequence[Any], Sequence[Any]] | None,
-) -> tuple[list[Any], list[Any]]:
-    """Every expert's two scale matrices in the layout: in one launch with mok's own conversion;
-    a caller's, once per expert and direction (every rowwise matrix, then every columnwise one;
-    a refresh expert by expert), as Megatron calls it."""
-    if seams.own:
-        matrices = [r for r, _ in logical] + [c for _, c in logical]
-        converted = swizzle_mxfp8_scales_many(matrices, outs=None if outs is None else [*outs[0], *outs[1]])
-        return converted[: len(logical)], converted[len(logical) :]
-    convert = seams.convert
-    if outs is None:
-        return (
-            [convert(r.unsqueeze(0), rows=rows, columns=columns) for r, _ in logical],
-            [convert(c.unsqueeze(0), rows=columns, columns=rows) for _, c in logical],
-        )
-    for (r, c), row_out, col_out in zip(logical, *outs, strict=True):
-        convert(r.unsqueeze(0), rows=rows, columns=columns, out=row_out)
-        convert(c.unsqueeze(0), rows=columns, columns=rows, out=col_out)
-    return list(outs[0]), list(outs[1])
 
 
 def split_outputs(cached: object, experts: int) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
@@ -455,26 +296,6 @@ def check_grouped_shape(weight: object, shape: tuple[int, ...]) -> None:
         raise ExpertWeightError(f"grouped weight: expected shape {shape}; found {shown}")
 
 
-def compose_grouped_bf16(weight: Any, shape: tuple[int, ...], seams: Seams) -> Any:
-    """Megatron's BF16 view: the weight's dtype and contiguity checked, then TE's high-precision
-    payload (``rowwise_data``) where the weight has one, else the weight itself."""
-    dtype, contiguous = getattr(weight, "dtype", None), getattr(weight, "is_contiguous", None)
-    if (dtype is not None and dtype != torch.bfloat16) or (callable(contiguous) and not contiguous()):
-        state = "" if not callable(contiguous) or contiguous() else " (not contiguous)"
-        raise ExpertWeightError(
-            f"grouped weight: expected a contiguous torch.bfloat16 tensor of shape {shape}; found {dtype}{state}"
-        )
-    storage = seams.storage_attr(weight, seams.names.rowwise_data)
-    if storage is not None:
-        return seams.storage_view(storage, shape, dtype=torch.bfloat16, name="single-grouped BF16 rowwise")
-    if not isinstance(weight, torch.Tensor):
-        raise ExpertWeightError(
-            "grouped weight: expected a torch.bfloat16 tensor, or storage rowwise_data on the weight; found "
-            f"{describe(weight)} with neither"
-        )
-    return weight
-
-
 def check_experts(params: object) -> tuple[Any, ...]:
     found = check_sequence("params", params, "per-expert parameters")
     if not found:
@@ -485,32 +306,7 @@ def check_experts(params: object) -> tuple[Any, ...]:
     return found
 
 
-def compose_split_bf16(experts: Sequence[object], rows: int, columns: int, seams: Seams) -> list[Any]:
-    """Megatron's BF16 split view: each expert's TE high-precision payload (``rowwise_data``)
-    where it has one, else the expert itself, viewed as ``(rows, columns)``."""
-    held = [seams.storage_attr(p, seams.names.rowwise_data) for p in experts]
-    return [
-        seams.storage_view(
-            p if h is None else h, (rows, columns), dtype=torch.bfloat16, name=f"expert {e} BF16 rowwise"
-        )
-        for e, (p, h) in enumerate(zip(experts, held, strict=True))
-    ]
-
-
 # --------------------------------------------------------------------- Megatron's results and fp8_utils
-
-
-# Megatron's results hold both directions: a view of weights TE keeps rowwise only is refused so
-NEEDS_COLUMNWISE = {
-    True: "grouped weight: the 5-tuple needs columnwise data and scales; the weight has none",
-    False: "split weights: the view needs columnwise data and both directions' scales; found less",
-}
-
-
-def check_both_directions(snapshot: Snapshot, grouped: bool) -> None:
-    """A refresh of Megatron's result refuses, as a new one does, weights TE keeps rowwise only."""
-    if snapshot.quantize is None and len(snapshot.directions) < 2:
-        raise ExpertWeightError(NEEDS_COLUMNWISE[grouped])
 
 
 class GroupedWeightTuple(tuple[Any, ...]):
@@ -550,35 +346,27 @@ class SplitRoutedWeight:
     expert_view: SplitExpertWeights | None = field(default=None, repr=False)
 
 
-def routed(
-    row_data: Sequence[Any],
-    col_data: Sequence[Any],
-    row_scales: Sequence[Any],
-    col_scales: Sequence[Any],
-    view: Any = None,
-) -> SplitRoutedWeight:
-    device = same_device(list(row_data))
-    return SplitRoutedWeight(
-        data=row_data[0],
-        storage_table=ptr_table(row_data, device) if view is None else view.rowwise.data_ptrs,
-        scale=row_scales[0],
-        scale_storage_table=ptr_table(row_scales, device) if view is None else view.rowwise.scale_ptrs,
-        scale_tensors=tuple(row_scales),
-        transposed_data=col_data[0],
-        transposed_scale=col_scales[0],
-        transposed_storage_table=ptr_table(col_data, device) if view is None else view.columnwise.data_ptrs,
-        transposed_scale_storage_table=ptr_table(col_scales, device) if view is None else view.columnwise.scale_ptrs,
-        transposed_scale_tensors=tuple(col_scales),
-        native_columnwise=True,
-        expert_view=view,
-    )
-
-
-def routed_from_view(view: SplitExpertWeights) -> SplitRoutedWeight:
+def routed(view: SplitExpertWeights, expert_view: SplitExpertWeights | None) -> SplitRoutedWeight:
+    """Megatron's split result over ``view``'s payloads, layouts and tables; ``expert_view``: the
+    view a ``cached_view=`` refresh refreshes (None where the caller's functions made it: its
+    refresh calls them again, into its ``scale_tensors``)."""
     row, col = view.rowwise, view.columnwise
     if col is None or row.scales is None or col.scales is None:
         raise ExpertWeightError(NEEDS_COLUMNWISE[False])
-    return routed(row.data, col.data, row.scales, col.scales, view)
+    return SplitRoutedWeight(
+        data=row.data[0],
+        storage_table=cast(torch.Tensor, row.data_ptrs),
+        scale=row.scales[0],
+        scale_storage_table=row.scale_ptrs,
+        scale_tensors=row.scales,
+        transposed_data=col.data[0],
+        transposed_scale=col.scales[0],
+        transposed_storage_table=col.data_ptrs,
+        transposed_scale_storage_table=col.scale_ptrs,
+        transposed_scale_tensors=col.scales,
+        native_columnwise=True,
+        expert_view=expert_view,
+    )
 
 
 FP8_UTILS = "megatron.core.fp8_utils"
@@ -596,3 +384,117 @@ def megatron(name: str, fallback: Callable[..., Any]) -> Callable[..., Any]:
             _no_megatron = True
     found = getattr(module, name, None) if module is not None else None
     return found if callable(found) else fallback
+
+
+def seams_of(module: Mapping[str, Any]) -> Seams:
+    """The steps as they are at this call: ``module``'s globals (mok.weights', whose ``_OWN``
+    names its own functions) and Megatron's fp8_utils."""
+    own: Mapping[str, object] = module["_OWN"]
+    return Seams(
+        StorageNames("rowwise_data", "columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"),
+        module["_parameter_storage_attr"],
+        module["_storage_view"],
+        module["_single_grouped_mxfp8_scale_view"],
+        module["_swizzle_mxfp8_scale"],
+        megatron("is_mxfp8tensor", is_mxfp8),
+        megatron("is_grouped_mxfp8tensor", is_grouped_mxfp8),
+        all([module[name] is function for name, function in own.items()]),
+        module["_swizzle_mxfp8_scale"] is own["_swizzle_mxfp8_scale"],
+    )
+
+
+def grouped_view(
+    weight: object,
+    num_experts: object,
+    rows: object,
+    columns: object,
+    use_mxfp8: object,
+    cached_view: object,
+    module: Mapping[str, Any],
+) -> Any:
+    """Megatron's grouped view (mok.weights._native_single_grouped_weight_view), its checks in
+    upstream's order, through the door once."""
+    seams, mine = seams_of(module), type(cached_view) is GroupedWeightTuple
+    expert_view: GroupedExpertWeights | None = cast(GroupedWeightTuple, cached_view).expert_view if mine else None
+    if (
+        use_mxfp8 is True
+        and expert_view is not None
+        and (seams.own or expert_view.quantized_on_the_fly)
+        and door.rerun(weight, True, Format.MXFP8, rows, columns, num_experts, expert_view)
+    ):  # nothing the view was planned from changed: its launch ran again; else decided as a new view is
+        return cached_view
+    experts, rows, columns = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
+    shape = (experts, rows, columns)
+    if expert_view is not None and use_mxfp8 is True:  # the call's sizes are the view's own, before reading
+        check_cached_as(expert_view, GroupedExpertWeights, Format.MXFP8, shape)
+    check_grouped_shape(weight, shape)
+    if not check_bool("use_mxfp8", use_mxfp8):
+        bf16: ExpertWeights = door.view(
+            weight, grouped=True, format=Format.BF16, rows=rows, columns=columns, experts=experts, seams=seams
+        )
+        return bf16.rowwise.data[0]
+    outs = None if cached_view is None else tuple((buffer,) for buffer in grouped_outputs(cached_view))
+    view: ExpertWeights = door.view(
+        weight,
+        grouped=True,
+        format=Format.MXFP8,
+        rows=rows,
+        columns=columns,
+        experts=experts,
+        cached=expert_view,
+        seams=seams,
+        outs=outs,
+        both_directions=True,
+    )
+    if view.refresh_plan.prepared is None:  # made through the caller's functions: upstream's tuple
+        row, col = view.rowwise, cast(Any, view.columnwise)
+        return (row.data[0], cast(Any, row.scales)[0], col.data[0], col.scales[0], True)
+    return cached_view if mine else GroupedWeightTuple(cast(GroupedExpertWeights, view))
+
+
+def split_view(
+    params: object, rows: object, columns: object, use_mxfp8: object, cached_view: object, module: Mapping[str, Any]
+) -> Any:
+    """Megatron's split view (mok.weights._native_split_weight_view), its checks in upstream's
+    order, through the door once."""
+    seams = seams_of(module)
+    expert_view = cached_view.expert_view if type(cached_view) is SplitRoutedWeight else None
+    if (
+        use_mxfp8 is True
+        and expert_view is not None
+        and (seams.own or expert_view.quantized_on_the_fly)
+        and door.rerun(params, False, Format.MXFP8, rows, columns, None, expert_view)
+    ):  # nothing the view was planned from changed: its launch ran again; else decided as a new view is
+        return cached_view
+    experts = check_experts(params)
+    rows, columns = check_sizes(rows=rows, columns=columns)
+    if (
+        expert_view is not None and use_mxfp8 is True
+    ):  # the call's sizes are the view's own, before the weights are read
+        check_cached_as(expert_view, SplitExpertWeights, Format.MXFP8, (len(experts), rows, columns))
+    if not check_bool("use_mxfp8", use_mxfp8):
+        if cached_view is not None:
+            raise RefreshError(
+                "cached_view: expected None for BF16 split weights (plain views of the parameters: nothing to "
+                f"refresh); found {describe(cached_view)}"
+            )
+        bf16: ExpertWeights = door.view(
+            experts, grouped=False, format=Format.BF16, rows=rows, columns=columns, seams=seams
+        )
+        payloads = bf16.rowwise
+        return SplitRoutedWeight(data=payloads.data[0], storage_table=cast(torch.Tensor, payloads.data_ptrs))
+    outs = None if cached_view is None else split_outputs(cached_view, len(experts))
+    view = door.view(
+        experts,
+        grouped=False,
+        format=Format.MXFP8,
+        rows=rows,
+        columns=columns,
+        cached=expert_view,
+        seams=seams,
+        outs=outs,
+        both_directions=True,
+    )
+    if cached_view is not None:
+        return cached_view
+    return routed(view, None if view.refresh_plan.prepared is None else view)

@@ -268,7 +268,7 @@ def check_views_over_fakes() -> str:
         if TensorKind.MXFP8 not in kinds:
             raise SkipCheck(f"TE {release} has no MXFP8 tensors (TE 2.0+)")
         params = [fake_mxfp8(MXFP8_SHAPE, param=True, seed=SEED + e) for e in range(EXPERTS)]
-        view = mok.split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, backend="torch")
+        view = mok.split_weight_view(params, rows=rows, columns=columns, format="mxfp8", backend="torch")
         _compare_split(view, params, rows, columns, "split mxfp8")
         back = mok.logical_scales(view, direction="columnwise")
         for e, p in enumerate(params):
@@ -279,14 +279,14 @@ def check_views_over_fakes() -> str:
             two_d = [fake_mxfp8(MXFP8_SHAPE, param=True, seed=SEED + e, quantized_2d=True) for e in range(EXPERTS)]
             if not all(te_compat.mxfp8_storage(p).quantized_2d for p in two_d):
                 raise AssertionError("te_compat does not read a 2-D quantized MXFP8 weight as one")
-            view = mok.split_weight_view(two_d, rows=rows, columns=columns, use_mxfp8=True, backend="torch")
+            view = mok.split_weight_view(two_d, rows=rows, columns=columns, format="mxfp8", backend="torch")
             blocks = (rows // MXFP8.block) * (columns // MXFP8.block)  # 35 random scales, each repeated 32 times
             _compare_split(view, two_d, rows, columns, "2-D mxfp8", minimum=blocks // 2)
             done.append("2-D mxfp8")
         if TensorKind.GROUPED in kinds:
             weight = fake_grouped((EXPERTS, rows, columns), format="mxfp8", seed=SEED)
             grouped = mok.grouped_weight_view(
-                weight, num_experts=EXPERTS, rows=rows, columns=columns, use_mxfp8=True, backend="torch"
+                weight, num_experts=EXPERTS, rows=rows, columns=columns, format="mxfp8", backend="torch"
             )
             members = te_compat.grouped_storage(weight).members or ()
             if len(members) != EXPERTS or grouped.rowwise.scales is None or grouped.columnwise is None:
@@ -514,7 +514,7 @@ def check_kernel_refresh() -> str:
         if TensorKind.MXFP8 not in _kinds(release):
             raise SkipCheck(f"TE {release} has no MXFP8 tensors (TE 2.0+)")
         params = [fake_mxfp8(MXFP8_SHAPE, param=True, seed=SEED + e, device=device) for e in range(EXPERTS)]
-        view = mok.split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, backend=KERNEL)
+        view = mok.split_weight_view(params, rows=rows, columns=columns, format="mxfp8", backend=KERNEL)
         _compare_split(view, params, rows, columns, "kernel view")
         if view.rowwise.scale_ptrs is None:
             raise AssertionError("kernel view: no scale pointer table")
@@ -522,19 +522,19 @@ def check_kernel_refresh() -> str:
         for p in params:
             s = te_compat.mxfp8_storage(p)
             fill_random_(generator, s.rowwise_scale_inv, s.columnwise_scale_inv)
-        again = mok.split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True, cached=view)
+        again = mok.split_weight_view(params, rows=rows, columns=columns, format="mxfp8", cached=view)
         if again is not view or view.rowwise.scale_ptrs.tolist() != addresses:
             raise AssertionError("the refresh moved the view's scale buffers (a CUDA graph would read stale ones)")
         _compare_split(view, params, rows, columns, "kernel refresh")
         if TensorKind.GROUPED in _kinds(release):
             weight = fake_grouped((EXPERTS, rows, columns), format="mxfp8", seed=SEED, device=device)
             grouped = mok.grouped_weight_view(
-                weight, num_experts=EXPERTS, rows=rows, columns=columns, use_mxfp8=True, backend=KERNEL
+                weight, num_experts=EXPERTS, rows=rows, columns=columns, format="mxfp8", backend=KERNEL
             )
             gs = te_compat.grouped_storage(weight)
             fill_random_(generator, gs.rowwise_scale_inv, gs.columnwise_scale_inv)
             mok.grouped_weight_view(
-                weight, num_experts=EXPERTS, rows=rows, columns=columns, use_mxfp8=True, cached=grouped
+                weight, num_experts=EXPERTS, rows=rows, columns=columns, format="mxfp8", cached=grouped
             )
             members = gs.members or ()
             if grouped.rowwise.scales is None:
@@ -674,7 +674,7 @@ def check_te_mxfp8_split() -> str:
     generator = torch.Generator().manual_seed(SEED)
     for p in params:
         _seed_mxfp8(generator, p)
-    view = mok.split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=rows, columns=columns, format="mxfp8")
     _compare_split(view, params, rows, columns, "TE mxfp8")
     if _split_against_te_swizzle(view, params, TensorKind.MXFP8, (rows, columns), "TE mxfp8") is None:
         return f"TE {release} has no swizzle_scales_for_gemm_ (TE 2.12+): compared with the spec over TE's buffers"
@@ -692,7 +692,7 @@ def check_te_mxfp8_grouped() -> str:
     generator = torch.Generator().manual_seed(SEED)
     fill_random_(generator, gs.rowwise_data, gs.columnwise_data)
     fill_random_(generator, gs.rowwise_scale_inv, gs.columnwise_scale_inv, low=1, high=255)
-    view = mok.grouped_weight_view(weight, num_experts=EXPERTS, rows=rows, columns=columns, use_mxfp8=True)
+    view = mok.grouped_weight_view(weight, num_experts=EXPERTS, rows=rows, columns=columns, format="mxfp8")
     members = gs.members or ()
     if (
         len(members) != EXPERTS
@@ -774,7 +774,7 @@ def check_te_mxfp8_dequantize() -> str:
     generator = torch.Generator().manual_seed(SEED)
     for p in params:  # codes 64 to 190: every product a normal fp32 number, whatever TE's kernel flushes
         _seed_mxfp8(generator, p, low=64, high=191)
-    view = mok.split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=rows, columns=columns, format="mxfp8")
     back = mok.logical_scales(view, direction="rowwise")
     for e, p in enumerate(params):
         theirs = _te_dequantize(p)
@@ -807,7 +807,7 @@ def check_te_mxfp8_2d() -> str:
     generator = torch.Generator().manual_seed(SEED)
     for p in params:
         _seed_mxfp8(generator, p)
-    view = mok.split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=rows, columns=columns, format="mxfp8")
     _compare_split(view, params, rows, columns, "TE 2-D mxfp8")
     if not te_compat.capabilities(verify=False).mxfp8_quantization:
         return f"TE {release}: flag read and layout checked; TE quantizes no MXFP8 on this device: no 2-D scales made"
@@ -823,7 +823,7 @@ def check_te_mxfp8_2d() -> str:
         raise AssertionError(
             "TE's 2-D scales are not one per 32x32 block, at every 1x32 position rowwise and columnwise"
         )
-    view = mok.split_weight_view(params, rows=rows, columns=columns, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=rows, columns=columns, format="mxfp8")
     back = mok.logical_scales(view, direction="rowwise")
     ours = dequantize_mxfp8_reference(view.rowwise.data[0].view(torch.float8_e4m3fn), back[0], "rowwise")
     same_values(ours, _te_dequantize(params[0]), "2-D weight through mok's 1x32 layout against TE's dequantize")

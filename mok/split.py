@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mok.door import open_view
+from mok import door
+from mok.formats import format_asked
 from mok.views import SplitExpertWeights
 
 
@@ -22,8 +23,8 @@ def split_weight_view(
     """Views over one Parameter per expert, each ``(rows, columns)``, with pointer tables.
 
     ``format``: "bf16", "mxfp8", "nvfp4", or "hybrid" for TE 2.19+ hybrid weights, each direction
-    in its own format (``rowwise.format``/``columnwise.format``); or ``use_mxfp8`` (Megatron's
-    flag), True/False for "mxfp8"/"bf16": give one of the two (both must agree). BF16
+    in its own format (``rowwise.format``/``columnwise.format``). (``use_mxfp8``, Megatron's
+    flag, True/False for "mxfp8"/"bf16", is deprecated: it warns; mok.weights keeps it.) BF16
     Parameters asked for as MXFP8 are quantised by mok, into buffers the view owns
     (``quantized_on_the_fly``), again at every refresh.
 
@@ -43,7 +44,9 @@ def split_weight_view(
     another thread that makes TE reassign these weights' buffers may convert the old buffers; the
     next refresh that nothing races sees the change and converts the new ones.
     """
-    view: SplitExpertWeights = open_view(
-        params, grouped=False, format=format, use_mxfp8=use_mxfp8, dims=(rows, columns), cached=cached, backend=backend
+    if use_mxfp8 is not None:
+        format = format_asked(format, use_mxfp8)  # type: ignore[assignment]  # a Format is a str
+    view: SplitExpertWeights = door.view(
+        params, grouped=False, format=format, rows=rows, columns=columns, cached=cached, backend=backend
     )
     return view

@@ -16,15 +16,25 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, methodcaller
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 import torch
 
 from mok.checks import check_int, check_sequence, describe
+from mok.deprecation import deprecated
 from mok.errors import ExpertWeightError, RefreshError
 from mok.formats import Format
 
 T = TypeVar("T")
+
+
+class Shape(NamedTuple):
+    """What every view is the size of: ``experts`` weights of ``(rows, columns)`` each (a view
+    of one Parameter per expert counts its Parameters)."""
+
+    experts: int
+    rows: int
+    columns: int
 
 
 def _brief(value: object) -> str:
@@ -126,7 +136,14 @@ class ExpertWeights:
     __repr__ = _repr
 
     @property
+    def shape(self) -> Shape:
+        """``(experts, rows, columns)``, what a refresh is checked against."""
+        return Shape(self.num_experts, self.rows, self.columns)
+
+    @property
     def use_mxfp8(self) -> bool:
+        """Deprecated: ``format is Format.MXFP8`` (``use_mxfp8`` is Megatron's flag, mok.weights' alone)."""
+        deprecated("ExpertWeights.use_mxfp8", "ExpertWeights.format (format is mok.Format.MXFP8)")
         return self.format is Format.MXFP8
 
     @property

@@ -6,11 +6,13 @@ its composition: a view calls this module's ``_parameter_storage_attr``, ``_stor
 ``megatron.core.fp8_utils`` is importable, its ``get_grouped_quantized_members``,
 ``is_mxfp8tensor`` and ``is_grouped_mxfp8tensor`` (te_compat's equivalents otherwise), each looked
 up at the call, so a caller (or its test) that replaces one sees the calls Megatron makes. They go
-into mok's one door (mok.door) as its seams; this module adapts signatures and results.
+into mok's one door (mok.door) as its seams (mok.seams adapts Megatron's checks and results);
+this module holds the names.
 
-While those functions are this module's own and the weights are TE's, a view is mok's pipeline's
+While those functions are this module's own and the weights are TE's, mok's readers read them
 (every expert and both directions in one launch, a refresh that reruns it while nothing changed);
-BF16 weights asked for as MXFP8 are quantised by mok. On top of Megatron's: padded shapes, scales
+otherwise the caller's functions do, into the same pipeline. BF16 weights asked for as MXFP8 are
+quantised by mok. On top of Megatron's: padded shapes, scales
 TE already swizzled never swizzled twice, TE attribute names of any release, CPU tensors (the
 torch reference). Every refusal is a ``RuntimeError``, as Megatron's are; its message names the
 parameter, expert and what was expected, and it is the project's own error (mok's RefreshError is
@@ -21,18 +23,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from mok import door, seams
-from mok.checks import check_bool, describe
-from mok.errors import MokError, RefreshError
-from mok.formats import Format
-from mok.plan.pipeline import check_cached_as, view_or_refresh
+from mok import seams
+from mok.checks import describe
+from mok.errors import MokError
 from mok.shared_expert import bf16_copy, warn_shared_experts_bf16
-from mok.views import GroupedExpertWeights, SplitExpertWeights, check_sizes, ptr_table, same_device
-from te_compat import TECompatError, TensorKind
+from te_compat import TECompatError
 
 GroupedWeightTuple, SplitRoutedWeight = seams.GroupedWeightTuple, seams.SplitRoutedWeight  # Megatron's result types
 P = ParamSpec("P")
@@ -85,7 +84,7 @@ def _single_grouped_mxfp8_scale_view(
     if not isinstance(member_attr, str) or not isinstance(name, str):
         raise TypeError(f"member_attr and name: expected str; found {describe(member_attr)}, {describe(name)}")
     members = seams.megatron("get_grouped_quantized_members", _quantized_members)
-    return seams.grouped_scales(param, member_attr, seams.check_scale_shape(shape), name, members)
+    return seams.grouped_scale_view(param, member_attr, seams.check_scale_shape(shape), name, members)
 
 
 def _quantized_members(param: object) -> Any:
@@ -103,27 +102,11 @@ def _swizzle_mxfp8_scale(
     return seams.convert_scale(logical_scale, rows=rows, columns=columns, out=out)
 
 
-# The storage names Megatron's module asks its steps for: TE's, as its callers' replacements expect.
-_NAMES = seams.StorageNames("rowwise_data", "columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
+# The module's own steps: where every one is (none replaced) and the weights are TE's, mok's readers read them.
 _OWN: dict[str, object] = {
     f.__name__: f
     for f in (_parameter_storage_attr, _storage_view, _single_grouped_mxfp8_scale_view, _swizzle_mxfp8_scale)
 }
-
-
-def _seams() -> seams.Seams:
-    """The steps as they are at this call: this module's globals and Megatron's fp8_utils."""
-    now = globals()
-    return seams.Seams(
-        _NAMES,
-        now["_parameter_storage_attr"],
-        now["_storage_view"],
-        now["_single_grouped_mxfp8_scale_view"],
-        now["_swizzle_mxfp8_scale"],
-        seams.megatron("is_mxfp8tensor", seams.is_mxfp8),
-        seams.megatron("is_grouped_mxfp8tensor", seams.is_grouped_mxfp8),
-        all([now[name] is own for name, own in _OWN.items()]),
-    )
 
 
 # ------------------------------------------------------------------------------ one grouped parameter
@@ -137,31 +120,7 @@ def _native_single_grouped_weight_view(
     the weight); MXFP8, ``(row_data, row_scales, column_data, column_scales, True)`` with the
     columnwise scales of the ``[columns, rows/32]`` transpose. ``cached_view`` (an earlier
     result) has items 1 and 3 refreshed in place. Threads: as mok.grouped_weight_view."""
-    steps, mine = _seams(), type(cached_view) is seams.GroupedWeightTuple
-    if (
-        use_mxfp8 is True
-        and mine
-        and (steps.own or cached_view.expert_view.quantized_on_the_fly)
-        and door.rerun(weight, True, Format.MXFP8, (num_experts, rows, columns), cached_view.expert_view)
-    ):  # nothing the view was planned from changed: its launch ran again; else decided as a new view is
-        return cached_view
-    dims = check_sizes(num_experts=num_experts, rows=rows, columns=columns)
-    if mine and use_mxfp8 is True:  # the call's sizes are the view's own, before the weights are read
-        check_cached_as(cached_view.expert_view, GroupedExpertWeights, Format.MXFP8, dims)
-    seams.check_grouped_shape(weight, dims)
-    if not check_bool("use_mxfp8", use_mxfp8):
-        return seams.compose_grouped_bf16(weight, dims, steps)
-    if (cached_view is None or mine) and (
-        door.on_the_fly((weight,), True) or (steps.own and seams.te_kind(weight) is TensorKind.GROUPED)
-    ):
-        cached = cached_view.expert_view if mine else None
-        reader = door.reader_for(weight, grouped=True, fmt=Format.MXFP8, dims=dims)
-        if cached is not None:  # a refresh refuses what a new 5-tuple refuses, first
-            seams.check_both_directions(reader.read(), grouped=True)
-        view = view_or_refresh(reader, cached)
-        return cached_view if mine else seams.GroupedWeightTuple(cast(GroupedExpertWeights, view))
-    outs = (None, None) if cached_view is None else seams.grouped_outputs(cached_view)
-    return seams.compose_grouped(weight, (dims[0], dims[1], dims[2]), steps, outs)
+    return seams.grouped_view(weight, num_experts, rows, columns, use_mxfp8, cached_view, globals())
 
 
 # ------------------------------------------------------------------------------ one parameter per expert
@@ -175,40 +134,7 @@ def _native_split_weight_view(
     expert's scales in one launch. ``cached_view`` (any object with ``scale_tensors`` and
     ``transposed_scale_tensors``) is refreshed in place and returned. Threads: as
     mok.split_weight_view."""
-    steps, mine = _seams(), type(cached_view) is seams.SplitRoutedWeight and cached_view.expert_view is not None
-    if (
-        use_mxfp8 is True
-        and mine
-        and (steps.own or cached_view.expert_view.quantized_on_the_fly)
-        and door.rerun(params, False, Format.MXFP8, (rows, columns), cached_view.expert_view)
-    ):  # nothing the view was planned from changed: its launch ran again; else decided as a new view is
-        return cached_view
-    experts = seams.check_experts(params)
-    rows, columns = check_sizes(rows=rows, columns=columns)
-    if mine and use_mxfp8 is True:  # the call's sizes are the view's own, before the weights are read
-        check_cached_as(cached_view.expert_view, SplitExpertWeights, Format.MXFP8, (len(experts), rows, columns))
-    mxfp8 = check_bool("use_mxfp8", use_mxfp8)
-    if not mxfp8:
-        if cached_view is not None:
-            raise RefreshError(
-                "cached_view: expected None for BF16 split weights (plain views of the parameters: nothing to "
-                f"refresh); found {describe(cached_view)}"
-            )
-        payloads = seams.compose_split_bf16(experts, rows, columns, steps)
-        return seams.SplitRoutedWeight(data=payloads[0], storage_table=ptr_table(payloads, same_device(payloads)))
-    kinds = {seams.te_kind(p) for p in {type(p): p for p in experts}.values()}  # one kind check per class
-    if (cached_view is None or mine) and (
-        door.on_the_fly(experts, False) or (steps.own and kinds == {TensorKind.MXFP8})
-    ):
-        reader = door.reader_for(experts, grouped=False, fmt=Format.MXFP8, dims=(rows, columns))
-        if mine:  # a refresh, decided as a new view is; it refuses what a new view refuses, first
-            seams.check_both_directions(reader.read(), grouped=False)
-            view_or_refresh(reader, cached_view.expert_view)
-            return cached_view
-        return seams.routed_from_view(cast(SplitExpertWeights, view_or_refresh(reader)))
-    outs = None if cached_view is None else seams.split_outputs(cached_view, len(experts))
-    found = seams.compose_split(experts, rows, columns, steps, outs)
-    return cached_view if cached_view is not None else seams.routed(*found)
+    return seams.split_view(params, rows, columns, use_mxfp8, cached_view, globals())
 
 
 # ------------------------------------------------------------------------------ shared experts

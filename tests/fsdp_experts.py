@@ -135,7 +135,7 @@ def after_step(block: ExpertBlock) -> dict[str, Any]:
     try:
         _, rows, columns = block.shape
         mok.split_weight_view(
-            block.gathered[1:], rows=rows, columns=columns, use_mxfp8=True, cached=block.views["split mxfp8"]
+            block.gathered[1:], rows=rows, columns=columns, format="mxfp8", cached=block.views["split mxfp8"]
         )
     except mok.StorageFreedError as exc:
         found["refresh while freed"] = str(exc).split(":")[0]

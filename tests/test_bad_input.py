@@ -418,7 +418,7 @@ def test_split_weight_view_bad_scalar(name: str, value: object, installed_te: In
     params = _params()
     buffers = _te_buffers(params)
     before = [snapshot(b) for b in buffers]
-    kwargs: dict[str, Any] = {"rows": ROWS, "columns": COLUMNS, "use_mxfp8": True, name: value}
+    kwargs: dict[str, Any] = {"rows": ROWS, "columns": COLUMNS, "format": "mxfp8", name: value}
     with pytest.raises(ALLOWED, match=name) as err:
         mok.split_weight_view(params, **kwargs)
     assert repr(value)[:20] in str(err.value) or str(value) in str(err.value), str(err.value)
@@ -433,7 +433,7 @@ def test_grouped_weight_view_bad_scalar(name: str, value: object, installed_te: 
     g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
     buffers = [g.rowwise_data, g.scale_inv, g.columnwise_data, g.columnwise_scale_inv]
     before = [snapshot(b) for b in buffers]
-    kwargs: dict[str, Any] = {"num_experts": 2, "rows": ROWS, "columns": COLUMNS, "use_mxfp8": True, name: value}
+    kwargs: dict[str, Any] = {"num_experts": 2, "rows": ROWS, "columns": COLUMNS, "format": "mxfp8", name: value}
     with pytest.raises(ALLOWED, match=name):
         mok.grouped_weight_view(g, **kwargs)
     assert_unchanged(buffers, before)
@@ -443,11 +443,11 @@ def test_views_accept_the_good_arguments(installed_te: Installer) -> None:
     # the baseline the bad cases differ from: these calls work, and give the spec's layout
     installed_te(RELEASE)
     params = _params()
-    v = mok.split_weight_view(params, rows=np.int64(ROWS), columns=COLUMNS, use_mxfp8=True)
+    v = mok.split_weight_view(params, rows=np.int64(ROWS), columns=COLUMNS, format="mxfp8")
     for e, p in enumerate(params):
         assert torch.equal(v.rowwise.scales[e], spec_layout(p._rowwise_scale_inv[:ROWS, : COLUMNS // 32]))
     g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
-    assert mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True).num_experts == 2
+    assert mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, format="mxfp8").num_experts == 2
 
 
 @pytest.mark.parametrize(
@@ -469,7 +469,7 @@ def test_split_weight_view_bad_params(make: Callable[[list[Any]], object], match
     buffers = _te_buffers(params)
     before = [snapshot(b) for b in buffers]
     with pytest.raises(ALLOWED, match=match):
-        mok.split_weight_view(make(params), rows=ROWS, columns=COLUMNS, use_mxfp8=True)  # type: ignore[arg-type]
+        mok.split_weight_view(make(params), rows=ROWS, columns=COLUMNS, format="mxfp8")  # type: ignore[arg-type]
     assert_unchanged(buffers, before)
 
 
@@ -480,7 +480,7 @@ def test_split_weight_view_dims_property(rows: object, columns: object, installe
     params = _params()
     buffers = _te_buffers(params)
     before = [snapshot(b) for b in buffers]
-    ok, view = attempt(mok.split_weight_view, params, rows=rows, columns=columns, use_mxfp8=True)
+    ok, view = attempt(mok.split_weight_view, params, rows=rows, columns=columns, format="mxfp8")
     assert ok == (is_int(rows) and is_int(columns) and rows == ROWS and columns == COLUMNS), f"{view!r}"
     if ok:
         assert torch.equal(view.row_scales[1], spec_layout(params[1]._rowwise_scale_inv[:ROWS, : COLUMNS // 32]))
@@ -500,7 +500,7 @@ def test_refresh_layer_rejects_non_pairs(entries: object) -> None:
 def test_refresh_layer_rejects_wrong_sized_entries(installed_te: Installer) -> None:
     installed_te(RELEASE)
     g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
-    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, format="mxfp8")
     before = [snapshot(v.rowwise.scales[0])]  # type: ignore[arg-type]
     for bad in ([(g,)], [(g, v, 3)], [g, v]):
         with pytest.raises(TypeError, match=r"entry 0|\[0\]"):
@@ -526,7 +526,7 @@ def test_a_layer_of_no_views_is_refused_as_refresh_layer_refuses_it(entries: Seq
 def test_a_layer_keeps_its_views_when_given_none(installed_te: Installer) -> None:
     installed_te(RELEASE)
     g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
-    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, format="mxfp8")
     layer = mok.LayerRefresh([(g, v)])
     with pytest.raises(ValueError, match=NO_PAIRS):
         layer.entries = []
@@ -787,7 +787,7 @@ def test_every_sequence_error_names_the_index(fmt: str, bad: object, installed_t
 def test_refresh_layer_names_the_entry_of_every_refusal(installed_te: Installer) -> None:
     installed_te(RELEASE)
     g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
-    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    v = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, format="mxfp8")
     with pytest.raises(ALLOWED, match="^refresh_layer entry 0: "):
         mok.LayerRefresh([(_params(), v)])()  # a list of experts beside a grouped view
 
@@ -797,9 +797,9 @@ def test_a_layer_entry_says_which_of_view_and_weights_is_grouped(installed_te: I
     refused when the layer is made, in words that say which side is grouped, nothing written."""
     installed_te(RELEASE)
     g = T.grouped_tensor(RELEASE, 2, ROWS, COLUMNS, mxfp8=True)
-    gv = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    gv = mok.grouped_weight_view(g, num_experts=2, rows=ROWS, columns=COLUMNS, format="mxfp8")
     ps = _params()
-    sv = mok.split_weight_view(ps, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    sv = mok.split_weight_view(ps, rows=ROWS, columns=COLUMNS, format="mxfp8")
     layouts = [*(gv.rowwise.scales or ()), *(sv.rowwise.scales or ())]
     before = [snapshot(t) for t in layouts]
     grouped_beside_list = (
@@ -957,9 +957,9 @@ def test_a_refresh_names_the_index_of_a_bad_expert_too(installed_te: Installer) 
     """A refresh checks the experts only when they are not the objects its view was built from."""
     installed_te(RELEASE)
     params = _params()
-    view = mok.split_weight_view(params, rows=ROWS, columns=COLUMNS, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=ROWS, columns=COLUMNS, format="mxfp8")
     with pytest.raises(TypeError, match=r"params\[1\]: expected expert parameters \(tensors\); found None"):
-        mok.split_weight_view([params[0], None], rows=ROWS, columns=COLUMNS, use_mxfp8=True, cached=view)
+        mok.split_weight_view([params[0], None], rows=ROWS, columns=COLUMNS, format="mxfp8", cached=view)
 
 
 def test_small_arguments_are_checked_on_every_path(installed_te: Installer) -> None:
@@ -969,7 +969,7 @@ def test_small_arguments_are_checked_on_every_path(installed_te: Installer) -> N
         mok.split_weight_view(bf16, rows=ROWS, columns=COLUMNS, format="bf16", backend="bogus")
     with pytest.raises(ValueError, match="backend: expected one of"):
         mok.LayerRefresh([], backend="bogus")
-    with pytest.raises(ValueError, match="use_mxfp8=False contradicts format='mxfp8'"):
+    with pytest.raises(ValueError, match="use_mxfp8=False contradicts format='mxfp8'"), pytest.deprecated_call():
         mok.split_weight_view(_params(), rows=ROWS, columns=COLUMNS, format="mxfp8", use_mxfp8=False)
     from te_compat.testing import fake_mxfp8
 
@@ -987,7 +987,7 @@ def test_a_scale_buffer_that_is_no_tensor_is_named(bad: object, found: str, inst
     ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(3)]
     ps[1]._rowwise_scale_inv = bad
     with pytest.raises(MokError, match=rf"expert 1 rowwise scales: expected a tensor of 1-byte scales; found {found}"):
-        mok.split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+        mok.split_weight_view(ps, rows=128, columns=256, format="mxfp8")
 
 
 @pytest.mark.parametrize("which", ["rowwise scales", "columnwise data", "columnwise scales"])
@@ -1000,7 +1000,7 @@ def test_a_view_names_a_scale_or_payload_off_the_experts_device(which: str, inst
     )
     setattr(ps[2], attr, getattr(ps[2], attr).to("meta"))
     with pytest.raises(MokError, match=rf"expert 2 {which} is on meta; expected it on cpu, with expert 0's data"):
-        mok.split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+        mok.split_weight_view(ps, rows=128, columns=256, format="mxfp8")
 
 
 @pytest.mark.parametrize("shapes", [[(128, 256)] * 2, [], [(128, 256)] * 4], ids=["too few", "none", "too many"])
@@ -1009,7 +1009,7 @@ def test_a_group_with_a_shape_short_of_its_experts_is_refused(shapes: object, in
     g = T.grouped_tensor("2.20.2", 3, 128, 256, mxfp8=True)
     g.tensor_shapes = shapes
     with pytest.raises(MokError, match=rf"expected a shape for each of its 3 experts; found {len(shapes)}"):
-        mok.grouped_weight_view(g, num_experts=3, rows=128, columns=256, use_mxfp8=True)
+        mok.grouped_weight_view(g, num_experts=3, rows=128, columns=256, format="mxfp8")
 
 
 def test_records_needs_a_column_for_every_field() -> None:

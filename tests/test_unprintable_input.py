@@ -86,7 +86,7 @@ def test_a_view_repr_prints_no_tensor_in_a_field_of_mixed_items() -> None:
     is described as messages describe it, never printed."""
     with installed_release(RELEASE):
         experts = [fake_mxfp8((128, 64), param=True, seed=e) for e in range(2)]
-        view = mok.split_weight_view(experts, rows=128, columns=64, use_mxfp8=True)
+        view = mok.split_weight_view(experts, rows=128, columns=64, format="mxfp8")
     odd = replace(view, rowwise=replace(view.rowwise, amax=(unprintable(), None)))
     PRINTED.clear()
     text = repr(odd)
@@ -108,21 +108,25 @@ def _valid() -> dict[str, dict[str, Any]]:
     """entry -> valid values of its required parameters (and of those a bad value needs beside it)."""
     experts = [fake_mxfp8((128, 64), param=True, seed=e) for e in range(2)]
     grouped = fake_grouped((2, 128, 64), param=True)
-    split = mok.split_weight_view(experts, rows=128, columns=64, use_mxfp8=True, backend="torch")
-    group_view = mok.grouped_weight_view(grouped, num_experts=2, rows=128, columns=64, use_mxfp8=True)
+    split = mok.split_weight_view(experts, rows=128, columns=64, format="mxfp8", backend="torch")
+    group_view = mok.grouped_weight_view(grouped, num_experts=2, rows=128, columns=64, format="mxfp8")
     scales = torch.zeros(1, 128, 2, dtype=torch.uint8)
     layout = mok.swizzle_mxfp8_scales(scales, backend="torch")
-    split_args = {"params": experts, "rows": 128, "columns": 64, "use_mxfp8": True}
-    grouped_args = {"weight": grouped, "num_experts": 2, "rows": 128, "columns": 64, "use_mxfp8": True}
+
+    def without_format(args: dict[str, Any]) -> dict[str, Any]:  # mok.weights takes Megatron's use_mxfp8
+        return {k: v for k, v in args.items() if k != "format"}
+
+    split_args = {"params": experts, "rows": 128, "columns": 64, "format": "mxfp8"}
+    grouped_args = {"weight": grouped, "num_experts": 2, "rows": 128, "columns": 64, "format": "mxfp8"}
     return {
         "mok.LayerRefresh": {"entries": [(experts, split)]},
         "mok.refresh_layer": {"entries": [(experts, split), (grouped, group_view)]},
         "mok.split_weight_view": split_args,
         "mok.grouped_weight_view": grouped_args,
         "mok.kernel_backend": {},
-        "mok.layout_offset": {"r": 0, "c": 0, "rows": 128, "cols": 4},
-        "mok.layout_shape": {"rows": 128, "cols": 4},
-        "mok.padded_shape": {"rows": 128, "cols": 4},
+        "mok.layout_offset": {"r": 0, "c": 0, "rows": 128, "columns": 4},
+        "mok.layout_shape": {"rows": 128, "columns": 4},
+        "mok.padded_shape": {"rows": 128, "columns": 4},
         "mok.logical_scales": {"source": split},
         "mok.prepare_shared_expert_config": {"config": _Config()},
         "mok.quantize_mxfp8": {"weights": torch.zeros(1, 32, 32, dtype=torch.bfloat16)},
@@ -130,8 +134,8 @@ def _valid() -> dict[str, dict[str, Any]]:
         "mok.swizzle_mxfp8_scales": {"scales": scales},
         "mok.swizzle_mxfp8_scales_many": {"scales": [scales[0], scales[0]]},
         "mok.unswizzle_mxfp8_scales": {"layout": layout, "rows": 128, "columns": 64},
-        "mok.weights._native_split_weight_view": split_args,
-        "mok.weights._native_single_grouped_weight_view": grouped_args,
+        "mok.weights._native_split_weight_view": {**without_format(split_args), "use_mxfp8": True},
+        "mok.weights._native_single_grouped_weight_view": {**without_format(grouped_args), "use_mxfp8": True},
         "mok.weights._parameter_storage_attr": {"param": experts[0], "name": "rowwise_data"},
         "mok.weights._storage_view": {"storage": torch.zeros(8), "shape": (2, 4), "dtype": torch.float32, "name": "s"},
         "mok.weights._single_grouped_mxfp8_scale_view": {

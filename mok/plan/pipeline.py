@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 from operator import attrgetter, ne
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -34,11 +34,11 @@ from mok.kernels.quantize import QuantizeOutputs, empty_outputs
 from mok.layout import check_out, empty_layout, layout_shape, padded_shape, te_swizzled_layout
 from mok.overlap import check_no_overlap
 from mok.plan.guard import StorageGuard
-from mok.plan.work import PreparedWork, QuantizeWork, ScaleWork
+from mok.plan.work import CallerWork, PreparedWork, QuantizeWork, ScaleWork
 from mok.read.blocks import BLOCKS, Direction
 from mok.read.memory import OWN_ADVICE, owned_memory, read_memory
-from mok.read.reading import DirectionSource, Reading, ScaleSource, Snapshot, records
-from mok.views import ExpertWeights, RefreshPlan, SplitExpertWeights, ViewDirection, ptr_table
+from mok.read.reading import DirectionSource, Reading, ScaleSource, Snapshot
+from mok.views import ExpertWeights, RefreshPlan, Shape, SplitExpertWeights, ViewDirection, ptr_table
 from te_compat import TECompatError
 
 V = TypeVar("V", bound=ExpertWeights)
@@ -58,7 +58,7 @@ class Reader(Protocol[V_co]):
     def objects(self) -> tuple[object, ...]: ...  # the caller's objects, compared by identity
 
     @property
-    def dims(self) -> tuple[int, int, int]: ...  # (experts, rows, columns)
+    def shape(self) -> Shape: ...
 
     @property
     def format(self) -> object: ...
@@ -120,16 +120,24 @@ def plan_scales(
     """The layout buffers for ``sources`` (``slots`` to refresh in place, else new ones or TE's
     own), the work that fills them, and, where the buffers are TE's own, what they alias now.
     Every source has the same logical ``[R, C]``."""
-    _, r, c = sources[0].shape
+    _, r, c = sources[0].geometry[0]
     aligned = (r, c) == padded_shape(r, c)
     if slots is None:
         if aligned and all(map(_swizzled, sources)):
-            return ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.shape[0])) for s in sources), True), [], None
+            return (
+                ScaleSlots(tuple(_te_layout(s, layout_shape(r, c, s.geometry[0][0])) for s in sources), True),
+                [],
+                None,
+            )
         outs, checked = _allocate(sources, r, c), True
         if not any(map(_swizzled, sources)):  # the usual case: each source converted into its new buffer
             nothing = [False] * len(sources)  # neither copies nor inverse conversions
             buffers, geometries = map(_te_buffer, sources), map(_geometry, sources)
-            return ScaleSlots(outs, False), records(ScaleWork, buffers, outs, nothing, geometries, nothing), None
+            # ScaleWork records made in C (a view of 256 experts makes 512; its constructor is Python)
+            records = map(
+                tuple.__new__, repeat(ScaleWork), zip(buffers, outs, nothing, geometries, nothing, strict=True)
+            )
+            return ScaleSlots(outs, False), list(records), None
     else:
         if len(slots.tensors) != len(sources):
             raise RefreshError(f"{what}: the cached view has {len(slots.tensors)} scale buffers; found {len(sources)}")
@@ -178,7 +186,7 @@ def _plan_as_new(snapshot: Snapshot, what: str) -> None:
     something only a refresh refuses (the view cannot hold the weights) raises a new view's error
     instead, where a new view of the weights would refuse them too. Only a refusing refresh gets
     here; what it allocates is dropped."""
-    if snapshot.quantize is None:
+    if snapshot.bf16_to_quantize is None:
         plan_directions(snapshot.directions, None, what)
 
 
@@ -186,7 +194,7 @@ def check_kind(view: ExpertWeights, snapshot: Snapshot, what: str) -> None:
     """A cached view holds what a new view of the weights as read would: TE's storage (payloads
     at TE's memory), or BF16 weights mok quantises into buffers the view owns. Where the weights
     changed from one to the other, the view's buffers are the wrong ones: refused, saying so."""
-    quantized = snapshot.quantize is not None
+    quantized = snapshot.bf16_to_quantize is not None
     if quantized == view.quantized_on_the_fly:
         return
     if quantized:
@@ -272,21 +280,21 @@ def _view_direction(source: DirectionSource, slots: ScaleSlots, tables: bool) ->
 
 
 def check_cached(cached: object, reader: Reader[V]) -> V:
-    """``cached`` as an earlier view of the reader's class, format, experts and shape."""
-    return check_cached_as(cached, reader.view_type, reader.format, reader.dims)
+    """``cached`` as an earlier view of the reader's class, format and shape."""
+    return check_cached_as(cached, reader.view_type, reader.format, reader.shape)
 
 
-def check_cached_as(cached: object, cls: type[V], fmt: object, dims: tuple[int, ...]) -> V:
-    """``cached`` as an earlier view of class ``cls``, format ``fmt`` and (experts, rows, columns)
-    ``dims``: the arguments a refresh is called with are the view's own."""
+def check_cached_as(cached: object, cls: type[V], fmt: object, shape: tuple[int, int, int]) -> V:
+    """``cached`` as an earlier view of class ``cls``, format ``fmt`` and ``shape``: the
+    arguments a refresh is called with are the view's own."""
     if not isinstance(cached, cls):
         raise RefreshError(f"cached: expected a {cls.__name__} from an earlier call; found {type(cached).__name__}")
     if cached.format is not fmt:
         raise RefreshError(f"cached: expected a {fmt} view, as asked for; found a {cached.format} view")
     got = (cached.num_experts, cached.rows, cached.columns)
-    if got != dims:
+    if got != shape:
         raise RefreshError(
-            f"cached: expected a view of (experts, rows, columns) = {dims}, as asked for; found one of {got}"
+            f"cached: expected a view of (experts, rows, columns) = {tuple(shape)}, as asked for; found one of {got}"
         )
     return cached
 
@@ -323,25 +331,29 @@ def rerun_unchanged(
     cached: object,
     view_type: type[ExpertWeights],
     fmt: object,
-    dims: tuple[object, ...],
+    shape: tuple[object, object, object],
     objects: tuple[object, ...],
     backend: str | None,
 ) -> bool:
-    """Rerun ``cached``'s prepared launch if it is a view of ``view_type``, ``fmt`` and ``dims``
-    and its guard finds ``objects`` and all they held unchanged; False (nothing done) otherwise."""
-    if type(cached) is not view_type or set(map(type, dims)) != {int}:  # sizes as given: 128.0 is no size
+    """Rerun ``cached``'s prepared launch if it is a view of ``view_type``, ``fmt`` and ``shape``
+    (experts, rows, columns as given, unchecked) and its guard finds ``objects`` and all they
+    held unchanged; False (nothing done) otherwise."""
+    if type(cached) is not view_type or set(map(type, shape)) != {int}:  # sizes as given: 128.0 is no size
         return False
     view: ExpertWeights = cached
-    if view.format is not fmt or (view.num_experts, view.rows, view.columns) != dims:
+    if view.format is not fmt or (view.num_experts, view.rows, view.columns) != shape:
         return False
     wanted = None if backend is None else _resolve((view,), backend)
     return _reran(view.refresh_plan.prepared, (id(view),), objects, wanted)
 
 
-def view_or_refresh(reader: Reader[V], cached: V | None = None, backend: str | None = None) -> V:
+def view_or_refresh(
+    reader: Reader[V], cached: V | None = None, backend: str | None = None, outs: Sequence[Any] | None = None
+) -> V:
     """A new view of what ``reader`` reads, or ``cached`` refreshed in place (same buffers) and
     returned. ``backend``: a request ("auto", "cuda", "torch"); None takes the environment's for
-    a new view and the view's own for a refresh."""
+    a new view and the view's own for a refresh. ``outs``: for weights read through a caller's
+    functions, the caller's layout buffers (one sequence per direction) to convert into."""
     if cached is not None:
         view = check_cached(cached, reader)
         plan = view.refresh_plan
@@ -350,14 +362,16 @@ def view_or_refresh(reader: Reader[V], cached: V | None = None, backend: str | N
             refresh(plan, [(reader, view)], backend)
         return view
     snapshot = reader.read()
-    if snapshot.quantize is not None:
+    if snapshot.bf16_to_quantize is not None:
         return _new_quantized_view(reader, snapshot, backend)
+    if snapshot.called is not None:
+        return _new_called_view(reader, snapshot, backend, outs)
     slots, work, _ = plan_directions(snapshot.directions, None, reader.what)
     tables = issubclass(reader.view_type, SplitExpertWeights)  # per-expert tensors: kernels find them by tables
     rowwise, *columnwise = (
         _view_direction(s, slot, tables) for s, slot in zip(snapshot.directions, slots, strict=True)
     )
-    new = reader.view_type(*reader.dims, reader.format, rowwise, columnwise[0] if columnwise else None)  # type: ignore[arg-type]
+    new = reader.view_type(*reader.shape, reader.format, rowwise, columnwise[0] if columnwise else None)  # type: ignore[arg-type]
     backend_ = backend_for(rowwise.data[0].device, backend)
     _prepare(new.refresh_plan, (new,), reader.objects, snapshot.readings, work, backend_)
     return new
@@ -386,12 +400,12 @@ def refresh(
             snapshot = reader.read()  # as a new view reads: it raises what a new view raises
             try:
                 check_kind(view, snapshot, reader.what)
-                if snapshot.quantize is None:
+                if snapshot.bf16_to_quantize is None:
                     _, items, found = plan_directions(snapshot.directions, view, reader.what)
                     work += items
                     moves += found
                 else:
-                    work.append(QuantizeWork(snapshot.quantize, _quantized_outputs(view)))
+                    work.append(QuantizeWork(snapshot.bf16_to_quantize, _quantized_outputs(view)))
             except MokError:
                 _plan_as_new(snapshot, reader.what)  # a new view's refusal comes first
                 raise
@@ -433,10 +447,10 @@ def _reran(prepared: object, views: tuple[int, ...], top: tuple[object, ...], ba
 def _new_quantized_view(reader: Reader[V], snapshot: Snapshot, backend: str | None) -> V:
     """A view of BF16 weights mok quantises: new buffers for both payloads and both layouts (each
     one allocation over every expert), the work that fills them, prepared and run."""
-    assert snapshot.quantize is not None
-    src = snapshot.quantize
+    assert snapshot.bf16_to_quantize is not None
+    src = snapshot.bf16_to_quantize
     device = (src if isinstance(src, torch.Tensor) else src[0]).device
-    experts, rows, columns = reader.dims
+    experts, rows, columns = reader.shape
     out = empty_outputs(experts, rows, columns, device)
     tables = issubclass(reader.view_type, SplitExpertWeights)
 
@@ -449,10 +463,65 @@ def _new_quantized_view(reader: Reader[V], snapshot: Snapshot, backend: str | No
     mxfp8 = BLOCKS[Format.MXFP8]
     rowwise = direction(mxfp8.rowwise, out.row_data, out.row_scales)
     columnwise = direction(mxfp8.columnwise, out.col_data, out.col_scales)
-    new = reader.view_type(*reader.dims, Format.MXFP8, rowwise, columnwise, True)
+    new = reader.view_type(*reader.shape, Format.MXFP8, rowwise, columnwise, True)
     work = [QuantizeWork(src, out)]
     _prepare(new.refresh_plan, (new,), reader.objects, snapshot.readings, work, backend_for(device, backend))
     return new
+
+
+# ------------------------------------------------------------------------------ through a caller's functions
+
+
+def _new_called_view(reader: Reader[V], snapshot: Snapshot, backend: str | None, outs: Sequence[Any] | None) -> V:
+    """A view of weights read through a caller's functions: its scales converted into ``outs``
+    (the caller's buffers), into new buffers, or by the caller's conversion (what it returns is
+    the view's). Nothing is kept to rerun: a refresh calls the caller's functions again."""
+    assert snapshot.called is not None
+    slots: list[ScaleSlots] = []
+    work: list[ScaleWork | CallerWork] = []
+    for i, source in enumerate(snapshot.directions):
+        given = None if outs is None else ScaleSlots(tuple(outs[i]), False)
+        if source.format is Format.BF16:  # no scales
+            slots.append(ScaleSlots((), False))
+        elif snapshot.called.convert is None:  # mok's own conversion: one launch over every matrix
+            found, items, _ = plan_scales(source.sources, given, f"{reader.what}{source.direction.name} scales")
+            slots.append(found)
+            work += items
+        else:
+            slots.append(ScaleSlots((), False))  # filled with the caller's results once they ran
+    per_direction = _called_work(reader.shape, snapshot, outs) if snapshot.called.convert is not None else []
+    if snapshot.called.by_expert:  # each expert's rowwise, then its columnwise scales
+        called = [item for per_expert in zip(*per_direction, strict=True) for item in per_expert]
+    else:
+        called = [item for direction in per_direction for item in direction]
+    PreparedWork([*called, *work], backend).run()
+    if per_direction:
+        slots = [ScaleSlots(tuple(item.result for item in items), False) for items in per_direction]
+    tables = issubclass(reader.view_type, SplitExpertWeights) and bool(snapshot.directions[0].data)
+    rowwise, *columnwise = (
+        _view_direction(s, slot, tables) for s, slot in zip(snapshot.directions, slots, strict=True)
+    )
+    return reader.view_type(*reader.shape, reader.format, rowwise, columnwise[0] if columnwise else None)  # type: ignore[arg-type]
+
+
+def _called_work(shape: Shape, snapshot: Snapshot, outs: Sequence[Any] | None) -> list[list[CallerWork]]:
+    """The caller's conversion of every scale matrix, direction by direction: weights ``(rows,
+    columns)`` rowwise, ``(columns, rows)`` columnwise (the transpose the dgrad GEMM reads), each
+    into its buffer of ``outs`` (or None)."""
+    called = snapshot.called
+    assert called is not None and called.convert is not None
+    _, rows, columns = shape
+    found: list[list[CallerWork]] = []
+    for i, source in enumerate(snapshot.directions):
+        r, c = (rows, columns) if source.direction.name == "rowwise" else (columns, rows)
+        buffers = (None,) * len(source.sources) if outs is None else tuple(outs[i])
+        found.append(
+            [
+                CallerWork(called.convert, scales.te_buffer, r, c, out, called.out_keyword)
+                for scales, out in zip(source.sources, buffers, strict=True)
+            ]
+        )
+    return found
 
 
 def _whole(parts: tuple[torch.Tensor, ...] | None, what: str) -> torch.Tensor:

@@ -1,14 +1,16 @@
 """The one place that runs conversions: :class:`ScaleWork` items (convert logical scales into a
 layout buffer, copy scales TE already swizzled, or bring a layout back into logical scales), in
 ONE kernel launch on CUDA tensors with the ``cuda`` backend (``mok.kernels``), otherwise with the
-torch reference; and :class:`QuantizeWork` items (BF16 weights quantised to MXFP8, both
-directions, scales in the layout), one launch of the quantize kernel each."""
+torch reference; :class:`QuantizeWork` items (BF16 weights quantised to MXFP8, both
+directions, scales in the layout), one launch of the quantize kernel each; and
+:class:`CallerWork` items, a caller's own conversion (mok.weights' ``_swizzle_mxfp8_scale``
+replaced), called once per item in the order planned."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -55,6 +57,28 @@ class QuantizeWork(NamedTuple):
         return prepare(self.src, self.out, use_kernel=backend is Backend.CUDA, rule=rule)
 
 
+class CallerWork:
+    """One call of a caller's conversion: ``convert(src, rows=, columns=)``, with ``out=`` where
+    ``keyword_out`` (the buffer to fill, or None for the caller's function to allocate one).
+    ``result`` is what the last run returned: the view's layout buffer."""
+
+    __slots__ = ("columns", "convert", "keyword_out", "out", "result", "rows", "src")
+
+    def __init__(
+        self, convert: Callable[..., Any], src: Any, rows: int, columns: int, out: Any, keyword_out: bool
+    ) -> None:
+        self.convert, self.src, self.rows, self.columns = convert, src, rows, columns
+        self.out, self.keyword_out = out, keyword_out
+        self.result: Any = None
+
+    def run(self) -> None:
+        if self.keyword_out:
+            self.result = self.convert(self.src, rows=self.rows, columns=self.columns, out=self.out)
+        else:
+            self.result = self.convert(self.src, rows=self.rows, columns=self.columns)
+
+
+Work = ScaleWork | QuantizeWork | CallerWork
 _is_cuda, _device = attrgetter("is_cuda"), attrgetter("device")
 _src, _dst, _inverse = attrgetter("src"), attrgetter("dst"), attrgetter("inverse")
 
@@ -73,10 +97,10 @@ class PreparedWork:
     """A list of work items bound to a backend, ready to run again and again (a refresh of
     unchanged buffers runs its prepared work without planning anything)."""
 
-    def __init__(self, work: Sequence[ScaleWork | QuantizeWork], backend: Backend | str | None = None) -> None:
+    def __init__(self, work: Sequence[Work], backend: Backend | str | None = None) -> None:
         """``backend``: a resolved :class:`Backend` (a view's), or a request to resolve here."""
         self._launch: Callable[[], None] | None = None
-        self._quantize: list[Callable[[], None]] = []
+        self._calls: list[Callable[[], None]] = []
         self.work: list[ScaleWork]
         quantize: list[QuantizeWork]
         if set(map(type, work)) <= {ScaleWork}:  # the usual case: one C-level pass
@@ -84,10 +108,12 @@ class PreparedWork:
         else:
             self.work = [item for item in work if isinstance(item, ScaleWork)]
             quantize = [item for item in work if isinstance(item, QuantizeWork)]
+            # a caller's conversions run as the caller's module calls them, each in its place among them
+            self._calls = [item.run for item in work if isinstance(item, CallerWork)]
         if quantize:
             device = quantize[0].out.row_data.device
             resolved = backend if isinstance(backend, Backend) else backend_for(device, backend)
-            self._quantize = [item.prepared(resolved) for item in quantize]
+            self._calls += [item.prepared(resolved) for item in quantize]
         if not self.work:
             return
         directions = set(map(_inverse, self.work))
@@ -110,13 +136,14 @@ class PreparedWork:
             self._launch = Launch(jobs_of(self.work), device)
 
     def run(self) -> None:
-        """Run the work: its quantize launches, then its one scale launch (or the reference)."""
+        """Run the work: a caller's conversions and the quantize launches, then the one scale
+        launch (or the reference)."""
         launch = self._launch
-        if launch is not None and not self._quantize:  # a refresh's usual rerun: one launch, nothing else
+        if launch is not None and not self._calls:  # a refresh's usual rerun: one launch, nothing else
             launch()
             return
-        for quantize in self._quantize:
-            quantize()
+        for call in self._calls:
+            call()
         if launch is not None:
             launch()
             return
@@ -129,6 +156,6 @@ class PreparedWork:
                 swizzle_reference(item.logical(), item.dst)
 
 
-def run_work(work: Sequence[ScaleWork | QuantizeWork], backend: str | None = None) -> None:
+def run_work(work: Sequence[Work], backend: str | None = None) -> None:
     """Run every item of ``work`` (one launch on the cuda backend)."""
     PreparedWork(work, backend).run()

@@ -6,9 +6,13 @@
 - :class:`GroupedReader`: one grouped Parameter ``(E, rows, columns)`` (TE 2.13 and 2.14+).
 - :class:`BF16Reader`: BF16 weights (grouped or one per expert), viewed as they are or quantised
   by mok to MXFP8 itself, at every view and refresh.
+- :class:`SeamReader`: any weights read through a caller's functions for the steps of a view
+  (mok.weights, whose callers may replace Megatron's module's functions), each called as that
+  module calls it.
 
-A reader checks what it reads (kinds, shapes, packing) and raises naming the expert; it never
-plans, allocates or launches (mok.plan.pipeline does). Everything TE-specific comes from te_compat.
+mok.door chooses the reader; a reader checks what it reads (kinds, shapes, packing) and raises
+naming the expert; it never plans, allocates or launches (mok.plan.pipeline does). Everything
+TE-specific comes from te_compat.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import torch
 from mok.checks import describe
 from mok.errors import ExpertWeightError, LayoutError
 from mok.formats import Format
+from mok.layout import as_batch
 from mok.read.blocks import BLOCK_OF_KIND, BLOCKS, BlockFormat, Direction, block_format
 from mok.read.reading import (
+    CallerRead,
     DirectionSource,
     Reading,
     Recorder,
@@ -34,11 +40,11 @@ from mok.read.reading import (
     read_itself,
     read_one_class,
     read_storage,
-    records,
 )
 from mok.views import (
     ExpertWeights,
     GroupedExpertWeights,
+    Shape,
     SplitExpertWeights,
     param_list,
     same_device,
@@ -52,11 +58,13 @@ from te_compat import (
     grouped_scale_buffers,
     grouped_storage,
     hybrid_storage,
+    scale_matrix,
     storage_field,
     storage_reader,
     tensor_kind,
     tensor_kind_or_none,
 )
+from te_compat.geometry import MXFP8
 
 _shape, _name, _data_ptr = attrgetter("shape"), attrgetter("name"), methodcaller("data_ptr")
 _device, _te_buffer = attrgetter("device"), attrgetter("te_buffer")
@@ -110,20 +118,35 @@ def _read_experts(stored: _Stored, names: tuple[str, ...], dims: tuple[int, int]
     return found if found is not None else read_by_name(owners, names, label=label)
 
 
-def _need(reading: Reading, block: BlockFormat, name: str) -> tuple[Any, ...]:
+Columns = dict[str, tuple[Any, ...]]  # a reading's values by name, one per object
+
+
+def _columns_of(reading: Reading) -> Columns:
+    """Every name's values, object by object: one C-level pass over the reading (its direction
+    sources ask for several columns each)."""
+    return dict(zip(reading.names, zip(*reading.values, strict=True), strict=True))
+
+
+def _column(reading: Reading, columns: Columns, name: str) -> tuple[Any, ...]:
+    """The value of ``name`` on every object (None where the release has no such storage)."""
+    found = columns.get(name)
+    return (None,) * len(reading.objects) if found is None else found
+
+
+def _need(reading: Reading, columns: Columns, block: BlockFormat, name: str) -> tuple[Any, ...]:
     """The column ``name``; te_compat's error naming attribute, class and release if an expert
     lacks it."""
-    column = reading.column(name)
+    column = _column(reading, columns, name)
     if any(map(is_, column, repeat(None))):
         pairs = zip(reading.objects, column, strict=True)
         return tuple(v if v is not None else block.snapshot(o).need(name) for o, v in pairs)
     return column
 
 
-def _swizzled_flags(reading: Reading) -> tuple[bool, ...]:
+def _swizzled_flags(reading: Reading, columns: Columns) -> tuple[bool, ...]:
     """TE's swizzled-scales flag of every expert (False where the release has none); a flag that
     is not a bool is refused, never read as ``bool()`` (the string "False" is truthy)."""
-    flags = reading.column(str(StorageName.SCALES_SWIZZLED))
+    flags = _column(reading, columns, str(StorageName.SCALES_SWIZZLED))
     if not set(map(type, flags)) <= {bool, type(None)}:  # one set of classes, not a loop of 256 checks
         e = next(i for i, flag in enumerate(flags) if flag is not None and not isinstance(flag, bool))
         raise ExpertWeightError(
@@ -134,10 +157,11 @@ def _swizzled_flags(reading: Reading) -> tuple[bool, ...]:
 
 
 def _split_direction(
-    reading: Reading, block: BlockFormat, d: Direction, rows: int, columns: int
+    reading: Reading, read: Columns, block: BlockFormat, d: Direction, rows: int, columns: int
 ) -> DirectionSource | None:
-    """One direction of every expert (None where no expert stores it)."""
-    payloads = reading.column(str(d.data))
+    """One direction of every expert (None where no expert stores it), from ``read``, the
+    reading's columns."""
+    payloads = _column(reading, read, str(d.data))
     missing = list(map(is_, payloads, repeat(None)))
     if all(missing):
         return None
@@ -145,12 +169,13 @@ def _split_direction(
         raise ExpertWeightError(f"expert {missing.index(True)} has no {d.name} data; the others do")
     shape = d.payload_shape(rows, columns)
     data = storage_views(payloads, shape, dtype=block.payload_dtype, name=lambda e: f"expert {e} {d.name} data")
-    buffers = _need(reading, block, str(d.scales))
+    buffers = _need(reading, read, block, str(d.scales))
     names = [f"expert {e} {d.name} scales" for e in range(len(buffers))]
     found, geometries = block.scale_columns(d, buffers, rows, columns, names)
-    flags = _swizzled_flags(reading)  # as many as experts: columns of one reading
-    sources = tuple(records(ScaleSource, names, found, geometries, flags))
-    amax = _aliases(_need(reading, block, str(d.amax)), f"{d.name} amax") if d.amax is not None else None
+    flags = _swizzled_flags(reading, read)  # as many as experts: columns of one reading
+    # ScaleSource records made in C (a view of 256 experts makes 256 a direction; its constructor is Python)
+    sources = tuple(map(tuple.__new__, repeat(ScaleSource), zip(names, found, geometries, flags, strict=True)))
+    amax = _aliases(_need(reading, read, block, str(d.amax)), f"{d.name} amax") if d.amax is not None else None
     return DirectionSource(d, block.format, data, sources, amax)
 
 
@@ -187,39 +212,41 @@ class _Stored(NamedTuple):
 
 
 class SplitReader(NamedTuple):
-    """Reads one Parameter per expert (``objects``, checked by mok.door), each ``(rows,
-    columns)``, in ``format`` (MXFP8, NVFP4, or HYBRID: each direction in its own sub-storage and
-    block format). A named tuple: a refresh makes one, and pays a C-level construction."""
+    """Reads one Parameter per expert (``objects``, checked by mok.door), ``shape`` (experts,
+    rows, columns), in ``format`` (MXFP8, NVFP4, or HYBRID: each direction in its own sub-storage
+    and block format). ``both_directions``: weights TE keeps rowwise only are refused (Megatron's
+    results hold both). A named tuple, its fields what the pipeline reads (no call): a refresh
+    makes one, and pays a C-level construction."""
 
     objects: tuple[object, ...]
     format: Format
-    rows: int
-    columns: int
+    shape: Shape
+    both_directions: bool = False
     view_type: type[SplitExpertWeights] = SplitExpertWeights
     what: str = ""  # how messages name the weights
-
-    @property
-    def dims(self) -> tuple[int, int, int]:
-        return len(self.objects), self.rows, self.columns
 
     def read(self) -> Snapshot:
         """Every direction TE stores of the experts, rowwise first (a refresh reads as a new view)."""
         recorder = Recorder()
         sources: list[DirectionSource] = []
+        _, rows, columns = self.shape
         for stored in self._stored(recorder):
-            stored.block.check_dims(self.rows, self.columns, f"{self.format} weights")
+            stored.block.check_dims(rows, columns, f"{self.format} weights")
             names = stored.block.names_for(stored.directions)
-            reading = recorder.add(_read_experts(stored, names, (self.rows, self.columns)))
+            reading = recorder.add(_read_experts(stored, names, (rows, columns)))
+            read = _columns_of(reading)
             for d in stored.directions:
-                source = _split_direction(reading, stored.block, d, self.rows, self.columns)
+                source = _split_direction(reading, read, stored.block, d, rows, columns)
                 if source is None and self.format is Format.HYBRID:
                     raise ExpertWeightError(f"hybrid weights: the {d.name} sub-storages hold no {d.name} data")
                 if source is None and d.name == "rowwise":
-                    _need(reading, stored.block, str(d.data))  # raises, naming the attribute and release
+                    _need(reading, read, stored.block, str(d.data))  # raises, naming the attribute and release
                 sources += [source] if source is not None else []
         device = same_device(sources[0].data)
         for source in sources:
             _check_device(device, source)
+        if self.both_directions and len(sources) < 2:
+            raise ExpertWeightError(NEEDS_COLUMNWISE[False])
         return Snapshot(tuple(recorder.readings), tuple(sources))
 
     def _stored(self, recorder: Recorder) -> list[_Stored]:
@@ -387,30 +414,30 @@ def _group_direction(
 
 
 class GroupedReader(NamedTuple):
-    """Reads one grouped Parameter ``(E, rows, columns)`` of ``format`` (MXFP8, NVFP4): TE's
-    flat buffers, all experts (TE 2.13 ``data`` and 2.14+ ``rowwise_data`` naming)."""
+    """Reads one grouped Parameter (``objects`` holds it alone) of ``shape`` (E, rows, columns)
+    and ``format`` (MXFP8, NVFP4): TE's flat buffers, all experts (TE 2.13 ``data`` and 2.14+
+    ``rowwise_data`` naming). ``both_directions`` as for :class:`SplitReader`."""
 
-    weight: object
+    objects: tuple[object]
     format: Format
-    dims: tuple[int, int, int]
+    shape: Shape
+    both_directions: bool = False
     view_type: type[GroupedExpertWeights] = GroupedExpertWeights
     what: str = "grouped "  # how messages name the weights
-
-    @property
-    def objects(self) -> tuple[object, ...]:
-        return (self.weight,)
 
     def read(self) -> Snapshot:
         """Every direction TE stores of the group, rowwise first (a refresh reads as a new view).
         The group's storage, and in TE 2.13 its members' flags, are recorded for the guard."""
         recorder = Recorder("grouped weight")
-        gs = grouped_storage(self.weight, read=recorder)
+        gs = grouped_storage(self.objects[0], read=recorder)
         block = block_format(self.format)
-        _check_group(gs, block, self.dims)
-        sources = [_group_direction(gs, block, d, self.dims) for d in block.directions()]
+        _check_group(gs, block, self.shape)
+        sources = [_group_direction(gs, block, d, self.shape) for d in block.directions()]
         found = tuple(s for s in sources if s is not None)
         if not found or found[0].direction.name != "rowwise":
             gs.need(StorageName.ROWWISE_DATA)  # raises, naming the attribute and release
+        if self.both_directions and len(found) < 2:
+            raise ExpertWeightError(NEEDS_COLUMNWISE[True])
         return Snapshot(tuple(recorder.readings), found)
 
 
@@ -427,10 +454,12 @@ def is_bf16_group(weight: object) -> bool:
 
 
 _TO_QUANTISE = " to quantise"
-_PASS_FORMAT = "; pass use_mxfp8=True or format= for quantized weights"
+_PASS_FORMAT = "; pass the format TE quantized them to (format=) for quantized weights"
 
 
-def _bf16_group(weight: object, dims: tuple[int, int, int], quantize: bool) -> tuple[tuple[Reading, ...], torch.Tensor]:
+def _bf16_group(
+    weight: object, dims: tuple[int, int, int], quantized_on_the_fly: bool
+) -> tuple[tuple[Reading, ...], torch.Tensor]:
     """The readings and the BF16 ``[E, R, C]`` payload of one grouped weight: the tensor itself,
     or the ``rowwise_data`` of TE's high-precision GroupedTensor."""
     kind = tensor_kind(weight)
@@ -441,16 +470,16 @@ def _bf16_group(weight: object, dims: tuple[int, int, int], quantize: bool) -> t
         if gs.quantized:
             raise ExpertWeightError(
                 "grouped weight is quantized by TE (it has a quantizer): read TE's MXFP8 storage"
-                if quantize
-                else "grouped weight is quantized (it has a quantizer); pass use_mxfp8=True or format="
+                if quantized_on_the_fly
+                else "grouped weight is quantized (it has a quantizer); pass the format TE quantized it to (format=)"
             )
         payload = storage_view(gs.need(StorageName.ROWWISE_DATA), dims, dtype=torch.bfloat16, name="grouped BF16 data")
         return tuple(recorder.readings), payload
     if kind is not TensorKind.PLAIN or not isinstance(weight, torch.Tensor):
         raise ExpertWeightError(
             f"grouped weight: expected a BF16 tensor {dims} (or TE's BF16 GroupedTensor)"
-            f"{_TO_QUANTISE if quantize else ''}; found {type(weight).__name__} (kind {kind})"
-            f"{'' if quantize else _PASS_FORMAT}"
+            f"{_TO_QUANTISE if quantized_on_the_fly else ''}; found {type(weight).__name__} (kind {kind})"
+            f"{'' if quantized_on_the_fly else _PASS_FORMAT}"
         )
     if tuple(weight.shape) != dims:
         raise ExpertWeightError(f"grouped weight: expected shape {dims}; found {tuple(weight.shape)}")
@@ -459,7 +488,7 @@ def _bf16_group(weight: object, dims: tuple[int, int, int], quantize: bool) -> t
 
 
 def _bf16_experts(
-    params: tuple[object, ...], rows: int, columns: int, quantize: bool
+    params: tuple[object, ...], rows: int, columns: int, quantized_on_the_fly: bool
 ) -> tuple[tuple[Reading, ...], tuple[torch.Tensor, ...]]:
     """The readings and the BF16 ``[R, C]`` payload of every expert: each Parameter itself."""
     tensors = param_list(params)
@@ -467,9 +496,9 @@ def _bf16_experts(
         kind = tensor_kind(p)
         if kind is not TensorKind.PLAIN:
             raise ExpertWeightError(
-                f"expert {e}: expected a {'BF16' if quantize else 'plain (BF16)'} parameter"
-                f"{_TO_QUANTISE if quantize else ''}; found {type(p).__name__} (kind {kind})"
-                f"{'' if quantize else _PASS_FORMAT}"
+                f"expert {e}: expected a {'BF16' if quantized_on_the_fly else 'plain (BF16)'} parameter"
+                f"{_TO_QUANTISE if quantized_on_the_fly else ''}; found {type(p).__name__} (kind {kind})"
+                f"{'' if quantized_on_the_fly else _PASS_FORMAT}"
             )
     plain: list[torch.Tensor] = tensors  # type: ignore[assignment]
     if set(map(_shape, plain)) != {(rows, columns)}:  # one C-level pass; a transposed twin has the same numel
@@ -482,43 +511,271 @@ def _bf16_experts(
 
 
 class BF16Reader(NamedTuple):
-    """Reads BF16 weights: one grouped ``[E, R, C]`` weight (``grouped``: ``weights`` holds it
-    alone), or one ``[R, C]`` Parameter per expert. Viewed as they are (format BF16: the view's
-    payloads are the weights' memory, a refresh follows it), or, with ``quantize``, quantised by
-    mok to MXFP8 (both directions, scales in the layout) at every view and refresh. The guard
-    watches each BF16 tensor's memory."""
+    """Reads BF16 weights: one grouped ``[E, R, C]`` weight (a :class:`GroupedExpertWeights`
+    ``view_type``: ``objects`` holds it alone), or one ``[R, C]`` Parameter per expert. Viewed as
+    they are (``format`` BF16: the view's payloads are the weights' memory, a refresh follows
+    it), or, ``quantized_on_the_fly`` (``format`` MXFP8), quantised by mok to MXFP8 (both
+    directions, scales in the layout) at every view and refresh. The guard watches each BF16
+    tensor's memory."""
 
-    weights: tuple[object, ...]
-    grouped: bool
-    dims: tuple[int, int, int]
-    quantize: bool = True
-
-    @property
-    def format(self) -> Format:
-        return Format.MXFP8 if self.quantize else Format.BF16
-
-    @property
-    def view_type(self) -> type[ExpertWeights]:
-        return GroupedExpertWeights if self.grouped else SplitExpertWeights
-
-    @property
-    def what(self) -> str:
-        return "grouped " if self.grouped else ""
-
-    @property
-    def objects(self) -> tuple[object, ...]:
-        return self.weights
+    objects: tuple[object, ...]
+    format: Format
+    shape: Shape
+    view_type: type[ExpertWeights]
+    what: str  # how messages name the weights ("" or "grouped ")
+    quantized_on_the_fly: bool
 
     def read(self) -> Snapshot:
-        _, rows, columns = self.dims
-        if self.quantize:
+        _, rows, columns = self.shape
+        quantized = self.quantized_on_the_fly
+        grouped = self.view_type is GroupedExpertWeights
+        if quantized:
             BLOCKS[Format.MXFP8].check_dims(rows, columns, f"{self.what}BF16 weights to quantise")
-        if self.grouped:
-            readings, payload = _bf16_group(self.weights[0], self.dims, self.quantize)
+        if grouped:
+            readings, payload = _bf16_group(self.objects[0], self.shape, quantized)
             payloads: tuple[torch.Tensor, ...] = (payload,)
         else:
-            readings, payloads = _bf16_experts(self.weights, rows, columns, self.quantize)
-        if self.quantize:
-            return Snapshot(readings, (), payloads[0] if self.grouped else payloads)
+            readings, payloads = _bf16_experts(self.objects, rows, columns, quantized)
+        if quantized:
+            return Snapshot(readings, (), payloads[0] if grouped else payloads)
         # a BF16 view has its rowwise payloads alone (the direction's name is all the pipeline reads of it)
         return Snapshot(readings, (DirectionSource(BLOCKS[Format.MXFP8].rowwise, Format.BF16, payloads, (), None),))
+
+
+# ------------------------------------------------------------------------------ through a caller's functions
+
+# Megatron's results hold both directions: a view of weights TE keeps rowwise only is refused so
+NEEDS_COLUMNWISE = {
+    True: "grouped weight: the 5-tuple needs columnwise data and scales; the weight has none",
+    False: "split weights: the view needs columnwise data and both directions' scales; found less",
+}
+
+
+class StorageNames(NamedTuple):
+    """The storage attribute names a :class:`SeamReader` asks a caller's ``storage_attr`` for:
+    the names the caller's module passes (Megatron's module passes TE's)."""
+
+    rowwise_data: str
+    columnwise_data: str
+    rowwise_scales: str
+    columnwise_scales: str
+
+
+class Seams(NamedTuple):
+    """The functions a caller brings for the steps of a view (mok.weights: Megatron's module's
+    own names, looked up at each call), and the storage names they are asked for. ``own``: every
+    function is mok's, so mok's own readers may read TE's weights instead; ``own_conversion``:
+    the conversion is mok's, so the pipeline's kernels convert every scale matrix in one launch."""
+
+    names: StorageNames
+    storage_attr: Callable[[object, str], Any]  # a storage attribute off any object, or None
+    storage_view: Callable[..., Any]  # (storage, shape, *, dtype, name): a payload view
+    scale_view: Callable[..., Any]  # (weight, member_attr, shape, *, name): a group's [E, a, b] scales
+    convert: Callable[..., Any]  # (logical [E, R, C], *, rows, columns, out=None): the layout
+    is_mxfp8: Callable[[object], bool]
+    is_grouped_mxfp8: Callable[[object], bool]
+    own: bool
+    own_conversion: bool
+
+
+def check_logical_scales(logical: object, rows: int, columns: int, name: str = "logical_scale") -> torch.Tensor:
+    """MXFP8 scales to convert for weights ``(rows, columns)``: a 3-D ``[E, rows, columns/32]``
+    tensor of a 1-byte dtype (any strides), as uint8."""
+    if not isinstance(logical, torch.Tensor) or logical.dim() != 3:
+        found = tuple(logical.shape) if isinstance(logical, torch.Tensor) else describe(logical)
+        raise LayoutError(f"{name}: expected a 3-D tensor [E, rows, columns/32]; found {found}")
+    if columns % MXFP8.block:
+        raise LayoutError(f"columns: expected a multiple of {MXFP8.block} (one scale per block); found {columns}")
+    want = (logical.shape[0], rows, columns // MXFP8.block)
+    if tuple(logical.shape) != want:
+        raise LayoutError(
+            f"{name}: expected shape {want} for rows={rows}, columns={columns}; found {tuple(logical.shape)}"
+        )
+    return as_batch(logical, name)
+
+
+def _scale_source(name: str, logical: Any, rows: int, columns: int, own_conversion: bool) -> ScaleSource:
+    """Scales a caller's function returned, to convert for weights ``(rows, columns)``: checked
+    as mok's conversion checks them where it converts (uint8, its geometry), as they are for a
+    caller's conversion (which checks them itself)."""
+    if own_conversion:
+        logical = check_logical_scales(logical, rows, columns, name)
+    return ScaleSource(name, logical, (tuple(logical.shape), logical.stride()), False)
+
+
+def _storage(seams: Seams, obj: object, name: str, what: str) -> Any:
+    value = seams.storage_attr(obj, name)
+    if value is None:
+        raise ExpertWeightError(f"{what}: expected {name} storage on the {type(obj).__name__}; found none")
+    return value
+
+
+def _expert_storage(e: int, param: object, seams: Seams, names: Sequence[str]) -> dict[str, Any]:
+    found = {name: seams.storage_attr(param, name) for name in names}
+    missing = [name for name, value in found.items() if value is None]
+    if missing:
+        raise ExpertWeightError(
+            f"expert {e}: expected MXFP8 storage {', '.join(names)} on the {type(param).__name__} "
+            f"(shape {tuple(getattr(param, 'shape', ()))}); missing {', '.join(missing)}"
+        )
+    return found
+
+
+def _gemm_pair(e: int, storage: dict[str, Any], names: StorageNames, rows: int, columns: int) -> tuple[Any, Any]:
+    """One expert's scale matrices as the GEMMs read them, cut from TE's padded buffers (no copy)."""
+    try:
+        return (
+            scale_matrix(storage[names.rowwise_scales], rows, columns),
+            scale_matrix(storage[names.columnwise_scales], rows, columns, direction="columnwise"),
+        )
+    except (TypeError, ValueError) as exc:
+        raise LayoutError(f"expert {e}: {exc}") from exc
+
+
+class SeamReader(NamedTuple):
+    """Reads weights through a caller's :class:`Seams`, each function called as Megatron's
+    module calls it (the same arguments, order and number of calls), into the snapshot every
+    reader produces: the payloads are what the caller's ``storage_view`` returned, the scales
+    what its storage or scale functions did. ``refresh``: a refresh into the caller's own
+    buffers, for which upstream's split view reads the scales alone. Nothing is recorded for a
+    guard: every view and refresh calls the caller's functions again. The conversion is the
+    snapshot's ``called``: the caller's, or None for mok's kernels (mok's own function)."""
+
+    objects: tuple[object, ...]
+    format: Format  # MXFP8 or BF16
+    shape: Shape
+    seams: Seams
+    refresh: bool
+    view_type: type[ExpertWeights]
+    what: str  # how messages name the weights ("" or "grouped ")
+
+    def read(self) -> Snapshot:
+        grouped = self.view_type is GroupedExpertWeights
+        if self.format is Format.BF16:
+            payloads = self._bf16_grouped() if grouped else self._bf16_split()
+            source = DirectionSource(BLOCKS[Format.MXFP8].rowwise, Format.BF16, payloads, (), None)
+            return Snapshot((), (source,), None, CallerRead(None, False, False))
+        directions = self._grouped() if grouped else self._split()
+        convert = None if self.seams.own_conversion else self.seams.convert
+        return Snapshot(
+            (), directions, None, CallerRead(convert, self.refresh and not grouped, self.refresh or grouped)
+        )
+
+    def _grouped(self) -> tuple[DirectionSource, ...]:
+        """Upstream's grouped view: both payloads, then both directions' scales (columnwise as the
+        ``[E, columns, rows/32]`` transpose the dgrad GEMM reads)."""
+        weight, seams, names = self.objects[0], self.seams, self.seams.names
+        experts, rows, columns = self.shape
+        if not seams.is_grouped_mxfp8(weight):
+            raise ExpertWeightError(
+                f"grouped weight: expected native TE grouped MXFP8 parameters; found {describe(weight)}"
+            )
+        fp8, shape, own = torch.float8_e4m3fn, tuple(self.shape), seams.own_conversion
+        row_data = seams.storage_view(
+            _storage(seams, weight, names.rowwise_data, "grouped weight"),
+            shape,
+            dtype=fp8,
+            name="single-grouped MXFP8 rowwise",
+        )
+        col_data = seams.storage_view(
+            _storage(seams, weight, names.columnwise_data, "grouped weight"),
+            shape,
+            dtype=fp8,
+            name="single-grouped MXFP8 columnwise",
+        )
+        row = seams.scale_view(
+            weight, names.rowwise_scales, (experts, rows, columns // MXFP8.block), name="single-grouped rowwise"
+        )
+        col = seams.scale_view(
+            weight, names.columnwise_scales, (experts, rows // MXFP8.block, columns), name="single-grouped columnwise"
+        ).transpose(-2, -1)
+        mxfp8 = BLOCKS[Format.MXFP8]
+        return (
+            DirectionSource(
+                mxfp8.rowwise,
+                Format.MXFP8,
+                (row_data,),
+                (_scale_source("grouped rowwise scales", row, rows, columns, own),),
+                None,
+            ),
+            DirectionSource(
+                mxfp8.columnwise,
+                Format.MXFP8,
+                (col_data,),
+                (_scale_source("grouped columnwise scales", col, columns, rows, own),),
+                None,
+            ),
+        )
+
+    def _split(self) -> tuple[DirectionSource, ...]:
+        """Upstream's split view: every expert's storage, then (a new view) its payloads expert by
+        expert, then every expert's scale matrices."""
+        params, seams, names = self.objects, self.seams, self.seams.names
+        _, rows, columns = self.shape
+        for e, param in enumerate(params):  # a refresh refuses what a new view refuses, first
+            if not seams.is_mxfp8(param):
+                raise ExpertWeightError(f"expert {e}: expected native TE MXFP8 storage; found {describe(param)}")
+        asked = names[2:] if self.refresh else tuple(names)
+        storage = [_expert_storage(e, p, seams, asked) for e, p in enumerate(params)]
+        row_data: list[Any] = []
+        col_data: list[Any] = []
+        if not self.refresh:
+            fp8 = torch.float8_e4m3fn
+            for e, found in enumerate(storage):
+                for direction, name, payloads in (
+                    ("rowwise", names.rowwise_data, row_data),
+                    ("columnwise", names.columnwise_data, col_data),
+                ):
+                    view = seams.storage_view(
+                        found[name], (rows, columns), dtype=fp8, name=f"expert {e} MXFP8 {direction}"
+                    )
+                    payloads.append(view)
+            same_device(row_data)
+        pairs = [_gemm_pair(e, found, names, rows, columns) for e, found in enumerate(storage)]
+        own, mxfp8 = seams.own_conversion, BLOCKS[Format.MXFP8]
+        row_sources = tuple(
+            _scale_source(f"expert {e} rowwise scales", r.unsqueeze(0), rows, columns, own)
+            for e, (r, _) in enumerate(pairs)
+        )
+        col_sources = tuple(
+            _scale_source(f"expert {e} columnwise scales", c.unsqueeze(0), columns, rows, own)
+            for e, (_, c) in enumerate(pairs)
+        )
+        return (
+            DirectionSource(mxfp8.rowwise, Format.MXFP8, tuple(row_data), row_sources, None),
+            DirectionSource(mxfp8.columnwise, Format.MXFP8, tuple(col_data), col_sources, None),
+        )
+
+    def _bf16_grouped(self) -> tuple[Any, ...]:
+        """Upstream's BF16 grouped view: the weight's dtype and contiguity checked, then TE's
+        high-precision payload (``rowwise_data``) where the weight has one, else the weight."""
+        weight, seams, shape = self.objects[0], self.seams, tuple(self.shape)
+        dtype, contiguous = getattr(weight, "dtype", None), getattr(weight, "is_contiguous", None)
+        if (dtype is not None and dtype != torch.bfloat16) or (callable(contiguous) and not contiguous()):
+            state = "" if not callable(contiguous) or contiguous() else " (not contiguous)"
+            raise ExpertWeightError(
+                f"grouped weight: expected a contiguous torch.bfloat16 tensor of shape {shape}; found {dtype}{state}"
+            )
+        storage = seams.storage_attr(weight, seams.names.rowwise_data)
+        if storage is not None:
+            return (seams.storage_view(storage, shape, dtype=torch.bfloat16, name="single-grouped BF16 rowwise"),)
+        if not isinstance(weight, torch.Tensor):
+            raise ExpertWeightError(
+                "grouped weight: expected a torch.bfloat16 tensor, or storage rowwise_data on the weight; found "
+                f"{describe(weight)} with neither"
+            )
+        return (weight,)
+
+    def _bf16_split(self) -> tuple[Any, ...]:
+        """Upstream's BF16 split view: each expert's TE high-precision payload (``rowwise_data``)
+        where it has one, else the expert itself, viewed as ``(rows, columns)``."""
+        seams, (_, rows, columns) = self.seams, self.shape
+        held = [seams.storage_attr(p, seams.names.rowwise_data) for p in self.objects]
+        payloads = tuple(
+            seams.storage_view(
+                p if h is None else h, (rows, columns), dtype=torch.bfloat16, name=f"expert {e} BF16 rowwise"
+            )
+            for e, (p, h) in enumerate(zip(self.objects, held, strict=True))
+        )
+        same_device(payloads)
+        return payloads

@@ -310,12 +310,26 @@ class DirectionSource(NamedTuple):
     amax: tuple[torch.Tensor, ...] | None
 
 
+class CallerRead(NamedTuple):
+    """How a snapshot read through a caller's functions (mok.read.readers.SeamReader) is
+    converted: by ``convert``, the caller's conversion (None: mok's kernels), called as the
+    caller's module calls it: ``by_expert`` (each expert's rowwise, then its columnwise scales;
+    else every rowwise matrix, then every columnwise one), and ``out`` passed as a keyword
+    (``out_keyword``) or left out where there is no buffer to fill."""
+
+    convert: Callable[..., Any] | None
+    by_expert: bool
+    out_keyword: bool
+
+
 class Snapshot(NamedTuple):
     """Everything one read of the weights found: the readings (what the refresh guard compares,
     the caller's objects read first) and the directions planned from them, rowwise first; or,
-    for BF16 weights mok quantises, ``quantize``: the BF16 payload (one ``[E, R, C]`` view, or
-    one ``[R, C]`` view per expert) as read."""
+    for BF16 weights mok quantises, ``bf16_to_quantize``: the BF16 payload (one ``[E, R, C]``
+    view, or one ``[R, C]`` view per expert) as read. ``called``: read through a caller's
+    functions, which every refresh calls again (nothing to guard), and how it is converted."""
 
     readings: tuple[Reading, ...]
     directions: tuple[DirectionSource, ...]
-    quantize: torch.Tensor | tuple[torch.Tensor, ...] | None = None
+    bf16_to_quantize: torch.Tensor | tuple[torch.Tensor, ...] | None = None
+    called: CallerRead | None = None

@@ -338,15 +338,15 @@ def test_capture_without_warm_up_is_refused() -> None:
 def test_refresh_allocates_nothing_and_never_syncs(installed_te) -> None:  # type: ignore[no-untyped-def]
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 256, 512, seed=e, param=True, device=CUDA) for e in range(8)]
-    view = mok.split_weight_view(ps, rows=256, columns=512, use_mxfp8=True, backend="cuda")
-    mok.split_weight_view(ps, rows=256, columns=512, use_mxfp8=True, cached=view, backend="cuda")  # warm
+    view = mok.split_weight_view(ps, rows=256, columns=512, format="mxfp8", backend="cuda")
+    mok.split_weight_view(ps, rows=256, columns=512, format="mxfp8", cached=view, backend="cuda")  # warm
     for p in ps:
         p._rowwise_scale_inv.random_(0, 255)
     torch.cuda.synchronize()
     allocations = torch.cuda.memory_stats()["allocation.all.allocated"]
     torch.cuda.set_sync_debug_mode("error")  # any host synchronisation raises
     try:
-        mok.split_weight_view(ps, rows=256, columns=512, use_mxfp8=True, cached=view, backend="cuda")
+        mok.split_weight_view(ps, rows=256, columns=512, format="mxfp8", cached=view, backend="cuda")
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -359,8 +359,8 @@ def test_refresh_allocates_nothing_and_never_syncs(installed_te) -> None:  # typ
 def test_split_view_cuda_matches_torch(installed_te) -> None:  # type: ignore[no-untyped-def]
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 160, 96, seed=e, param=True, device=CUDA) for e in range(5)]
-    fast = mok.split_weight_view(ps, rows=160, columns=96, use_mxfp8=True, backend="cuda")
-    slow = mok.split_weight_view(ps, rows=160, columns=96, use_mxfp8=True, backend="torch")
+    fast = mok.split_weight_view(ps, rows=160, columns=96, format="mxfp8", backend="cuda")
+    slow = mok.split_weight_view(ps, rows=160, columns=96, format="mxfp8", backend="torch")
     assert fast.rowwise.scale_ptrs.device.type == "cuda"
     mine = fast.rowwise.scales + fast.columnwise.scales
     for a, b in zip(mine, slow.rowwise.scales + slow.columnwise.scales, strict=True):
@@ -371,15 +371,15 @@ def test_refresh_layer_is_one_launch(installed_te, monkeypatch: pytest.MonkeyPat
     installed_te("2.20.2")
     fc1 = T.grouped_tensor("2.20.2", 4, 512, 256, mxfp8=True, device=CUDA)
     fc2 = [T.mxfp8_tensor("2.20.2", 256, 256, seed=e, param=True, device=CUDA) for e in range(4)]
-    v1 = mok.grouped_weight_view(fc1, num_experts=4, rows=512, columns=256, use_mxfp8=True, backend="cuda")
-    v2 = mok.split_weight_view(fc2, rows=256, columns=256, use_mxfp8=True, backend="cuda")
+    v1 = mok.grouped_weight_view(fc1, num_experts=4, rows=512, columns=256, format="mxfp8", backend="cuda")
+    v2 = mok.split_weight_view(fc2, rows=256, columns=256, format="mxfp8", backend="cuda")
     launches = _count_launches(monkeypatch)
     fc1.scale_inv.random_(0, 255)
     fc1.columnwise_scale_inv.random_(0, 255)
     mok.refresh_layer([(fc1, v1), (fc2, v2)], backend="cuda")
     # one launch; fc2's four experts per usage merge into one pointer-table job each
     assert launches == [2 + 2]
-    want = mok.grouped_weight_view(fc1, num_experts=4, rows=512, columns=256, use_mxfp8=True, backend="torch")
+    want = mok.grouped_weight_view(fc1, num_experts=4, rows=512, columns=256, format="mxfp8", backend="torch")
     assert torch.equal(v1.rowwise.scales[0], want.rowwise.scales[0])
     assert torch.equal(v1.columnwise.scales[0], want.columnwise.scales[0])
 

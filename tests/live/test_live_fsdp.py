@@ -103,15 +103,15 @@ def test_views_of_te_mxfp8_weights_follow_fsdp2(evidence: Evidence) -> None:
             assert all(te_compat.tensor_kind(p) is te_compat.TensorKind.MXFP8 for p in params)
             for p in params:
                 seed_mxfp8(evidence, p)
-            view = mok.split_weight_view(params, rows=M, columns=K, use_mxfp8=True, cached=view)
-            fresh = mok.split_weight_view(params, rows=M, columns=K, use_mxfp8=True)
+            view = mok.split_weight_view(params, rows=M, columns=K, format="mxfp8", cached=view)
+            fresh = mok.split_weight_view(params, rows=M, columns=K, format="mxfp8")
             for mine, new in zip(view.directions, fresh.directions, strict=True):
                 assert mine.data_ptrs is not None and new.data_ptrs is not None
                 assert mine.data_ptrs.tolist() == new.data_ptrs.tolist(), f"step {step}: payload table"
                 assert all(map(torch.equal, mine.scales or (), new.scales or ())), f"step {step}: scales"
             block.reshard()  # FSDP2 frees the gathered weights
             try:
-                mok.split_weight_view(params, rows=M, columns=K, use_mxfp8=True, cached=view)
+                mok.split_weight_view(params, rows=M, columns=K, format="mxfp8", cached=view)
             except mok.StorageFreedError:
                 pass  # freed: refused, naming the tensor
             else:  # TE kept the gathered buffers alive: the refresh reads live memory

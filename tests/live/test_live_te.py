@@ -137,7 +137,7 @@ def test_split_views_match_te_swizzle(m: int, k: int, evidence: Evidence) -> Non
     for p in params:
         source = seed_mxfp8(evidence, p)
         logical.append([x.clone() for x in logical_mxfp8(source, m, k)])
-    view = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=m, columns=k, format="mxfp8")
     assert view.rowwise.data_ptrs.tolist() == [p.get_data_tensors()[0].data_ptr() for p in params]
     assert view.columnwise.data_ptrs.tolist() == [p.get_data_tensors()[1].data_ptr() for p in params]
     ours_row = [s.clone() for s in view.rowwise.scales]
@@ -153,11 +153,11 @@ def test_split_views_match_te_swizzle(m: int, k: int, evidence: Evidence) -> Non
         assert_same_layout(st.columnwise_scale_inv, ours_col[e], k, m // 32, f"expert {e} columnwise")
     # refresh after TE swizzled: TE's buffers are used as they are (copied to our addresses)
     addresses = view.rowwise.scale_ptrs.tolist()
-    mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True, cached=view)
+    mok.split_weight_view(params, rows=m, columns=k, format="mxfp8", cached=view)
     assert view.rowwise.scale_ptrs.tolist() == addresses
     assert all(torch.equal(a, b) for a, b in zip(view.rowwise.scales, ours_row, strict=True))
     # a fresh view of TE-swizzled aligned scales is zero-copy
-    fresh = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True)
+    fresh = mok.split_weight_view(params, rows=m, columns=k, format="mxfp8")
     aligned = m % 128 == 0 and (k // 32) % 4 == 0
     assert fresh.rowwise.scales_zero_copy == aligned
 
@@ -192,11 +192,11 @@ def test_refresh_after_te_requantizes_in_place(evidence: Evidence) -> None:
     ]
     for p in params:
         seed_mxfp8(evidence, p)
-    view = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=m, columns=k, format="mxfp8")
     addresses = (view.rowwise.scale_ptrs.tolist(), view.columnwise.scale_ptrs.tolist())
     old_row = [s.clone() for s in view.rowwise.scales]
     label = _requantize_or_seed(params, m, k, evidence)
-    mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True, cached=view)
+    mok.split_weight_view(params, rows=m, columns=k, format="mxfp8", cached=view)
     assert (view.rowwise.scale_ptrs.tolist(), view.columnwise.scale_ptrs.tolist()) == addresses
     for e, p in enumerate(params):
         st = te_compat.mxfp8_storage(p)
@@ -242,13 +242,13 @@ def test_gemm_layout_request_makes_te_requantise_into_a_zero_copy_view() -> None
         p.quantize_(torch.randn(m, k, dtype=torch.bfloat16, device="cuda"))
     storages = [te_compat.mxfp8_storage(p) for p in params]
     assert all(s.scales_swizzled for s in storages), "TE re-quantised without GEMM-layout scales"
-    view = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=m, columns=k, format="mxfp8")
     assert view.rowwise.scales_zero_copy and view.columnwise.scales_zero_copy
     assert view.rowwise.scale_ptrs.tolist() == [s.rowwise_scale_inv.data_ptr() for s in storages]
     assert view.columnwise.scale_ptrs.tolist() == [s.columnwise_scale_inv.data_ptr() for s in storages]
     for p in params:
         p.quantize_(torch.randn(m, k, dtype=torch.bfloat16, device="cuda"))
-    again = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True, cached=view)
+    again = mok.split_weight_view(params, rows=m, columns=k, format="mxfp8", cached=view)
     assert again.rowwise.scale_ptrs.tolist() == [
         te_compat.mxfp8_storage(p).rowwise_scale_inv.data_ptr() for p in params
     ]
@@ -283,7 +283,7 @@ def test_grouped_bf16_view_is_zero_copy() -> None:
     m, k = SHAPES[0]
     w = _grouped_layer(m, k, mxfp8=False)
     assert te_compat.tensor_kind(w) is TensorKind.GROUPED
-    v = mok.grouped_weight_view(w, num_experts=E, rows=m, columns=k, use_mxfp8=False)
+    v = mok.grouped_weight_view(w, num_experts=E, rows=m, columns=k, format="bf16")
     assert v.rowwise.data[0].data_ptr() == te_compat.storage_attr(w, "rowwise_data").data_ptr()
     assert v.rowwise.data[0].shape == (E, m, k) and v.rowwise.data[0].dtype == torch.bfloat16
 
@@ -296,7 +296,7 @@ def check_grouped_mxfp8_against_te(w: object, m: int, k: int, ev: Evidence) -> N
     assert gs.quantized and gs.num_tensors == E and gs.members is not None
     label = ev.fill_random_(gs.rowwise_data, gs.rowwise_scale_inv, gs.columnwise_data, gs.columnwise_scale_inv)
     logical = [[x.clone() for x in logical_mxfp8(te_compat.mxfp8_storage(mem), m, k)] for mem in gs.members]
-    v = mok.grouped_weight_view(w, num_experts=E, rows=m, columns=k, use_mxfp8=True)
+    v = mok.grouped_weight_view(w, num_experts=E, rows=m, columns=k, format="mxfp8")
     assert v.rowwise.data[0].data_ptr() == gs.rowwise_data.data_ptr()
     assert v.columnwise.data[0] is not None and v.columnwise.data[0].data_ptr() == gs.columnwise_data.data_ptr()
     per_row = v.rowwise.scales[0].numel() // E

@@ -68,7 +68,7 @@ def test_logical_scales_read_back_te_gemm_layout(m: int, k: int, evidence: Evide
     swizzle = te_swizzle_or_skip()
     params = _te_params(m, k, evidence)
     logical = [[x.clone() for x in logical_mxfp8(te_compat.mxfp8_storage(p), m, k)] for p in params]
-    view = mok.split_weight_view(params, rows=m, columns=k, use_mxfp8=True)
+    view = mok.split_weight_view(params, rows=m, columns=k, format="mxfp8")
     for p in params:
         swizzle(p)
     for e, p in enumerate(params):

@@ -230,7 +230,7 @@ def test_formula_agrees_with_oracle_offsets() -> None:
         (lambda: mok.layout_shape(128, 4, experts=2.0), TypeError, r"experts: .*found 2.0 \(float\)"),
         (lambda: mok.layout_shape(True, 4), TypeError, r"rows: .*found True \(bool\)"),
         (lambda: mok.padded_shape("128", 4), TypeError, r"rows: .*found '128' \(str\)"),
-        (lambda: mok.padded_shape(128, None), TypeError, r"cols: .*found None"),
+        (lambda: mok.padded_shape(128, None), TypeError, r"columns: .*found None"),
         (lambda: mok.padded_shape(-128, 4), ValueError, r"rows: .*found -128"),
         (lambda: te_compat.scale_matrix(torch.zeros(128, 4, dtype=torch.uint8), -32, 128), ValueError, r"rows: .*-32"),
         (lambda: te_compat.scale_matrix(torch.zeros(128, 4, dtype=torch.uint8), 128, 128.0), TypeError, r"columns: "),

@@ -192,7 +192,7 @@ def test_logical_scales_of_views_in_te_orientation(rows: int, cols: int, install
     NVFP4 rowwise [rows, cols/16] and columnwise (transposed) [cols, rows/16], each TE-padded."""
     installed_te("2.20.2")
     mx = [T.mxfp8_tensor("2.20.2", rows, cols, seed=e, param=True) for e in range(2)]
-    v = mok.split_weight_view(mx, rows=rows, columns=cols, use_mxfp8=True)
+    v = mok.split_weight_view(mx, rows=rows, columns=cols, format="mxfp8")
     for e, p in enumerate(mx):
         assert torch.equal(mok.logical_scales(v)[e], p._rowwise_scale_inv[:rows, : cols // 32])
         assert torch.equal(
@@ -206,7 +206,7 @@ def test_logical_scales_of_views_in_te_orientation(rows: int, cols: int, install
             mok.logical_scales(v4, direction="columnwise")[e], p._columnwise_scale_inv[:cols, : rows // 16]
         )
     g = T.grouped_tensor("2.20.2", 3, rows, cols, mxfp8=True)
-    gv = mok.grouped_weight_view(g, num_experts=3, rows=rows, columns=cols, use_mxfp8=True)
+    gv = mok.grouped_weight_view(g, num_experts=3, rows=rows, columns=cols, format="mxfp8")
     members = g.quantized_tensors
     assert torch.equal(
         mok.logical_scales(gv), torch.stack([m._rowwise_scale_inv[:rows, : cols // 32] for m in members])
@@ -266,7 +266,7 @@ def test_snapshot_repr_names_shapes_and_flags_only(installed_te: Installer) -> N
 def test_view_repr_names_shapes_and_formats_only(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 160, 96, seed=e, param=True) for e in range(3)]
-    v = mok.split_weight_view(ps, rows=160, columns=96, use_mxfp8=True)
+    v = mok.split_weight_view(ps, rows=160, columns=96, format="mxfp8")
     hidden = replace(v, rowwise=replace(v.rowwise, data=tuple(_unprintable(d) for d in v.rowwise.data)))
     text = repr(hidden)
     assert text.startswith(

@@ -108,7 +108,7 @@ def test_quantize_op_compiles_and_runs_on_fake_tensors() -> None:
 
 def test_a_grouped_bf16_view_quantises_and_refreshes_in_place() -> None:
     w = torch.nn.Parameter(_bf16(2, 128, 256))
-    v = mok.grouped_weight_view(w, num_experts=2, rows=128, columns=256, use_mxfp8=True)
+    v = mok.grouped_weight_view(w, num_experts=2, rows=128, columns=256, format="mxfp8")
     assert v.quantized_on_the_fly and v.format is mok.Format.MXFP8
     _check((v.rowwise.data[0], v.rowwise.scales[0], v.columnwise.data[0], v.columnwise.scales[0]), w.detach())
     addresses = [
@@ -119,7 +119,7 @@ def test_a_grouped_bf16_view_quantises_and_refreshes_in_place() -> None:
     ]
     with torch.no_grad():
         w.mul_(-3)  # an optimizer step: new values, same memory
-    assert mok.grouped_weight_view(w, num_experts=2, rows=128, columns=256, use_mxfp8=True, cached=v) is v
+    assert mok.grouped_weight_view(w, num_experts=2, rows=128, columns=256, format="mxfp8", cached=v) is v
     assert v.refresh_plan.plans == 1  # nothing moved: the prepared launch ran again
     assert [
         v.rowwise.data[0].data_ptr(),
@@ -132,11 +132,11 @@ def test_a_grouped_bf16_view_quantises_and_refreshes_in_place() -> None:
 
 def test_a_split_bf16_view_follows_a_moved_parameter_into_the_same_buffers() -> None:
     ps = [torch.nn.Parameter(_bf16(128, 96, seed=e)) for e in range(3)]
-    v = mok.split_weight_view(ps, rows=128, columns=96, use_mxfp8=True)
+    v = mok.split_weight_view(ps, rows=128, columns=96, format="mxfp8")
     assert v.quantized_on_the_fly and len(v.rowwise.scales) == 3 and v.rowwise.scale_ptrs is not None
     tables = [v.rowwise.data_ptrs.tolist(), v.rowwise.scale_ptrs.tolist()]
     ps[1].data = _bf16(128, 96, seed=9)  # the BF16 weight now lives elsewhere
-    mok.split_weight_view(ps, rows=128, columns=96, use_mxfp8=True, cached=v)
+    mok.split_weight_view(ps, rows=128, columns=96, format="mxfp8", cached=v)
     assert v.refresh_plan.plans == 2  # read again, quantised into the same buffers
     assert [v.rowwise.data_ptrs.tolist(), v.rowwise.scale_ptrs.tolist()] == tables
     want = _expected(torch.stack([p.detach() for p in ps]))
@@ -147,13 +147,13 @@ def test_a_split_bf16_view_follows_a_moved_parameter_into_the_same_buffers() -> 
 def test_a_te_bf16_group_quantises_its_rowwise_data(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=False, seed=4)
-    v = mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
+    v = mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8")
     _check(
         (v.rowwise.data[0], v.rowwise.scales[0], v.columnwise.data[0], v.columnwise.scales[0]),
         g.rowwise_data.view(2, 128, 128),
     )
     g.rowwise_data = g.rowwise_data.clone().mul_(2)  # TE reassigned its buffer
-    mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
+    mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8", cached=v)
     assert v.refresh_plan.plans == 2
     _check(
         (v.rowwise.data[0], v.rowwise.scales[0], v.columnwise.data[0], v.columnwise.scales[0]),
@@ -165,8 +165,8 @@ def test_a_layer_refreshes_quantised_and_te_views_together(installed_te: Install
     installed_te("2.20.2")
     fc1 = torch.nn.Parameter(_bf16(2, 128, 128))
     fc2 = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(2)]
-    v1 = mok.grouped_weight_view(fc1, num_experts=2, rows=128, columns=128, use_mxfp8=True)
-    v2 = mok.split_weight_view(fc2, rows=128, columns=256, use_mxfp8=True)
+    v1 = mok.grouped_weight_view(fc1, num_experts=2, rows=128, columns=128, format="mxfp8")
+    v2 = mok.split_weight_view(fc2, rows=128, columns=256, format="mxfp8")
     layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
     with torch.no_grad():
         fc1.add_(1)
@@ -188,8 +188,8 @@ def test_a_parameter_moved_while_planning_is_quantised_next_time(monkeypatch: py
         real(*args)
 
     monkeypatch.setattr(pipeline, "_prepare", racing)
-    v = mok.split_weight_view(ps, rows=64, columns=64, use_mxfp8=True)
-    mok.split_weight_view(ps, rows=64, columns=64, use_mxfp8=True, cached=v)
+    v = mok.split_weight_view(ps, rows=64, columns=64, format="mxfp8")
+    mok.split_weight_view(ps, rows=64, columns=64, format="mxfp8", cached=v)
     assert v.refresh_plan.plans == 2
     assert torch.equal(_bytes(v.rowwise.data[0]), _expected(ps[0].detach()[None])[0][0])
 
@@ -197,11 +197,11 @@ def test_a_parameter_moved_while_planning_is_quantised_next_time(monkeypatch: py
 def test_bf16_views_refuse_what_mxfp8_cannot_hold_and_mixed_views() -> None:
     with pytest.raises(mok.ExpertWeightError, match="multiples of 32"):
         mok.grouped_weight_view(
-            torch.zeros(2, 48, 64, dtype=torch.bfloat16), num_experts=2, rows=48, columns=64, use_mxfp8=True
+            torch.zeros(2, 48, 64, dtype=torch.bfloat16), num_experts=2, rows=48, columns=64, format="mxfp8"
         )
     with pytest.raises(mok.ExpertWeightError, match="expected dtype torch.bfloat16"):
-        mok.grouped_weight_view(torch.zeros(2, 64, 64), num_experts=2, rows=64, columns=64, use_mxfp8=True)
+        mok.grouped_weight_view(torch.zeros(2, 64, 64), num_experts=2, rows=64, columns=64, format="mxfp8")
     w = _bf16(2, 64, 64)
-    v = mok.grouped_weight_view(w, num_experts=2, rows=64, columns=64, use_mxfp8=True)
+    v = mok.grouped_weight_view(w, num_experts=2, rows=64, columns=64, format="mxfp8")
     with pytest.raises(mok.RefreshError, match="as asked for; found one of"):
-        mok.grouped_weight_view(_bf16(4, 64, 64), num_experts=4, rows=64, columns=64, use_mxfp8=True, cached=v)
+        mok.grouped_weight_view(_bf16(4, 64, 64), num_experts=4, rows=64, columns=64, format="mxfp8", cached=v)

@@ -46,7 +46,7 @@ def test_grouped_mxfp8(release: str, rows: int, cols: int, installed_te: Install
     installed_te(release)
     e = 3
     g = T.grouped_tensor(release, e, rows, cols, mxfp8=True)
-    v = grouped_weight_view(g, num_experts=e, rows=rows, columns=cols, use_mxfp8=True)
+    v = grouped_weight_view(g, num_experts=e, rows=rows, columns=cols, format="mxfp8")
     payload = g.rowwise_data if release >= "2.14" else g.data
     assert v.rowwise.data[0].data_ptr() == payload.data_ptr() and v.rowwise.data[0].shape == (e, rows, cols)
     assert v.rowwise.data[0].dtype == torch.float8_e4m3fn
@@ -64,11 +64,11 @@ def test_grouped_mxfp8(release: str, rows: int, cols: int, installed_te: Install
 def test_grouped_refresh_in_place(release: str, installed_te: Installer) -> None:
     installed_te(release)
     g = T.grouped_tensor(release, 2, 256, 128, mxfp8=True)
-    v = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=256, columns=128, format="mxfp8")
     addresses = (v.rowwise.scales[0].data_ptr(), v.columnwise.scales[0].data_ptr())
     g.scale_inv.random_(0, 255)  # TE re-quantised in place: new scale bytes, same buffers
     g.columnwise_scale_inv.random_(0, 255)
-    again = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True, cached=v)
+    again = grouped_weight_view(g, num_experts=2, rows=256, columns=128, format="mxfp8", cached=v)
     assert again is v and (v.rowwise.scales[0].data_ptr(), v.columnwise.scales[0].data_ptr()) == addresses
     want = torch.stack([_logical_rows(s, 256, 128) for s in _members_scales(g, "_rowwise_scale_inv")])
     assert torch.equal(v.rowwise.scales[0], spec_layout(want))
@@ -77,16 +77,16 @@ def test_grouped_refresh_in_place(release: str, installed_te: Installer) -> None
 def test_grouped_bf16(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 4, 64, 32, mxfp8=False)
-    v = grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=False)
+    v = grouped_weight_view(g, num_experts=4, rows=64, columns=32, format="bf16")
     assert v.rowwise.data[0].data_ptr() == g.rowwise_data.data_ptr()
     assert v.rowwise.data[0].shape == (4, 64, 32) and v.rowwise.data[0].dtype == torch.bfloat16
     assert v.rowwise.scales is None and v.columnwise is None
     assert torch.equal(v.rowwise.data[0][1], g.rowwise_data[64 * 32 : 2 * 64 * 32].view(64, 32))
     payload = v.rowwise.data[0]
     g.rowwise_data = g.rowwise_data.clone()  # TE moved the payload: a refresh points the view there
-    assert grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=False, cached=v) is v
+    assert grouped_weight_view(g, num_experts=4, rows=64, columns=32, format="bf16", cached=v) is v
     assert v.rowwise.data[0] is payload and payload.data_ptr() == g.rowwise_data.data_ptr()
-    q = grouped_weight_view(g, num_experts=4, rows=64, columns=32, use_mxfp8=True)  # quantised by mok
+    q = grouped_weight_view(g, num_experts=4, rows=64, columns=32, format="mxfp8")  # quantised by mok
     assert q.quantized_on_the_fly and q.rowwise.data[0].dtype == torch.float8_e4m3fn
     assert q.rowwise.data[0].data_ptr() != g.rowwise_data.data_ptr()  # mok's own buffers, not TE's
     with pytest.raises(ExpertWeightError, match="holds no quantized data"):  # NVFP4: TE's storage only
@@ -97,7 +97,7 @@ def test_grouped_already_swizzled_aligned_is_zero_copy(installed_te: Installer) 
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True, swizzled=True)
     before = g.scale_inv.clone()
-    v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8")
     assert v.rowwise.scales_zero_copy and v.rowwise.scales[0].data_ptr() == g.scale_inv.data_ptr()
     assert v.columnwise.scales_zero_copy and v.columnwise.scales[0].data_ptr() == g.columnwise_scale_inv.data_ptr()
     assert torch.equal(g.scale_inv, before)  # never swizzled a second time
@@ -106,19 +106,19 @@ def test_grouped_already_swizzled_aligned_is_zero_copy(installed_te: Installer) 
     g.scale_inv = torch.randint(0, 256, g.scale_inv.shape, dtype=torch.uint8)
     for e, m in enumerate(g.quantized_tensors):  # the members' views move with it
         m._rowwise_scale_inv = g.scale_inv[e * 512 : (e + 1) * 512].view(128, 4)
-    grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
+    grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8", cached=v)
     assert v.rowwise.scales[0] is scales and scales.data_ptr() == g.scale_inv.data_ptr()
     assert torch.equal(v.rowwise.scales[0].flatten(), g.scale_inv)
     # TE now holds unswizzled scales in its buffer: refusing beats corrupting TE's storage
     g._with_gemm_swizzled_scales = False
     with pytest.raises(RefreshError, match="exposes TE's own swizzled scale buffer"):
-        grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
+        grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8", cached=v)
 
 
 def test_grouped_already_swizzled_padded_is_copied_not_converted(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 160, 96, mxfp8=True, swizzled=True)
-    v = grouped_weight_view(g, num_experts=2, rows=160, columns=96, use_mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=160, columns=96, format="mxfp8")
     assert not v.rowwise.scales_zero_copy and v.rowwise.scales[0].data_ptr() != g.scale_inv.data_ptr()
     assert torch.equal(v.rowwise.scales[0].flatten(), g.scale_inv)
 
@@ -128,7 +128,7 @@ def test_grouped_members_not_packed(installed_te: Installer) -> None:
     g = T.grouped_tensor("2.20.2", 3, 128, 128, mxfp8=True)
     g.quantized_tensors[2]._rowwise_scale_inv = g.quantized_tensors[2]._rowwise_scale_inv.clone()
     with pytest.raises(ExpertWeightError, match="member 2 scale is not packed expert-major .rowwise.*outside it"):
-        grouped_weight_view(g, num_experts=3, rows=128, columns=128, use_mxfp8=True)
+        grouped_weight_view(g, num_experts=3, rows=128, columns=128, format="mxfp8")
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_grouped_members_out_of_place_are_named(move: str, message: str, install
             members[1]._rowwise_scale_inv,
         )
     with pytest.raises(ExpertWeightError, match=message):
-        grouped_weight_view(g, num_experts=3, rows=128, columns=128, use_mxfp8=True)
+        grouped_weight_view(g, num_experts=3, rows=128, columns=128, format="mxfp8")
 
 
 def test_grouped_shapes_name_the_first_expert_that_differs(installed_te: Installer) -> None:
@@ -166,7 +166,7 @@ def test_grouped_shapes_name_the_first_expert_that_differs(installed_te: Install
     with pytest.raises(
         ExpertWeightError, match=r"expected every expert of shape \(128, 128\); expert 2 has \(64, 128\)"
     ):
-        grouped_weight_view(g, num_experts=3, rows=128, columns=128, use_mxfp8=True)
+        grouped_weight_view(g, num_experts=3, rows=128, columns=128, format="mxfp8")
 
 
 def test_grouped_offsets_not_expert_major(installed_te: Installer) -> None:
@@ -174,7 +174,7 @@ def test_grouped_offsets_not_expert_major(installed_te: Installer) -> None:
     g = T.grouped_tensor("2.20.2", 3, 128, 128, mxfp8=True)
     g.scale_inv_offsets = [0, 600, 1024, 1536]
     with pytest.raises(ExpertWeightError, match="expert 1 starts at byte 600, expected 512"):
-        grouped_weight_view(g, num_experts=3, rows=128, columns=128, use_mxfp8=True)
+        grouped_weight_view(g, num_experts=3, rows=128, columns=128, format="mxfp8")
 
 
 @pytest.mark.parametrize(
@@ -191,23 +191,23 @@ def test_grouped_declared_shape_mismatch(kwargs: dict[str, int], message: str, i
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 3, 128, 64, mxfp8=True)
     with pytest.raises(ExpertWeightError, match=message):
-        grouped_weight_view(g, use_mxfp8=True, **kwargs)
+        grouped_weight_view(g, format="mxfp8", **kwargs)
 
 
 def test_grouped_quantized_but_bf16_requested(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 64, mxfp8=True)
     with pytest.raises(ExpertWeightError, match="is quantized"):
-        grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=False)
+        grouped_weight_view(g, num_experts=2, rows=128, columns=64, format="bf16")
 
 
 def test_grouped_refresh_follows_a_moved_payload(installed_te: Installer) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 64, mxfp8=True)
-    v = grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=128, columns=64, format="mxfp8")
     payload = v.rowwise.data[0]
     g.rowwise_data = g.rowwise_data.clone()
-    grouped_weight_view(g, num_experts=2, rows=128, columns=64, use_mxfp8=True, cached=v)
+    grouped_weight_view(g, num_experts=2, rows=128, columns=64, format="mxfp8", cached=v)
     assert v.rowwise.data[0] is payload and payload.data_ptr() == g.rowwise_data.data_ptr()
     with pytest.raises(RefreshError, match=r"= \(3, 128, 64\), as asked for; found one of \(2, 128, 64\)"):
         grouped_weight_view(
@@ -215,7 +215,7 @@ def test_grouped_refresh_follows_a_moved_payload(installed_te: Installer) -> Non
             num_experts=3,
             rows=128,
             columns=64,
-            use_mxfp8=True,
+            format="mxfp8",
             cached=v,
         )
 
@@ -228,7 +228,7 @@ def test_grouped_refresh_follows_a_moved_payload(installed_te: Installer) -> Non
 def test_split_mxfp8(release: str, rows: int, cols: int, installed_te: Installer) -> None:
     installed_te(release)
     ps = [T.mxfp8_tensor(release, rows, cols, seed=e, param=True) for e in range(3)]
-    v = split_weight_view(ps, rows=rows, columns=cols, use_mxfp8=True)
+    v = split_weight_view(ps, rows=rows, columns=cols, format="mxfp8")
     assert [t.data_ptr() for t in v.rowwise.data] == [p._rowwise_data.data_ptr() for p in ps]
     assert v.rowwise.data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
     assert v.columnwise.data_ptrs is not None and v.columnwise.data_ptrs.tolist() == [
@@ -245,11 +245,11 @@ def test_split_mxfp8(release: str, rows: int, cols: int, installed_te: Installer
 def test_split_refresh_keeps_addresses_and_picks_up_values(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(4)]
-    v = split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+    v = split_weight_view(ps, rows=128, columns=256, format="mxfp8")
     ptrs = v.rowwise.scale_ptrs.clone()
     for p in ps:
         p._rowwise_scale_inv.random_(0, 255)
-    assert split_weight_view(ps, rows=128, columns=256, use_mxfp8=True, cached=v) is v
+    assert split_weight_view(ps, rows=128, columns=256, format="mxfp8", cached=v) is v
     assert torch.equal(v.rowwise.scale_ptrs, ptrs)
     assert [s.data_ptr() for s in v.rowwise.scales] == ptrs.tolist()
     for e, p in enumerate(ps):
@@ -262,16 +262,16 @@ def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, mon
 
     ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(3)]
     g = T.grouped_tensor("2.20.2", 2, 256, 128, mxfp8=True)
-    sv = split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
-    gv = grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True)
+    sv = split_weight_view(ps, rows=128, columns=256, format="mxfp8")
+    gv = grouped_weight_view(g, num_experts=2, rows=256, columns=128, format="mxfp8")
     planned: list[str] = []
     real_plan = plan.plan_scales
     monkeypatch.setattr(plan, "plan_scales", lambda *a: (planned.append(a[2].split()[0]), real_plan(*a))[1])
     for p in ps:
         p._rowwise_scale_inv.random_(0, 255)  # new values in the same buffers
     g.scale_inv.random_(0, 255)
-    split_weight_view(ps, rows=128, columns=256, use_mxfp8=True, cached=sv)
-    grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True, cached=gv)
+    split_weight_view(ps, rows=128, columns=256, format="mxfp8", cached=sv)
+    grouped_weight_view(g, num_experts=2, rows=256, columns=128, format="mxfp8", cached=gv)
     assert planned == []  # nothing re-planned ...
     assert torch.equal(sv.rowwise.scales[2], spec_layout(_logical_rows(ps[2]._rowwise_scale_inv, 128, 256)))
     assert torch.equal(
@@ -279,7 +279,7 @@ def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, mon
         spec_layout(torch.stack([_logical_rows(s, 256, 128) for s in _members_scales(g, "_rowwise_scale_inv")])),
     )  # ... values fresh
     ps[1]._columnwise_scale_inv = ps[1]._columnwise_scale_inv.clone()  # TE moved one buffer
-    split_weight_view(ps, rows=128, columns=256, use_mxfp8=True, cached=sv)
+    split_weight_view(ps, rows=128, columns=256, format="mxfp8", cached=sv)
     assert planned == ["rowwise", "columnwise"]  # the split view re-planned (both directions)
     mok.refresh_layer([(g, gv), (ps, sv)])  # first layer refresh plans; the second reruns
     mok.refresh_layer([(g, gv), (ps, sv)])
@@ -289,9 +289,9 @@ def test_unchanged_refresh_reruns_its_prepared_work(installed_te: Installer, mon
 def test_split_refresh_follows_a_moved_payload(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
-    v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+    v = split_weight_view(ps, rows=128, columns=128, format="mxfp8")
     ps[1]._rowwise_data = ps[1]._rowwise_data.clone()
-    split_weight_view(ps, rows=128, columns=128, use_mxfp8=True, cached=v)
+    split_weight_view(ps, rows=128, columns=128, format="mxfp8", cached=v)
     assert v.rowwise.data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
 
 
@@ -301,7 +301,7 @@ def test_split_mixed_swizzled_experts(installed_te: Installer) -> None:
     done = spec_layout(_logical_rows(ps[1]._rowwise_scale_inv, 128, 128))
     ps[1]._rowwise_scale_inv = done.view(128, 4).clone()  # TE swizzled expert 1 in place
     ps[1]._with_gemm_swizzled_scales = True
-    v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+    v = split_weight_view(ps, rows=128, columns=128, format="mxfp8")
     assert torch.equal(v.rowwise.scales[1], done)  # copied as-is, not converted twice
     assert torch.equal(v.rowwise.scales[0], spec_layout(_logical_rows(ps[0]._rowwise_scale_inv, 128, 128)))
 
@@ -312,7 +312,7 @@ def test_split_all_swizzled_aligned_is_zero_copy(installed_te: Installer) -> Non
         T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True, columnwise=False, _with_gemm_swizzled_scales=True)
         for e in range(2)
     ]
-    v = split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+    v = split_weight_view(ps, rows=128, columns=128, format="mxfp8")
     assert v.rowwise.scales_zero_copy
     assert v.rowwise.scale_ptrs.tolist() == [p._rowwise_scale_inv.data_ptr() for p in ps]
     assert v.columnwise is None
@@ -327,42 +327,42 @@ def test_split_wrong_expert_kind_names_expert_and_quantizer(installed_te: Instal
         match="expert 1: expected an MXFP8 parameter; found Float8Tensor "
         r"\(kind float8, quantizer Float8CurrentScalingQuantizer\)",
     ):
-        split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+        split_weight_view(ps, rows=128, columns=128, format="mxfp8")
 
 
 def test_split_errors(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
     with pytest.raises(ExpertWeightError, match=r"expert 0: expected shape \(128, 256\); found \(128, 128\)"):
-        split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+        split_weight_view(ps, rows=128, columns=256, format="mxfp8")
     with pytest.raises(ExpertWeightError, match="at least one expert"):
-        split_weight_view([], rows=128, columns=128, use_mxfp8=True)
+        split_weight_view([], rows=128, columns=128, format="mxfp8")
     with pytest.raises(ExpertWeightError, match="multiples of 32 .MXFP8 has one scale per 32 values.; found rows=100"):
-        split_weight_view(ps, rows=100, columns=128, use_mxfp8=True)
+        split_weight_view(ps, rows=100, columns=128, format="mxfp8")
     no_col = [ps[0], T.mxfp8_tensor("2.20.2", 128, 128, param=True, columnwise=False)]
     with pytest.raises(ExpertWeightError, match="expert 1 has no columnwise data"):
-        split_weight_view(no_col, rows=128, columns=128, use_mxfp8=True)
+        split_weight_view(no_col, rows=128, columns=128, format="mxfp8")
     with pytest.raises(ExpertWeightError, match="expert 0: expected a plain"):
-        split_weight_view(ps, rows=128, columns=128, use_mxfp8=False)
+        split_weight_view(ps, rows=128, columns=128, format="bf16")
 
 
 def test_split_bf16(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [torch.nn.Parameter(torch.randn(64, 32, dtype=torch.bfloat16)) for _ in range(3)]
-    v = split_weight_view(ps, rows=64, columns=32, use_mxfp8=False)
+    v = split_weight_view(ps, rows=64, columns=32, format="bf16")
     assert v.rowwise.data_ptrs.tolist() == [p.data_ptr() for p in ps]
     assert all(t.data_ptr() == p.data_ptr() and not t.requires_grad for t, p in zip(v.rowwise.data, ps, strict=False))
     table = v.rowwise.data_ptrs
     for p in ps:  # FSDP between steps: freed, then regathered into new memory
         p.untyped_storage().resize_(0)
     with pytest.raises(mok.StorageFreedError, match="expert 0 weight: its storage holds 0 bytes"):
-        split_weight_view(ps, rows=64, columns=32, use_mxfp8=False, cached=v)
+        split_weight_view(ps, rows=64, columns=32, format="bf16", cached=v)
     for p in ps:
         p.untyped_storage().resize_(64 * 32 * 2)
-    assert split_weight_view(ps, rows=64, columns=32, use_mxfp8=False, cached=v) is v
+    assert split_weight_view(ps, rows=64, columns=32, format="bf16", cached=v) is v
     assert v.rowwise.data_ptrs is table and table.tolist() == [p.data_ptr() for p in ps]
     with pytest.raises(ExpertWeightError, match=r"expert 2: expected shape \(64, 32\); found \(32, 64\)"):
-        split_weight_view([*ps[:2], torch.nn.Parameter(torch.randn(32, 64))], rows=64, columns=32, use_mxfp8=False)
+        split_weight_view([*ps[:2], torch.nn.Parameter(torch.randn(32, 64))], rows=64, columns=32, format="bf16")
 
 
 # ------------------------------------------------------------------------------ storage_view

@@ -199,7 +199,7 @@ def test_single_grouped_scale_view(release: str, rows: int, cols: int, installed
     installed_te(release)
     e = 3
     g = T.grouped_tensor(release, e, rows, cols, mxfp8=True)
-    public = mok.grouped_weight_view(g, num_experts=e, rows=rows, columns=cols, use_mxfp8=True)
+    public = mok.grouped_weight_view(g, num_experts=e, rows=rows, columns=cols, format="mxfp8")
     for member_attr in ("_rowwise_scale_inv", "rowwise_scale_inv", "scale_inv"):
         v = W._single_grouped_mxfp8_scale_view(g, member_attr, (e, rows, cols // 32), name="fc1")
         assert v.data_ptr() == g.scale_inv.data_ptr()  # a view of TE's buffer, padding skipped
@@ -270,7 +270,7 @@ def test_grouped_view_is_the_public_view(release: str, rows: int, cols: int, ins
     e = 2
     g = T.grouped_tensor(release, e, rows, cols, mxfp8=True)
     got = W._native_single_grouped_weight_view(g, num_experts=e, rows=rows, columns=cols, use_mxfp8=True)
-    public = mok.grouped_weight_view(g, num_experts=e, rows=rows, columns=cols, use_mxfp8=True)
+    public = mok.grouped_weight_view(g, num_experts=e, rows=rows, columns=cols, format="mxfp8")
     assert isinstance(got, tuple) and len(got) == 5 and got[4] is True
     row_data, row_scales, col_data, col_scales, _ = got
     payload = g.rowwise_data if T.rel(release) >= T.GROUPED_RENAME_SINCE else g.data
@@ -328,7 +328,7 @@ def test_grouped_bf16(release: str, installed_te: Installer) -> None:
     installed_te(release)
     g = T.grouped_tensor(release, 3, 64, 32, mxfp8=False)
     got = W._native_single_grouped_weight_view(g, num_experts=3, rows=64, columns=32, use_mxfp8=False)
-    public = mok.grouped_weight_view(g, num_experts=3, rows=64, columns=32, use_mxfp8=False)
+    public = mok.grouped_weight_view(g, num_experts=3, rows=64, columns=32, format="bf16")
     payload = g.rowwise_data if T.rel(release) >= T.GROUPED_RENAME_SINCE else g.data
     assert got.data_ptr() == payload.data_ptr() == public.rowwise.data[0].data_ptr()
     assert got.shape == (3, 64, 32) and got.dtype == torch.bfloat16 and torch.equal(got, public.rowwise.data[0])
@@ -355,7 +355,7 @@ def test_split_view_is_the_public_view(release: str, rows: int, cols: int, insta
     installed_te(release)
     ps = [T.mxfp8_tensor(release, rows, cols, seed=e, param=True) for e in range(3)]
     got = W._native_split_weight_view(tuple(ps), rows=rows, columns=cols, use_mxfp8=True)
-    public = mok.split_weight_view(ps, rows=rows, columns=cols, use_mxfp8=True)
+    public = mok.split_weight_view(ps, rows=rows, columns=cols, format="mxfp8")
     assert got.native_columnwise is True
     assert got.data.data_ptr() == ps[0]._rowwise_data.data_ptr() and got.data.dtype == torch.float8_e4m3fn
     assert got.transposed_data.data_ptr() == ps[0]._columnwise_data.data_ptr()

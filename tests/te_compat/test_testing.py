@@ -110,7 +110,7 @@ def _read_mxfp8(fake: Any) -> None:
     s = te_compat.mxfp8_storage(fake)
     assert s.shape == (ROWS_, COLS) and s.scales_swizzled is False
     _check_buffers(s, expected)
-    v = mok.split_weight_view([fake], rows=ROWS_, columns=COLS, use_mxfp8=True)
+    v = mok.split_weight_view([fake], rows=ROWS_, columns=COLS, format="mxfp8")
     assert v.rowwise.data[0].data_ptr() == s.need("rowwise_data").data_ptr() and v.rowwise.data[0].shape == (
         ROWS_,
         COLS,
@@ -182,7 +182,7 @@ def _read_grouped(fake: Any) -> None:
     assert g.members is not None and len(g.members) == EXPERTS
     for member, piece in zip(g.members, expected.experts, strict=True):
         _check_buffers(te_compat.mxfp8_storage(member), piece)
-    v = mok.grouped_weight_view(fake, num_experts=EXPERTS, rows=ROWS_, columns=COLS, use_mxfp8=True)
+    v = mok.grouped_weight_view(fake, num_experts=EXPERTS, rows=ROWS_, columns=COLS, format="mxfp8")
     assert v.rowwise.data[0].data_ptr() == g.need("rowwise_data").data_ptr()
     pieces = expected.experts
     rows = torch.stack([p["rowwise_scale_inv"][:ROWS_, : COLS // 32] for p in pieces])

@@ -318,8 +318,8 @@ def test_refresh_layer_on_the_torch_backend(installed_te) -> None:  # type: igno
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 256, 128, mxfp8=True)
     ps = [T.mxfp8_tensor("2.20.2", 128, 256, seed=e, param=True) for e in range(3)]
-    gv = mok.grouped_weight_view(g, num_experts=2, rows=256, columns=128, use_mxfp8=True)
-    sv = mok.split_weight_view(ps, rows=128, columns=256, use_mxfp8=True)
+    gv = mok.grouped_weight_view(g, num_experts=2, rows=256, columns=128, format="mxfp8")
+    sv = mok.split_weight_view(ps, rows=128, columns=256, format="mxfp8")
     g.scale_inv.random_(0, 255)
     for p in ps:
         p._columnwise_scale_inv.random_(0, 255)
@@ -334,8 +334,8 @@ def test_refresh_layer_checks_every_entry_before_writing(installed_te) -> None: 
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, 128, 128, mxfp8=True)
     ps = [T.mxfp8_tensor("2.20.2", 128, 128, seed=e, param=True) for e in range(2)]
-    gv = mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
-    sv = mok.split_weight_view(ps, rows=128, columns=128, use_mxfp8=True)
+    gv = mok.grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8")
+    sv = mok.split_weight_view(ps, rows=128, columns=128, format="mxfp8")
     before = gv.rowwise.scales[0].clone()
     g.scale_inv.random_(0, 255)
     moved = ps[0]._rowwise_data = ps[0]._rowwise_data.clone()  # a move the refresh would follow ...

@@ -67,7 +67,7 @@ def test_a_buffer_reassigned_while_planning_is_converted_next_time(
 ) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
-    view = split_weight_view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True) if refreshing else None
+    view = split_weight_view = mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8") if refreshing else None
 
     def te_moves_a_buffer() -> None:
         ps[1]._rowwise_scale_inv = _fresh(ps[1]._rowwise_scale_inv, 7)
@@ -75,13 +75,13 @@ def test_a_buffer_reassigned_while_planning_is_converted_next_time(
     between_read_and_plan(te_moves_a_buffer)
     if refreshing:
         ps[2]._columnwise_scale_inv = _fresh(ps[2]._columnwise_scale_inv, 8)  # makes this refresh plan
-    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=split_weight_view)
+    view = mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=split_weight_view)
     plans = view.refresh_plan.plans
     # the racing call read the old buffer; the next refresh must see the new one and convert it
-    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=view)
     assert view.refresh_plan.plans == plans + 1
     assert torch.equal(view.rowwise.scales[1], spec_layout(_rows(ps[1]._rowwise_scale_inv)))
-    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=view)
     assert view.refresh_plan.plans == plans + 1  # and then nothing changed: the launch reruns
 
 
@@ -99,8 +99,8 @@ def test_a_flag_set_while_planning_is_seen_next_time(
         ps[0]._with_gemm_swizzled_scales = True
 
     between_read_and_plan(te_swizzles)
-    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
-    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    view = mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8")
+    mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=view)
     assert torch.equal(view.rowwise.scales[0], spec_layout(logical))  # copied, not swizzled twice
 
 
@@ -116,8 +116,8 @@ def test_a_group_swizzled_while_planning_is_copied_next_time(
         g._with_gemm_swizzled_scales = True
 
     between_read_and_plan(te_swizzles_the_group)
-    view = mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True)
-    mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True, cached=view)
+    view = mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, format="mxfp8")
+    mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, format="mxfp8", cached=view)
     assert view.refresh_plan.plans == 2 and torch.equal(view.rowwise.scales[0], spec_layout(logical))
 
 
@@ -126,7 +126,7 @@ def test_a_layer_and_the_drop_in_heal_the_same_way(
 ) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
-    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    view = mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     layer = mok.LayerRefresh([(ps, view)])
     between_read_and_plan(lambda: setattr(ps[0], "_rowwise_scale_inv", _fresh(ps[0]._rowwise_scale_inv, 5)))
     layer()  # the layer's first call plans (and races)
@@ -145,8 +145,8 @@ def test_a_layer_and_the_drop_in_heal_the_same_way(
 def _layer_run_twice(fc1: list[Any], fc2: list[Any]) -> tuple[Any, Any, mok.LayerRefresh, int, Any]:
     """Views of ``fc1`` ``[R, C]`` and ``fc2`` ``[C, R]``, and their layer refreshed twice, the
     second time by rerunning what the first prepared: ``(v1, v2, layer, plans, prepared)``."""
-    v1 = mok.split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
-    v2 = mok.split_weight_view(fc2, rows=C, columns=R, use_mxfp8=True)
+    v1 = mok.split_weight_view(fc1, rows=R, columns=C, format="mxfp8")
+    v2 = mok.split_weight_view(fc2, rows=C, columns=R, format="mxfp8")
     layer = mok.LayerRefresh([(fc1, v1), (fc2, v2)])
     layer()
     plans = layer.plan.plans
@@ -223,11 +223,11 @@ def test_a_direction_without_data_but_with_a_scale_buffer_is_watched(installed_t
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
     for p in ps:
         p._columnwise_data = None
-    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
-    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    view = mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8")
+    mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=view)
     assert view.columnwise is None and view.refresh_plan.plans == 1
     ps[1]._columnwise_scale_inv = _fresh(ps[1]._columnwise_scale_inv, 4)  # the buffer left, alone
-    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=view)
     assert view.refresh_plan.plans == 2
     assert torch.equal(view.rowwise.scales[1], spec_layout(_rows(ps[1]._rowwise_scale_inv)))
 
@@ -239,7 +239,7 @@ def test_a_layer_given_other_weights_for_its_views_reads_those(installed_te: Ins
     their own buffers staying where they are."""
     installed_te("2.20.2")
     fc1 = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
-    v1 = mok.split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
+    v1 = mok.split_weight_view(fc1, rows=R, columns=C, format="mxfp8")
     other = [T.mxfp8_tensor("2.20.2", R, C, seed=100 + e, param=True) for e in range(3)]
     layer = mok.LayerRefresh([(fc1, v1)])
     for _ in range(2):
@@ -250,7 +250,7 @@ def test_a_layer_given_other_weights_for_its_views_reads_those(installed_te: Ins
     else:
         layer.entries = ((other, v1),)
         layer()
-    fresh = mok.split_weight_view(other, rows=R, columns=C, use_mxfp8=True)
+    fresh = mok.split_weight_view(other, rows=R, columns=C, format="mxfp8")
     for mine, new in ((v1.rowwise, fresh.rowwise), (v1.columnwise, fresh.columnwise)):
         assert mine is not None and new is not None
         assert [t.data_ptr() for t in mine.data] == [t.data_ptr() for t in new.data]
@@ -274,7 +274,7 @@ def test_refreshes_racing_a_thread_that_moves_buffers_heal_afterwards(installed_
 
 def _race_and_heal(trial: int) -> None:
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(4)]
-    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    view = mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     wait = random.Random(trial).randrange(12000)
 
     def te() -> None:
@@ -285,9 +285,9 @@ def _race_and_heal(trial: int) -> None:
     ps[0]._rowwise_scale_inv = _fresh(ps[0]._rowwise_scale_inv, 1000 + trial)  # so the next refresh plans
     mover = threading.Thread(target=te)
     mover.start()
-    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=view)
     mover.join()
-    mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=view)
     for e, p in enumerate(ps):
         assert torch.equal(view.rowwise.scales[e], spec_layout(_rows(p._rowwise_scale_inv))), (trial, e)
 
@@ -415,8 +415,8 @@ def test_a_first_view_enters_each_module_once(installed_te: Installer, entry: st
 
     def first_view() -> object:
         if entry == "split":
-            return mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
-        return mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True)
+            return mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8")
+        return mok.grouped_weight_view(g, num_experts=2, rows=R, columns=C, format="mxfp8")
 
     first_view()  # compiled regexes, cached readers: the steady state
     stacks = list(_mok_stacks(first_view))
@@ -442,7 +442,7 @@ def _faked_launch_view(ps: list[Any]) -> mok.SplitExpertWeights:
     from mok.kernels import launch as launch_module
     from mok.kernels import streams
 
-    view = mok.split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    view = mok.split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     prepared = view.refresh_plan.prepared
     assert isinstance(prepared, pipeline.PreparedRefresh)
     launch = object.__new__(launch_module.Launch)  # a launch as Launch makes it, minus the device
@@ -491,7 +491,7 @@ def test_a_checked_refresh_makes_as_many_python_calls_as_the_code_before(install
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(experts)]
     view = _faked_launch_view(ps)
     # a partial is C: the calls counted are the refresh's own
-    refresh = functools.partial(mok.split_weight_view, ps, rows=R, columns=C, use_mxfp8=True, cached=view)
+    refresh = functools.partial(mok.split_weight_view, ps, rows=R, columns=C, format="mxfp8", cached=view)
     refresh()  # the guard's checks are made at the first refresh
     called = _python_calls(refresh)
     assert "check" in called and called[-3:] == ["run", "__call__", "current"], called  # guarded, then rerun

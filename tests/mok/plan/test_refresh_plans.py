@@ -56,12 +56,12 @@ def test_unchanged_split_refresh_plans_nothing_and_converts_new_values(
 ) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(5)]
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     assert planned == ["rowwise scales", "columnwise scales"]
     for p in ps:
         p._rowwise_scale_inv.random_(0, 255)
     for _ in range(3):
-        assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
+        assert split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v) is v
     assert len(planned) == 2 and v.refresh_plan.plans == 1
     assert torch.equal(v.rowwise.scales[4], spec_layout(_rows(ps[4]._rowwise_scale_inv, R, C // 32)))
 
@@ -69,8 +69,8 @@ def test_unchanged_split_refresh_plans_nothing_and_converts_new_values(
 def test_a_new_list_of_the_same_parameters_is_unchanged(installed_te: Installer, planned: list[str]) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
-    split_weight_view(tuple(ps), rows=R, columns=C, use_mxfp8=True, cached=v)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
+    split_weight_view(tuple(ps), rows=R, columns=C, format="mxfp8", cached=v)
     assert len(planned) == 2
 
 
@@ -81,7 +81,7 @@ def test_a_new_list_of_the_same_parameters_is_unchanged(installed_te: Installer,
 def test_each_storage_change_is_planned_again(change: str, installed_te: Installer, planned: list[str]) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(3)]
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     addresses = [t.data_ptr() for t in v.rowwise.scales]
     if change == "replace rowwise scales":
         ps[2]._rowwise_scale_inv = ps[2]._rowwise_scale_inv.clone().random_(0, 255)
@@ -97,7 +97,7 @@ def test_each_storage_change_is_planned_again(change: str, installed_te: Install
     else:
         ps[1] = T.mxfp8_tensor("2.20.2", R, C, seed=9, param=True, _rowwise_data=ps[1]._rowwise_data)
         ps[1]._columnwise_data = v.columnwise.data[1].view(torch.uint8) if v.columnwise.data else None
-    assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
+    assert split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v) is v
     assert len(planned) == 4 and v.refresh_plan.plans == 2  # planned again, both directions
     assert [t.data_ptr() for t in v.rowwise.scales] == addresses  # in place
     for e, p in enumerate(ps):
@@ -113,12 +113,12 @@ def test_a_moved_payload_is_followed(which: str, installed_te: Installer) -> Non
     memory and its pointer table is rewritten in place, as a new view would list it."""
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     direction = v.rowwise if which == "_rowwise_data" else v.columnwise
     assert direction is not None and direction.data_ptrs is not None
     tensor, table = direction.data[1], direction.data_ptrs
     setattr(ps[1], which, getattr(ps[1], which).clone())
-    assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
+    assert split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v) is v
     assert direction.data[1] is tensor and tensor.data_ptr() == getattr(ps[1], which).data_ptr()
     assert direction.data_ptrs is table and table.tolist() == [getattr(p, which).data_ptr() for p in ps]
     assert torch.equal(tensor.view(torch.uint8), getattr(ps[1], which))
@@ -128,9 +128,9 @@ def test_grouped_with_more_than_256_experts_is_unchanged(installed_te: Installer
     # num_tensors 300 is a new int object at each read (CPython caches -5..256): equal, not identical
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 300, 32, 128, mxfp8=True, members=False, columnwise=False)
-    v = grouped_weight_view(g, num_experts=300, rows=32, columns=128, use_mxfp8=True)
+    v = grouped_weight_view(g, num_experts=300, rows=32, columns=128, format="mxfp8")
     g.num_tensors = int("300")
-    grouped_weight_view(g, num_experts=300, rows=32, columns=128, use_mxfp8=True, cached=v)
+    grouped_weight_view(g, num_experts=300, rows=32, columns=128, format="mxfp8", cached=v)
     assert planned == ["grouped rowwise scales"]
 
 
@@ -138,8 +138,8 @@ def test_the_layer_owns_its_plan(installed_te: Installer, planned: list[str]) ->
     installed_te("2.20.2")
     fc1 = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
     g = T.grouped_tensor("2.20.2", 2, C, R, mxfp8=True)
-    v1 = split_weight_view(fc1, rows=R, columns=C, use_mxfp8=True)
-    v2 = grouped_weight_view(g, num_experts=2, rows=C, columns=R, use_mxfp8=True)
+    v1 = split_weight_view(fc1, rows=R, columns=C, format="mxfp8")
+    v2 = grouped_weight_view(g, num_experts=2, rows=C, columns=R, format="mxfp8")
     layer = mok.LayerRefresh([(fc1, v1), (g, v2)])
     del planned[:]
     layer()
@@ -165,7 +165,7 @@ def test_split_nvfp4_view(release: str, rows: int, cols: int, installed_te: Inst
     installed_te(release)
     ps = _nvfp4_params(release, rows, cols, 3)
     v = split_weight_view(ps, rows=rows, columns=cols, format="nvfp4")
-    assert v.format == "nvfp4" and not v.use_mxfp8
+    assert v.format == "nvfp4"
     for e, p in enumerate(ps):
         assert v.rowwise.data[e].data_ptr() == p._rowwise_data.data_ptr() and v.rowwise.data[e].shape == (
             rows,
@@ -210,12 +210,12 @@ def test_nvfp4_needs_multiples_of_16(installed_te: Installer) -> None:
 def test_format_and_use_mxfp8_must_agree(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = _nvfp4_params("2.20.2", R, C, 1)
-    with pytest.raises(ValueError, match="use_mxfp8=True contradicts format='nvfp4'"):
+    with pytest.raises(ValueError, match="use_mxfp8=True contradicts format='nvfp4'"), pytest.deprecated_call():
         split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, format="nvfp4")
     with pytest.raises(ValueError, match="format: expected one of 'bf16', 'mxfp8', 'nvfp4', 'hybrid'; found 'fp4'"):
         split_weight_view(ps, rows=R, columns=C, format="fp4")
     with pytest.raises(ExpertWeightError, match="expert 0: expected an MXFP8 parameter; found .*kind nvfp4"):
-        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+        split_weight_view(ps, rows=R, columns=C, format="mxfp8")
 
 
 def _grouped_nvfp4(release: str, experts: int, rows: int, cols: int) -> Any:
@@ -272,7 +272,7 @@ def test_layer_mixes_mxfp8_and_nvfp4_in_one_plan(installed_te: Installer) -> Non
     installed_te("2.20.2")
     mx = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True) for e in range(2)]
     fp4 = _nvfp4_params("2.20.2", R, C, 2)
-    v1 = split_weight_view(mx, rows=R, columns=C, use_mxfp8=True)
+    v1 = split_weight_view(mx, rows=R, columns=C, format="mxfp8")
     v2 = split_weight_view(fp4, rows=R, columns=C, format="nvfp4")
     for p in fp4:
         p._columnwise_scale_inv.random_(0, 255)
@@ -326,7 +326,7 @@ def test_many_writes_into_the_given_outs_and_refuses_overlaps() -> None:
 def test_cached_buffers_over_te_scales_are_refused(installed_te: Installer) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     # a cached view whose layout buffer is expert 1's own TE scale buffer: writing would corrupt TE
     for owner in (1, 0):
         match = rf"rowwise scales: cached buffers\[1\] overlaps inputs\[{owner}\]"
@@ -335,7 +335,7 @@ def test_cached_buffers_over_te_scales_are_refused(installed_te: Installer) -> N
         bad = replace(v, rowwise=replace(v.rowwise, scales=scales), refresh_plan=mok.RefreshPlan())
         before = te_buffer.clone()
         with pytest.raises(mok.LayoutError, match=match):
-            split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=bad)
+            split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=bad)
         assert torch.equal(te_buffer, before)
 
 
@@ -346,7 +346,7 @@ def test_a_rowwise_only_view_sees_te_store_columnwise_again(installed_te: Instal
     refresh refuses, naming the change, and writes nothing."""
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     assert v.columnwise is None and v.refresh_plan.plans == 1
     before = [s.clone() for s in v.rowwise.scales or ()]
     for e in range(2):
@@ -354,13 +354,13 @@ def test_a_rowwise_only_view_sees_te_store_columnwise_again(installed_te: Instal
         ps[e]._columnwise_data, ps[e]._columnwise_scale_inv = both._columnwise_data, both._columnwise_scale_inv
         if e == 0:
             with pytest.raises(ExpertWeightError, match="expert 1 has no columnwise data") as fresh:
-                split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+                split_weight_view(ps, rows=R, columns=C, format="mxfp8")
             with pytest.raises(ExpertWeightError) as refreshed:
-                split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+                split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v)
             assert str(fresh.value) in str(refreshed.value)
-    assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True).columnwise is not None
+    assert split_weight_view(ps, rows=R, columns=C, format="mxfp8").columnwise is not None
     with pytest.raises(mok.RefreshError, match="TE now stores columnwise data.*new view"):
-        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+        split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v)
     assert v.columnwise is None and all(map(torch.equal, v.rowwise.scales or (), before))
 
 
@@ -381,14 +381,14 @@ def test_refresh_of_te_swizzled_aligned_scales_moves_no_byte(
 ) -> None:
     installed_te("2.20.2")
     ps = _te_swizzled("2.20.2", 3)
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     assert v.rowwise.scales_zero_copy and _prepared(v).work.work == []
     runs: list[str] = []
     monkeypatch.setattr(mok.plan.work, "swizzle_reference", lambda *a: runs.append("convert"))
     monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: runs.append("copy"))
     for p in ps:  # TE re-quantised in place, GEMM layout again: same buffers, new bytes
         p._rowwise_scale_inv.random_(0, 255)
-    assert split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v) is v
+    assert split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v) is v
     assert runs == [] and v.refresh_plan.plans == 1
     assert [t.data_ptr() for t in v.rowwise.scales] == [p._rowwise_scale_inv.data_ptr() for p in ps]
 
@@ -396,9 +396,9 @@ def test_refresh_of_te_swizzled_aligned_scales_moves_no_byte(
 def test_te_swizzled_grouped_aligned_is_a_pointer_check(installed_te: Installer, planned: list[str]) -> None:
     installed_te("2.20.2")
     g = T.grouped_tensor("2.20.2", 2, R, C, mxfp8=True, swizzled=True, members=False, columnwise=False)
-    v = grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=R, columns=C, format="mxfp8")
     assert v.rowwise.scales_zero_copy and v.rowwise.scales[0].data_ptr() == g.scale_inv.data_ptr()
-    grouped_weight_view(g, num_experts=2, rows=R, columns=C, use_mxfp8=True, cached=v)
+    grouped_weight_view(g, num_experts=2, rows=R, columns=C, format="mxfp8", cached=v)
     assert planned == ["grouped rowwise scales"] and _prepared(v).work.work == []
 
 
@@ -442,7 +442,7 @@ def test_hybrid_with_another_format_names_both(installed_te: Installer) -> None:
 def test_run_unchecked_reruns_without_reading_te(installed_te: Installer, monkeypatch: pytest.MonkeyPatch) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     ps[0]._rowwise_scale_inv.random_(0, 255)
     monkeypatch.setattr(mok.plan.guard.StorageGuard, "unchanged", lambda *a: pytest.fail("the unchecked run read TE"))
     v.refresh_plan.run_unchecked()
@@ -457,13 +457,13 @@ def test_run_unchecked_reruns_without_reading_te(installed_te: Installer, monkey
 def test_a_buffer_pointed_at_new_memory_is_caught(installed_te: Installer, planned: list[str]) -> None:
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     ps[1]._rowwise_scale_inv.data = ps[1]._rowwise_scale_inv.clone().random_(0, 255)  # same object
-    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v)
     assert len(planned) == 2
     assert torch.equal(v.rowwise.scales[1], spec_layout(ps[1]._rowwise_scale_inv[:R, : C // 32]))
     ps[1]._rowwise_data.data = ps[1]._rowwise_data.clone()  # the payload moved under the same object
-    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)
+    split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v)
     assert len(planned) == 3 and v.rowwise.data[1].data_ptr() == ps[1]._rowwise_data.data_ptr()
     assert v.rowwise.data_ptrs.tolist() == [p._rowwise_data.data_ptr() for p in ps]
 
@@ -484,17 +484,17 @@ def test_a_view_resolves_its_backend_once(installed_te: Installer, monkeypatch: 
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
     monkeypatch.setenv("TE_COMPAT_KERNEL_BACKEND", "torch")
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     monkeypatch.setenv("TE_COMPAT_KERNEL_BACKEND", "garbage")
-    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)  # reran
+    split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v)  # reran
     ps[0]._rowwise_scale_inv = ps[0]._rowwise_scale_inv.clone().random_(0, 255)  # TE moved a buffer
-    split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v)  # planned again
+    split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v)  # planned again
     assert v.refresh_plan.plans == 2 and _prepared(v).backend is mok.backend.Backend.TORCH
     assert torch.equal(v.rowwise.scales[0], spec_layout(_rows(ps[0]._rowwise_scale_inv, R, C // 32)))
     with pytest.raises(ValueError, match="environment variable TE_COMPAT_KERNEL_BACKEND"):
-        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+        split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     with pytest.raises(ValueError, match="backend: expected one of"):
-        split_weight_view(ps, rows=R, columns=C, use_mxfp8=True, cached=v, backend="garbage")
+        split_weight_view(ps, rows=R, columns=C, format="mxfp8", cached=v, backend="garbage")
 
 
 @pytest.mark.parametrize("layout", ["one class", "a tensor where another has None", "two classes"])
@@ -536,7 +536,7 @@ def test_the_guard_keeps_the_old_memory_alive(installed_te: Installer) -> None:
     allocated while the guard lives, so no later buffer can reuse its address unnoticed."""
     installed_te("2.20.2")
     ps = [T.mxfp8_tensor("2.20.2", R, C, seed=e, param=True, columnwise=False) for e in range(2)]
-    v = split_weight_view(ps, rows=R, columns=C, use_mxfp8=True)
+    v = split_weight_view(ps, rows=R, columns=C, format="mxfp8")
     scales = ps[1]._rowwise_scale_inv
     old = scales.data_ptr()
     scales.data = torch.empty(0, dtype=torch.uint8)  # what TE's clear() does
@@ -550,14 +550,14 @@ def test_a_213_group_whose_members_turn_swizzled_is_planned_again(installed_te: 
     its own. When TE swizzles the members' scales, a refresh must not convert them again."""
     installed_te("2.13.0")
     g = T.grouped_tensor("2.13.0", 2, 128, 128, mxfp8=True)
-    v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
-    grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
+    v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8")
+    grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8", cached=v)
     assert v.refresh_plan.plans == 1  # nothing changed: the prepared launch ran again
     logical = torch.stack([m._rowwise_scale_inv[:128, :4] for m in g.quantized_tensors])
     g.scale_inv.copy_(spec_layout(logical).flatten())  # TE wrote the GEMM layout in place ...
     for m in g.quantized_tensors:
         m._with_gemm_swizzled_scales = True  # ... and says so on each member
-    grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True, cached=v)
+    grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8", cached=v)
     assert v.refresh_plan.plans == 2
     assert torch.equal(v.rowwise.scales[0], spec_layout(logical))  # copied as they are, not swizzled twice
 
@@ -566,7 +566,7 @@ def test_a_layer_with_a_213_group_sees_its_members_turn_swizzled(installed_te: I
     """The same for a layer refresh: the layer's guard watches the members of a 2.13 group too."""
     installed_te("2.13.0")
     g = T.grouped_tensor("2.13.0", 2, 128, 128, mxfp8=True)
-    v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, use_mxfp8=True)
+    v = grouped_weight_view(g, num_experts=2, rows=128, columns=128, format="mxfp8")
     layer = mok.LayerRefresh([(g, v)])
     layer()
     layer()
