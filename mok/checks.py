@@ -78,13 +78,3 @@ def check_sequence(name: str, value: object, what: str, *, item_type: type[T] | 
         index = next(i for i, item in enumerate(items) if not isinstance(item, item_type))
         raise TypeError(f"{name}[{index}]: expected {what}; found {describe(items[index])}")
     return items
-
-
-def check_pairs(name: str, value: object, what: str) -> tuple[tuple[object, object], ...]:
-    """``value`` as a tuple of pairs: a sequence whose every element is a 2-item list or tuple."""
-    pairs = []
-    for index, item in enumerate(check_sequence(name, value, f"pairs ({what})")):
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise TypeError(f"{name}[{index}]: expected a pair ({what}); found {describe(item)}")
-        pairs.append((item[0], item[1]))
-    return tuple(pairs)

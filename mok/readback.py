@@ -58,7 +58,7 @@ def _from_tensor(param: object, name: str) -> torch.Tensor:
     if len(snapshot.shape) != 2:
         raise ExpertWeightError(f"expected a 2-D weight; found shape {tuple(snapshot.shape)}")
     if not snapshot.scales_swizzled:  # TE keeps them logical: a copy, never a view of TE's buffer
-        logical = block.logical_scales(d, buffer, rows, columns, f"{name} scales")[0]
+        logical = block.gemm_scales(d, buffer, rows, columns, f"{name} scales")[0]
         return d.orient(logical).clone()
     shape = layout_shape(*d.scale_matrix(rows, columns))
     layout = te_swizzled_layout(buffer.view(torch.uint8), shape, f"{name} scales")

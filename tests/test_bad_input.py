@@ -25,7 +25,7 @@ import mok
 import mok.kernels.quantize
 import te_compat
 from mok import MokError, weights
-from mok.checks import check_bool, check_index, check_int, check_pairs, check_sequence
+from mok.checks import check_bool, check_index, check_int, check_sequence
 from mok.overlap import check_no_overlap
 from te_compat import TECompatError
 from tests import te_objects as T
@@ -630,8 +630,8 @@ def test_messages_never_print_a_te_tensor(installed_te: Installer) -> None:
     p = T.mxfp8_tensor(RELEASE, ROWS, COLUMNS, param=True)
     with pytest.raises(TypeError, match=r"rows: expected an int >= 1; found a MXFP8Tensor of shape \(64, 128\)"):
         check_int("rows", p, minimum=1)
-    with pytest.raises(TypeError, match=r"entries\[0\]: expected a pair"):
-        check_pairs("entries", [p], "weights, view")
+    with pytest.raises(TypeError, match=r"entries\[0\]: expected \(weights, view\) pairs; found a MXFP8Tensor"):
+        check_sequence("entries", [p], "(weights, view) pairs", item_type=tuple)
 
 
 def test_check_bool_and_index() -> None:
@@ -648,16 +648,13 @@ def test_check_bool_and_index() -> None:
         check_index("r", True, 128)
 
 
-def test_check_sequence_and_pairs() -> None:
+def test_check_sequence() -> None:
     assert check_sequence("params", [1, 2], "ints", item_type=int) == (1, 2)
     for bad in (None, "ab", b"ab", 5, torch.zeros(3), {1, 2}):
         with pytest.raises(TypeError, match="params: expected a sequence"):
             check_sequence("params", bad, "expert parameters")
     with pytest.raises(TypeError, match=r"params\[1\]: expected expert parameters; found None"):
         check_sequence("params", [torch.zeros(1), None], "expert parameters", item_type=torch.Tensor)
-    assert check_pairs("entries", [(1, 2), [3, 4]], "weights, view") == ((1, 2), (3, 4))
-    with pytest.raises(TypeError, match=r"entries\[1\]: expected a pair"):
-        check_pairs("entries", [(1, 2), (3,)], "weights, view")
 
 
 def test_no_overlap_is_exact() -> None:

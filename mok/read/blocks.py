@@ -81,9 +81,10 @@ class BlockFormat:
             names += [str(d.data), str(d.scales)] + ([str(d.amax)] if d.amax else [])
         return tuple(names)
 
-    def logical_scales(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> torch.Tensor:
-        """The logical scale matrices ``[E, R, C]`` (uint8, no copy) of ``buffer``: one TE-padded
-        matrix, or ``[E, ...]`` of them. One strided view, no per-step views."""
+    def gemm_scales(self, d: Direction, buffer: torch.Tensor, rows: int, columns: int, name: str) -> torch.Tensor:
+        """The scale matrices ``[E, R, C]`` of ``buffer`` as the GEMMs read them (uint8, no copy;
+        columnwise, the transpose of TE's orientation, which mok.logical_scales returns): one
+        TE-padded matrix, or ``[E, ...]`` of them. One strided view, no per-step views."""
         return logical_view(*self.scale_source(d, buffer, rows, columns, name))
 
     def scale_source(
