@@ -45,7 +45,7 @@ def test_use_mxfp8_and_format_must_still_agree() -> None:
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="use_mxfp8=True contradicts format='bf16'"):
         mok.split_weight_view([torch.zeros(R, C).bfloat16()], rows=R, columns=C, use_mxfp8=True, format="bf16")
     with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="use_mxfp8: expected a bool; found 'yes'"):
-        mok.split_weight_view([torch.zeros(R, C).bfloat16()], rows=R, columns=C, use_mxfp8="yes")
+        mok.split_weight_view([torch.zeros(R, C).bfloat16()], rows=R, columns=C, use_mxfp8="yes")  # type: ignore[arg-type]
 
 
 def test_a_views_use_mxfp8_warns_naming_format() -> None:
@@ -76,6 +76,6 @@ def test_cols_keyword_warns_naming_columns(function: Callable[..., Any], args: d
 
 def test_the_deprecation_points_at_the_callers_line() -> None:
     with pytest.warns(DeprecationWarning) as caught:
-        mok.layout_shape(128, cols=4)
+        mok.layout_shape(128, cols=4)  # type: ignore[call-arg]
         mok.split_weight_view([torch.zeros(R, C).bfloat16()], rows=R, columns=C, use_mxfp8=False)
     assert {w.filename for w in caught} == {__file__}
