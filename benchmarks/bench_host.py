@@ -183,9 +183,10 @@ def grouped_case(weight: Any, experts: int, rows: int, cols: int, repeats: int) 
     refresh = host_us(lambda: mok.grouped_weight_view(weight, cached=view, **kw), repeats)
     found = {"first view": first, "refresh": refresh}
     if view.columnwise is not None:  # the drop-in's 5-tuple holds both directions
-        routed = weights._native_single_grouped_weight_view(weight, **kw)
+        upstream = {"num_experts": experts, "rows": rows, "columns": cols, "use_mxfp8": True}  # Megatron's flag
+        routed = weights._native_single_grouped_weight_view(weight, **upstream)
         found["refresh, mok.weights"] = host_us(
-            lambda: weights._native_single_grouped_weight_view(weight, cached_view=routed, **kw), repeats
+            lambda: weights._native_single_grouped_weight_view(weight, cached_view=routed, **upstream), repeats
         )
     return found
 
