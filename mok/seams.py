@@ -386,12 +386,16 @@ def megatron(name: str, fallback: Callable[..., Any]) -> Callable[..., Any]:
     return found if callable(found) else fallback
 
 
+# The storage names Megatron's module asks its steps for: TE's, as its callers' replacements expect.
+MEGATRON_NAMES = StorageNames("rowwise_data", "columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
+
+
 def seams_of(module: Mapping[str, Any]) -> Seams:
     """The steps as they are at this call: ``module``'s globals (mok.weights', whose ``_OWN``
     names its own functions) and Megatron's fp8_utils."""
     own: Mapping[str, object] = module["_OWN"]
     return Seams(
-        StorageNames("rowwise_data", "columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"),
+        MEGATRON_NAMES,
         module["_parameter_storage_attr"],
         module["_storage_view"],
         module["_single_grouped_mxfp8_scale_view"],

@@ -136,11 +136,6 @@ class ExpertWeights:
     __repr__ = _repr
 
     @property
-    def shape(self) -> Shape:
-        """``(experts, rows, columns)``, what a refresh is checked against."""
-        return Shape(self.num_experts, self.rows, self.columns)
-
-    @property
     def use_mxfp8(self) -> bool:
         """Deprecated: ``format is Format.MXFP8`` (``use_mxfp8`` is Megatron's flag, mok.weights' alone)."""
         deprecated("ExpertWeights.use_mxfp8", "ExpertWeights.format (format is mok.Format.MXFP8)")
