@@ -19,6 +19,14 @@ TE's own buffers were: padded, compact, or already swizzled) into the output alo
 
 DeepGEMM and FlashInfer read the forward (rowwise) operand only; "compact" exports both
 directions TE keeps.
+
+On a GPU an export is ONE launch of mok's export kernel (mok/kernels/mxfp8_export.cu: every
+expert, payload and scales, both directions), prepared at the first export into a set of buffers
+and kept with the export: a re-export into ``out=`` refreshes the view, checks ``out`` and
+launches, nothing more. A split view's per-expert addresses are read from the view's own device
+pointer tables, which a refresh rewrites in place. Without the kernel (CPU tensors, cuda.core
+missing, ``TE_COMPAT_KERNEL_BACKEND=torch``) the torch reference converts
+(``torch.ops.mok.mxfp8_export``, mok.export_ops).
 """
 
 from __future__ import annotations
@@ -26,26 +34,35 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from mok import door
+from mok.backend import kernel_backend
 from mok.checks import describe
 from mok.errors import ExpertWeightError, LayoutError
-from mok.export_ops import TMA_ALIGN_WORDS, TRTLLM_ALIGN, deepgemm_scales_op, trtllm_payload_op, trtllm_scales_op
+from mok.export_ops import COMPACT_SCALE_DTYPES as _SCALE_DTYPES
+from mok.export_ops import EXPORT_FIELDS as _FIELDS
+from mok.export_ops import LAYOUTS, export_op, export_shapes
 from mok.formats import Format
-from mok.ops import unswizzle_op
 from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
-from te_compat.geometry import MXFP8
-from te_compat.geometry import roundup as _roundup
 
-LAYOUTS = ("compact", "deepgemm", "flashinfer")
 _FP8 = torch.float8_e4m3fn
-_E8M0 = getattr(torch, "float8_e8m0fnu", None)  # torch >= 2.7 names the E8M0 dtype
-_SCALE_DTYPES = (torch.uint8,) if _E8M0 is None else (torch.uint8, _E8M0)
 
 
-_FIELDS = ("data", "scales", "columnwise_data", "columnwise_scales")  # MXFP8Export's buffers, in order
+class _Prepared:
+    """An export's launch, kept with its buffers: whether the kernel exports them (decided at the
+    first export, as a view decides its backend once), and the prepared launch with the key of
+    the addresses it was prepared for (a split view's pointer tables, a grouped view's tensors,
+    the buffers)."""
+
+    __slots__ = ("key", "launch", "use_kernel")
+
+    def __init__(self) -> None:
+        self.use_kernel: bool | None = None
+        self.key: tuple[Any, ...] | None = None
+        self.launch: Any = None
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -67,6 +84,7 @@ class MXFP8Export:
     columnwise_data: torch.Tensor | None = None
     columnwise_scales: torch.Tensor | None = None
     view: ExpertWeights | None = field(default=None, repr=False)
+    _prepared: _Prepared = field(default_factory=_Prepared, init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:
         parts = [f"layout={self.layout!r}", f"num_experts={self.num_experts}", f"rows={self.rows}"]
@@ -82,20 +100,7 @@ class MXFP8Export:
         return {n: t for n in _FIELDS if (t := getattr(self, n)) is not None}
 
 
-def _shapes(layout: str, e: int, n: int, k: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]]:
-    """Each field's (shape, strides; None: contiguous) in ``layout``."""
-    if layout == "flashinfer":
-        np_, kp = _roundup(n, TRTLLM_ALIGN), _roundup(k, TRTLLM_ALIGN)
-        return {"data": ((e, np_, kp), None), "scales": ((e, np_ * kp // MXFP8.block), None)}
-    if layout == "deepgemm":
-        words, aligned = _roundup(k // MXFP8.block, 4) // 4, _roundup(n, TMA_ALIGN_WORDS)
-        return {"data": ((e, n, k), None), "scales": ((e, n, words), (aligned * words, 1, aligned))}
-    return {
-        "data": ((e, n, k), None),
-        "scales": ((e, n, k // MXFP8.block), None),
-        "columnwise_data": ((e, n, k), None),
-        "columnwise_scales": ((e, n // MXFP8.block, k), None),
-    }
+_shapes = export_shapes
 
 
 def _dtype(layout: str, name: str, scale_dtype: torch.dtype) -> torch.dtype:
@@ -202,33 +207,63 @@ def _check_view(view: ExpertWeights) -> None:
             raise ExpertWeightError(f"export_mxfp8: expected MXFP8 in every direction; found {d.format.value}")
 
 
-def _batches(view: ExpertWeights, part: ViewDirection) -> list[tuple[slice, torch.Tensor, torch.Tensor]]:
-    """(experts, payload [E', N, K], scale layout of those E') per launch: one for a grouped
-    view, one per expert for a split view."""
-    assert part.scales is not None
-    if isinstance(view, GroupedExpertWeights):
-        return [(slice(0, view.num_experts), part.data[0], part.scales[0])]
-    return [(slice(e, e + 1), d.unsqueeze(0), s) for e, (d, s) in enumerate(zip(part.data, part.scales, strict=True))]
+def _directions(view: ExpertWeights, columnwise: bool) -> list[ViewDirection]:
+    return [view.rowwise, view.columnwise] if columnwise and view.columnwise is not None else [view.rowwise]
 
 
-def _convert(layout: str, view: ExpertWeights, out: dict[str, torch.Tensor], columnwise: bool) -> None:
-    directions = [("", view.rowwise)]
-    if columnwise and view.columnwise is not None:
-        directions.append(("columnwise_", view.columnwise))
-    for prefix, part in directions:
-        data, scales = out[prefix + "data"], out[prefix + "scales"]
-        for experts, payload, layout_buffer in _batches(view, part):
-            if layout == "flashinfer":
-                trtllm_payload_op(payload, data[experts])
-                trtllm_scales_op(layout_buffer, scales[experts])
-                continue
-            data[experts].copy_(payload)
-            if layout == "deepgemm":
-                deepgemm_scales_op(layout_buffer, scales[experts])
-                continue
-            logical = scales[experts].view(torch.uint8)
-            # the layout holds the matrix a GEMM reads: columnwise that is [K, N/32], TE's [N/32, K] transposed
-            unswizzle_op(layout_buffer, logical if not prefix else logical.transpose(1, 2))
+def _key(directions: list[ViewDirection], outs: list[torch.Tensor]) -> tuple[int, ...]:
+    """The addresses a prepared launch holds: each direction's pointer tables (split: their
+    contents follow TE, their addresses stay) or its grouped tensors, and the buffers."""
+    key: list[int] = []
+    for d in directions:
+        assert d.scales is not None
+        key.append(d.data[0].data_ptr() if d.data_ptrs is None else d.data_ptrs.data_ptr())
+        key.append(d.scales[0].data_ptr() if d.scale_ptrs is None else d.scale_ptrs.data_ptr())
+    key += [t.data_ptr() for t in outs]
+    return tuple(key)
+
+
+def _prepare(layout: str, directions: list[ViewDirection], outs: list[torch.Tensor]) -> Any:
+    """The launch exporting ``directions`` into ``outs``, their arguments checked once as the op
+    checks them."""
+    from mok.export_ops import _export_args
+    from mok.kernels.export_launch import ExportLaunch, Operand, export_jobs
+    from mok.layout import check_writable
+    from mok.overlap import check_no_overlap
+
+    lists = [(list(d.data), list(d.scales or ())) for d in directions]
+    columnwise = lists[1] if len(lists) > 1 else ([], [])
+    args = _export_args(*lists[0], *columnwise, outs, layout)
+    for name, t in zip(_FIELDS, outs, strict=False):
+        check_writable(t, f"out.{name}")
+    check_no_overlap(
+        outs, [t for d, s in lists for t in (*d, *s)], "export_mxfp8", out_label="out", input_label="weights"
+    )
+    operands = [Operand(d.data, d.scales or (), d.data_ptrs, d.scale_ptrs) for d in directions]
+    jobs = export_jobs(layout, operands, outs, experts=args.experts, rows=args.rows, cols=args.cols)
+    tables = [t for d in directions for t in (d.data_ptrs, d.scale_ptrs) if t is not None]
+    return ExportLaunch(jobs, outs[0].device, keep=tables)
+
+
+def _convert(
+    layout: str, view: ExpertWeights, out: dict[str, torch.Tensor], columnwise: bool, prepared: _Prepared
+) -> None:
+    """The conversion into ``out``: the prepared launch on a GPU with mok's kernel, else the op
+    (its torch reference)."""
+    directions = _directions(view, columnwise)
+    outs = [out[name] for name in _FIELDS[: 2 * len(directions)]]
+    if prepared.use_kernel is None:
+        prepared.use_kernel = outs[0].device.type == "cuda" and kernel_backend().name == "cuda"
+    if not prepared.use_kernel:
+        lists = [(list(d.data), list(d.scales or ())) for d in directions]
+        columnwise_lists = lists[1] if len(lists) > 1 else ([], [])
+        export_op(*lists[0], *columnwise_lists, outs, layout, "torch")
+        return
+    key = _key(directions, outs)
+    if key != prepared.key:
+        prepared.launch = _prepare(layout, directions, outs)
+        prepared.key = key
+    prepared.launch()
 
 
 def export_mxfp8(
@@ -283,5 +318,5 @@ def export_mxfp8(
     else:
         buffers = _check_out(out, layout, view, wanted)
         result = out if out.view is view else dataclasses.replace(out, view=view)
-    _convert(layout, view, buffers, wanted)
+    _convert(layout, view, buffers, wanted, result._prepared)
     return result

@@ -5,8 +5,7 @@ an inference engine's layout into its ``out`` argument, declared in the schema (
 as mok.ops does for the layout conversions: ``torch.compile`` traces them, ``FakeTensorMode``
 and meta tensors run their fake implementation (the argument checks, nothing written), and
 ``torch.library.opcheck`` can check them. They are pure data movement (strided copies, no
-temporary, nothing dequantised): the same torch code on the CPU and on CUDA. A CUDA kernel of
-its own waits (docs/export.md).
+temporary, nothing dequantised): the same torch code on the CPU and on CUDA.
 
 - ``mxfp8_scales_to_deepgemm(layout, out)``: DeepGEMM's MN-major, TMA-aligned, packed UE8M0
   scales. Definition: DeepGEMM ``csrc/jit_kernels/impls/smxx_layout.hpp``,
@@ -26,23 +25,39 @@ its own waits (docs/export.md).
 - ``mxfp8_payload_to_trtllm(data, out)``: the payload as Megatron's
   ``prepare_routed_mxfp8_weights`` makes it: zero-padded to ``[roundup(N, 128),
   roundup(K, 128)]``, rows permuted as above (FlashInfer's ``shuffle_matrix_a(.., 128)``).
+- ``mxfp8_export(data, scales, columnwise_data, columnwise_scales, out, layout, backend=None)``:
+  a whole export (mok.export_mxfp8's conversion) of every expert and direction: ``data`` one
+  ``[E, N, K]`` payload or E ``[N, K]`` ones, ``scales`` their 128x4 layouts (one, or one an
+  expert), the columnwise lists alike or empty, ``out`` the layout's buffers (data, scales, then
+  the columnwise ones; shapes: :func:`export_shapes`). On CUDA it is ONE launch of
+  mok/kernels/mxfp8_export.cu (where the backend is the kernel: mok.backend); on the CPU, or with
+  the torch backend, the three ops above and ``mok::unswizzle_mxfp8_scales``, per direction and
+  expert batch: the reference the kernel is tested against.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
+from mok.backend import Backend, backend_for
 from mok.checks import describe
 from mok.errors import LayoutError
-from mok.layout import COL_BLOCK, ROW_BLOCK, TILE_BYTES, check_writable
+from mok.layout import COL_BLOCK, ROW_BLOCK, TILE_BYTES, check_writable, layout_shape
+from mok.ops import unswizzle_op
 from mok.overlap import check_no_overlap
+from te_compat.geometry import MXFP8
 from te_compat.geometry import roundup as _roundup
 
 SHUFFLE_BLOCK = 32  # FlashInfer's get_shuffle_block_size(128): rows are permuted within blocks of 32
 TRTLLM_ALIGN = 128  # Megatron pads N and K of a routed weight to multiples of this
 TMA_ALIGN_WORDS = 4  # DeepGEMM's get_tma_aligned_size(R, 4): 16 bytes of int32
+LAYOUTS = ("compact", "deepgemm", "flashinfer")
+EXPORT_FIELDS = ("data", "scales", "columnwise_data", "columnwise_scales")  # an export's buffers, in order
+_E8M0 = getattr(torch, "float8_e8m0fnu", None)  # torch >= 2.7 names the E8M0 dtype
+COMPACT_SCALE_DTYPES = (torch.uint8,) if _E8M0 is None else (torch.uint8, _E8M0)
 
 
 def _tensor(value: object, name: str) -> torch.Tensor:
@@ -174,6 +189,178 @@ def _to_trtllm_payload(data: torch.Tensor, out: torch.Tensor) -> None:
     o[:, :n, :k].view(o.shape[0], blocks, 4, 8, k).copy_(src)
 
 
+def export_shapes(layout: str, e: int, n: int, k: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...] | None]]:
+    """Each buffer's (shape, strides; None: contiguous) of an export of ``e`` experts ``[n, k]``
+    in ``layout`` (the columnwise ones "compact" only)."""
+    if layout == "flashinfer":
+        np_, kp = _roundup(n, TRTLLM_ALIGN), _roundup(k, TRTLLM_ALIGN)
+        return {"data": ((e, np_, kp), None), "scales": ((e, np_ * kp // MXFP8.block), None)}
+    if layout == "deepgemm":
+        words, aligned = _roundup(k // MXFP8.block, 4) // 4, _roundup(n, TMA_ALIGN_WORDS)
+        return {"data": ((e, n, k), None), "scales": ((e, n, words), (aligned * words, 1, aligned))}
+    return {
+        "data": ((e, n, k), None),
+        "scales": ((e, n, k // MXFP8.block), None),
+        "columnwise_data": ((e, n, k), None),
+        "columnwise_scales": ((e, n // MXFP8.block, k), None),
+    }
+
+
+def scale_dtypes(layout: str) -> tuple[torch.dtype, ...]:
+    """The dtypes an export's scale buffer may have in ``layout``."""
+    return {"deepgemm": (torch.int32,), "flashinfer": (torch.uint8,)}.get(layout, COMPACT_SCALE_DTYPES)
+
+
+class ExportArgs(NamedTuple):
+    """``mxfp8_export``'s arguments, checked: ``experts`` weights ``[rows, cols]``, each
+    direction's (payloads, scale layouts), the output buffers."""
+
+    layout: str
+    experts: int
+    rows: int
+    cols: int
+    inputs: tuple[tuple[list[torch.Tensor], list[torch.Tensor]], ...]
+    outs: list[torch.Tensor]
+
+
+def _payloads(data: Sequence[torch.Tensor], name: str) -> tuple[int, int, int]:
+    """``data`` (one ``[E, N, K]`` or E ``[N, K]`` 1-byte tensors of one shape, strides and device,
+    bytes contiguous along rows) checked; (E, N, K)."""
+    if len(data) == 0:
+        raise LayoutError(f"{name}: expected one [E, N, K] payload or one [N, K] payload per expert; found none")
+    first = _tensor(data[0], f"{name}[0]")
+    if first.dim() not in (2, 3) or (first.dim() == 3 and len(data) != 1):
+        raise LayoutError(
+            f"{name}: expected one [E, N, K] payload or one [N, K] payload per expert; found {len(data)} tensors, "
+            f"the first of shape {tuple(first.shape)}"
+        )
+    for i, t in enumerate(data):
+        t = _tensor(t, f"{name}[{i}]")
+        found = (tuple(t.shape), t.stride(), t.dtype, t.device)
+        if found != (tuple(first.shape), first.stride(), first.dtype, first.device) or t.element_size() != 1:
+            raise LayoutError(
+                f"{name}[{i}]: expected a 1-byte payload like {name}[0] ({first.dtype} {tuple(first.shape)}, strides "
+                f"{first.stride()}, on {first.device}); found {t.dtype} {found[0]}, strides {found[1]}, on {t.device}"
+            )
+    if 0 in first.shape or first.stride(-1) != 1:
+        raise LayoutError(
+            f"{name}: expected non-empty payloads, bytes contiguous along rows; found shape {tuple(first.shape)}, "
+            f"strides {first.stride()}"
+        )
+    experts = first.shape[0] if first.dim() == 3 else len(data)
+    n, k = first.shape[-2:]
+    return experts, n, k
+
+
+def _layouts(scales: Sequence[torch.Tensor], count: int, experts: int, r: int, c: int, name: str) -> None:
+    """``scales``: ``count`` contiguous uint8 128x4 layouts of logical ``[r, c]``, all experts in
+    one or one an expert."""
+    if len(scales) != count:
+        raise LayoutError(f"{name}: expected {count} layout buffers, as many as the payloads; found {len(scales)}")
+    want = layout_shape(r, c, experts if count == 1 else 1)
+    for i, t in enumerate(scales):
+        t = _tensor(t, f"{name}[{i}]")
+        if tuple(t.shape) != want or t.dtype != torch.uint8 or not t.is_contiguous():
+            raise LayoutError(
+                f"{name}[{i}]: expected the contiguous uint8 128x4 layout {want} of [{r}, {c}] scales; found "
+                f"{t.dtype} {tuple(t.shape)}, strides {t.stride()}"
+            )
+
+
+def _export_args(
+    data: Sequence[torch.Tensor],
+    scales: Sequence[torch.Tensor],
+    columnwise_data: Sequence[torch.Tensor],
+    columnwise_scales: Sequence[torch.Tensor],
+    out: Sequence[torch.Tensor],
+    layout: str,
+    backend: str | None = None,
+) -> ExportArgs:
+    """Every argument of ``mxfp8_export`` checked (shapes, dtypes, strides, devices: what fake
+    tensors have too)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}; found {layout!r}")
+    experts, n, k = _payloads(data, "data")
+    if k % MXFP8.block:
+        raise LayoutError(f"data: expected K a multiple of {MXFP8.block} (one scale a 32 values); found K = {k}")
+    _layouts(scales, len(data), experts, n, k // MXFP8.block, "scales")
+    inputs = [(list(data), list(scales))]
+    if len(columnwise_data) or len(columnwise_scales):
+        if layout != "compact":
+            raise LayoutError(
+                f"columnwise_data: layout {layout!r} holds the forward (rowwise) operand only; found some"
+            )
+        if _payloads(columnwise_data, "columnwise_data") != (experts, n, k) or len(columnwise_data) != len(data):
+            raise LayoutError(
+                f"columnwise_data: expected payloads like data ({len(data)} tensors of {experts} x [{n}, {k}]); found "
+                f"{len(columnwise_data)} tensors of shape {tuple(columnwise_data[0].shape)}"
+            )
+        if n % MXFP8.block:
+            raise LayoutError(f"columnwise_data: expected N a multiple of {MXFP8.block}; found N = {n}")
+        _layouts(columnwise_scales, len(data), experts, k, n // MXFP8.block, "columnwise_scales")
+        inputs.append((list(columnwise_data), list(columnwise_scales)))
+    device, dtype = data[0].device, data[0].dtype
+    shapes = list(export_shapes(layout, experts, n, k).items())[: 2 * len(inputs)]
+    if len(out) != len(shapes):
+        raise LayoutError(f"out: expected {len(shapes)} buffers ({', '.join(s[0] for s in shapes)}); found {len(out)}")
+    for (name, (shape, strides)), t in zip(shapes, out, strict=True):
+        t = _tensor(t, f"out ({name})")
+        dtypes = (dtype,) if name.endswith("data") else scale_dtypes(layout)
+        ok_strides = t.is_contiguous() if strides is None else t.stride() == strides
+        if tuple(t.shape) != shape or t.dtype not in dtypes or not ok_strides or t.device != device:
+            where = "contiguous" if strides is None else f"strides {strides}"
+            raise LayoutError(
+                f"out ({name}): expected {' or '.join(map(str, dtypes))} {shape} ({where}) on {device}; found "
+                f"{t.dtype} {tuple(t.shape)}, strides {t.stride()}, on {t.device}"
+            )
+    return ExportArgs(layout, experts, n, k, tuple(inputs), list(out))
+
+
+def export_reference(args: ExportArgs, backend: str | None = None) -> None:
+    """What the export kernel writes, by the torch ops (any device): per direction and expert
+    batch (a grouped weight: one; per expert: one an expert)."""
+    for d, (data, scales) in enumerate(args.inputs):
+        out_data, out_scales = args.outs[2 * d], args.outs[2 * d + 1]
+        if len(data) == 1 and data[0].dim() == 3:
+            batches = [(slice(0, args.experts), data[0], scales[0])]
+        else:
+            batches = [(slice(e, e + 1), x.unsqueeze(0), s) for e, (x, s) in enumerate(zip(data, scales, strict=True))]
+        for experts, payload, layout in batches:
+            if args.layout == "flashinfer":
+                _to_trtllm_payload(payload, out_data[experts])
+                _to_trtllm_scales(layout, out_scales[experts])
+                continue
+            out_data[experts].copy_(payload)
+            if args.layout == "deepgemm":
+                _to_deepgemm(layout, out_scales[experts])
+                continue
+            logical = out_scales[experts].view(torch.uint8)
+            # the layout holds the matrix a GEMM reads: columnwise that is [K, N/32], TE's [N/32, K] transposed
+            unswizzle_op(layout, logical if d == 0 else logical.transpose(1, 2), backend)
+
+
+def _export(
+    data: Sequence[torch.Tensor],
+    scales: Sequence[torch.Tensor],
+    columnwise_data: Sequence[torch.Tensor],
+    columnwise_scales: Sequence[torch.Tensor],
+    out: Sequence[torch.Tensor],
+    layout: str,
+    backend: str | None = None,
+) -> None:
+    args = _export_args(data, scales, columnwise_data, columnwise_scales, out, layout)
+    for i, t in enumerate(args.outs):
+        check_writable(t, f"out[{i}]")
+    inputs = [t for d, s in args.inputs for t in (*d, *s)]
+    check_no_overlap(args.outs, inputs, "mxfp8_export", out_label="out", input_label="inputs")
+    if backend_for(args.outs[0].device, backend) is Backend.CUDA:
+        from mok.kernels.export_launch import cached_launch
+
+        cached_launch(args.layout, args.inputs, args.outs, experts=args.experts, rows=args.rows, cols=args.cols)()
+        return
+    export_reference(args, backend)
+
+
 _LIB = torch.library.Library("mok", "FRAGMENT")  # type: ignore[no-untyped-call]
 _OPS: tuple[tuple[str, Callable[..., None], Callable[..., object]], ...] = (
     ("mxfp8_scales_to_deepgemm(Tensor layout, Tensor(a!) out) -> ()", _to_deepgemm, _deepgemm_args),
@@ -185,20 +372,32 @@ _OPS: tuple[tuple[str, Callable[..., None], Callable[..., object]], ...] = (
 def _fake(check: Callable[..., object]) -> Callable[..., None]:
     """The fake (meta) implementation: the op's checks where sizes are known, nothing written."""
 
-    def fake(*args: torch.Tensor) -> None:
-        if all(type(n) is int for t in args for n in t.shape):
+    def fake(*args: object) -> None:
+        tensors = [t for a in args for t in (a if isinstance(a, list | tuple) else [a]) if isinstance(t, torch.Tensor)]
+        if all(type(n) is int for t in tensors for n in t.shape):
             check(*args)
 
     return fake
 
 
+_OPS += (
+    (
+        "mxfp8_export(Tensor[] data, Tensor[] scales, Tensor[] columnwise_data, Tensor[] columnwise_scales, "
+        "Tensor(a!)[] out, str layout, str? backend=None) -> ()",
+        _export,
+        _export_args,
+    ),
+)
+
+
 for _schema, _impl, _check in _OPS:
     _LIB.define(_schema)  # type: ignore[no-untyped-call]
     _name = _schema.split("(", 1)[0]
-    for _key in ("CPU", "CUDA"):  # strided copies: the same torch code on both
+    for _key in ("CPU", "CUDA"):  # the same torch code on both; mxfp8_export: the kernel on CUDA
         _LIB.impl(_name, _impl, _key)  # type: ignore[no-untyped-call]
     torch.library.register_fake(f"mok::{_name}", _fake(_check), lib=_LIB)
 
 deepgemm_scales_op = torch.ops.mok.mxfp8_scales_to_deepgemm.default
 trtllm_scales_op = torch.ops.mok.mxfp8_scales_to_trtllm.default
 trtllm_payload_op = torch.ops.mok.mxfp8_payload_to_trtllm.default
+export_op = torch.ops.mok.mxfp8_export.default
