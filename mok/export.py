@@ -44,7 +44,8 @@ from mok.checks import describe
 from mok.errors import ExpertWeightError, LayoutError
 from mok.export_ops import COMPACT_SCALE_DTYPES as _SCALE_DTYPES
 from mok.export_ops import EXPORT_FIELDS as _FIELDS
-from mok.export_ops import LAYOUTS, export_op, export_shapes
+from mok.export_ops import LAYOUTS as LAYOUTS  # re-exported: mok.export.LAYOUTS
+from mok.export_ops import export_op, export_shapes
 from mok.formats import Format
 from mok.views import ExpertWeights, GroupedExpertWeights, ViewDirection
 

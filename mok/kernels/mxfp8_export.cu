@@ -215,9 +215,14 @@ __device__ __forceinline__ void scale_unit(const ExportJob& J, const long long e
   }
 }
 
+// Resident blocks an SM the registers are allocated for: 1024 threads (64 registers a thread, no
+// spills), each with its eight 16-byte loads in flight: far more bytes in flight than an SM needs to
+// keep its share of DRAM busy, so more blocks would buy nothing a copy does not have.
+#define EX_MIN_BLOCKS (1024 / EX_THREADS)
+
 // One block a unit (the loop runs again only past the largest grid). The jobs of one export are a
 // handful (a payload and a scale job a direction): a linear search finds a unit's.
-extern "C" __global__ void __launch_bounds__(EX_THREADS)
+extern "C" __global__ void __launch_bounds__(EX_THREADS, EX_MIN_BLOCKS)
 mxfp8_export_jobs(const ExportJob* __restrict__ jobs, int njobs, long long total_units) {
   for (long long u = blockIdx.x; u < total_units; u += gridDim.x) {
     int k = 0;
