@@ -67,3 +67,35 @@ def test_vs_baseline_names_what_it_expected_of_cpus() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"expected CPUs among \[.*\]; found \[4096\]"):
         vs._cpu_set("4096")
     assert vs._cpu_set(str(min(os.sched_getaffinity(0)))) == {min(os.sched_getaffinity(0))}
+
+
+EXPORT_KEYS = {"case", "kind", "layout", "runs", "median", "spread", "kernel/copy", "export us", "refresh us"}
+
+
+def test_bench_export_dry_run_writes_every_case(tmp_path: Path) -> None:
+    """The export benchmark's dry run (CPU, tiny sizes, the torch reference) runs every kind and
+    layout and writes each run, with the machine and versions."""
+    out = tmp_path / "export.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "benchmarks/bench_export.py", "--dry-run", "--runs", "2", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "kernel/copy" in done.stdout
+    found = json.loads(out.read_text())
+    assert {"date", "machine", "torch", "args"} <= found["meta"].keys()
+    rows = found["rows"]
+    assert [(r["kind"], r["layout"]) for r in rows] == [
+        (kind, layout) for kind in ("split", "grouped") for layout in ("compact", "deepgemm", "flashinfer")
+    ]
+    for row in rows:
+        assert EXPORT_KEYS <= row.keys(), f"{row['case']}: missing {EXPORT_KEYS - row.keys()}"
+        assert len(row["runs"]["kernel ms"]) == len(row["runs"]["copy ms"]) == 2
+        assert row["kernel"] is False and row["bytes read"] > 0 and row["bytes written"] > 0
+        assert row["export us"] > 0 and row["refresh us"] > 0
+    bad = subprocess.run(
+        [*cmd[:2], "--dry-run", "--layouts", "cutlass"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (
+        bad.returncode != 0
+        and "expected some of compact,deepgemm,flashinfer joined by commas; found 'cutlass'" in bad.stderr
+    )
