@@ -274,6 +274,8 @@ class GroupedStorage(StorageSnapshot):
 
 def _positive(name: str, value: object) -> int:
     """``value`` as an int >= 1 (numpy integers too; a bool is no size)."""
+    if type(value) is int and value > 0:  # the common case, decided without the ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an int >= 1; found {describe(value)}")
     if int(value) <= 0:
