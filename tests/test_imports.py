@@ -78,6 +78,24 @@ def test_no_import_circle_inside_the_package(package: str) -> None:
     graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the circle
 
 
+def _layers(graph: dict[str, set[str]]) -> int:
+    """The longest chain of imports in ``graph`` (a module importing nothing of it is layer 1)."""
+    depth: dict[str, int] = {}
+    for module in graphlib.TopologicalSorter(graph).static_order():  # each after what it imports
+        depth[module] = 1 + max((depth[d] for d in graph[module]), default=0)
+    return max(depth.values())
+
+
+def test_mok_is_at_most_nine_layers_deep() -> None:
+    """docs/architecture.md: mok's imports form at most 9 layers, so a module's place in the house
+    is found by following a few arrows down."""
+    assert _layers(_import_graph("mok")) <= 9
+
+
+def test_the_layer_count_can_fail() -> None:
+    assert _layers({"a": {"b"}, "b": {"c"}, "c": set()}) == 3
+
+
 def test_the_circle_check_can_fail() -> None:
     with pytest.raises(graphlib.CycleError):
         graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).prepare()
