@@ -252,18 +252,20 @@ def _payloads(data: Sequence[torch.Tensor], name: str) -> tuple[int, int, int]:
     return experts, n, k
 
 
-def _layouts(scales: Sequence[torch.Tensor], count: int, experts: int, r: int, c: int, name: str) -> None:
-    """``scales``: ``count`` contiguous uint8 128x4 layouts of logical ``[r, c]``, all experts in
-    one or one an expert."""
+def _layouts(
+    scales: Sequence[torch.Tensor], count: int, experts: int, r: int, c: int, name: str, device: torch.device
+) -> None:
+    """``scales``: ``count`` contiguous uint8 128x4 layouts of logical ``[r, c]`` on ``device``
+    (the payloads'), all experts in one or one an expert."""
     if len(scales) != count:
         raise LayoutError(f"{name}: expected {count} layout buffers, as many as the payloads; found {len(scales)}")
     want = layout_shape(r, c, experts if count == 1 else 1)
     for i, t in enumerate(scales):
         t = _tensor(t, f"{name}[{i}]")
-        if tuple(t.shape) != want or t.dtype != torch.uint8 or not t.is_contiguous():
+        if tuple(t.shape) != want or t.dtype != torch.uint8 or not t.is_contiguous() or t.device != device:
             raise LayoutError(
-                f"{name}[{i}]: expected the contiguous uint8 128x4 layout {want} of [{r}, {c}] scales; found "
-                f"{t.dtype} {tuple(t.shape)}, strides {t.stride()}"
+                f"{name}[{i}]: expected the contiguous uint8 128x4 layout {want} of [{r}, {c}] scales on {device}; "
+                f"found {t.dtype} {tuple(t.shape)}, strides {t.stride()}, on {t.device}"
             )
 
 
@@ -283,23 +285,28 @@ def _export_args(
     experts, n, k = _payloads(data, "data")
     if k % MXFP8.block:
         raise LayoutError(f"data: expected K a multiple of {MXFP8.block} (one scale a 32 values); found K = {k}")
-    _layouts(scales, len(data), experts, n, k // MXFP8.block, "scales")
+    device, dtype = data[0].device, data[0].dtype
+    _layouts(scales, len(data), experts, n, k // MXFP8.block, "scales", device)
     inputs = [(list(data), list(scales))]
     if len(columnwise_data) or len(columnwise_scales):
         if layout != "compact":
             raise LayoutError(
                 f"columnwise_data: layout {layout!r} holds the forward (rowwise) operand only; found some"
             )
-        if _payloads(columnwise_data, "columnwise_data") != (experts, n, k) or len(columnwise_data) != len(data):
+        # the outputs have data's dtype (the reference's copy_ would convert another) and device
+        found = _payloads(columnwise_data, "columnwise_data")
+        first = columnwise_data[0]
+        same = (first.dtype, first.device) == (dtype, device)
+        if found != (experts, n, k) or len(columnwise_data) != len(data) or not same:
             raise LayoutError(
-                f"columnwise_data: expected payloads like data ({len(data)} tensors of {experts} x [{n}, {k}]); found "
-                f"{len(columnwise_data)} tensors of shape {tuple(columnwise_data[0].shape)}"
+                f"columnwise_data: expected payloads like data ({dtype} on {device}, {len(data)} tensors of {experts} "
+                f"x [{n}, {k}]); found {first.dtype} on {first.device}, {len(columnwise_data)} tensors of shape "
+                f"{tuple(first.shape)}"
             )
         if n % MXFP8.block:
             raise LayoutError(f"columnwise_data: expected N a multiple of {MXFP8.block}; found N = {n}")
-        _layouts(columnwise_scales, len(data), experts, k, n // MXFP8.block, "columnwise_scales")
+        _layouts(columnwise_scales, len(data), experts, k, n // MXFP8.block, "columnwise_scales", device)
         inputs.append((list(columnwise_data), list(columnwise_scales)))
-    device, dtype = data[0].device, data[0].dtype
     shapes = list(export_shapes(layout, experts, n, k).items())[: 2 * len(inputs)]
     if len(out) != len(shapes):
         raise LayoutError(f"out: expected {len(shapes)} buffers ({', '.join(s[0] for s in shapes)}); found {len(out)}")

@@ -299,3 +299,27 @@ def test_export_op_fake_checks_arguments_and_writes_nothing() -> None:
     assert all(torch.equal(a, b) for a, b in zip(args[4], before, strict=True))
     with pytest.raises(ValueError, match="layout: expected one of 'compact', 'deepgemm', 'flashinfer'; found 'x'"):
         torch.ops.mok.mxfp8_export(*args[:5], "x")
+
+
+def test_export_op_refuses_inputs_on_another_device_or_of_another_dtype() -> None:
+    """The CUDA implementation launches on addresses: scales, or a columnwise direction, on
+    another device than the payloads would be read there as device memory. And the reference
+    copies payloads with copy_, which converts values between dtypes: a columnwise payload of
+    another dtype than the rowwise one (whose dtype the outputs have) would be converted."""
+    with FakeTensorMode():  # the checks the CUDA implementation runs
+        args = _op_args("deepgemm", device="cuda")
+        args[1] = [torch.empty_like(t, device="cpu") for t in args[1]]
+        with pytest.raises(LayoutError, match=r"scales\[0\]: expected .* on cuda"):
+            torch.ops.mok.mxfp8_export(*args)
+        args = _op_args("compact", device="cuda")
+        args[2] = [torch.empty_like(t, device="cpu") for t in args[2]]
+        with pytest.raises(LayoutError, match=r"columnwise_data: expected payloads like data .* on cuda"):
+            torch.ops.mok.mxfp8_export(*args)
+        args = _op_args("compact", device="cuda")
+        args[3] = [torch.empty_like(t, device="cpu") for t in args[3]]
+        with pytest.raises(LayoutError, match=r"columnwise_scales\[0\]: expected .* on cuda"):
+            torch.ops.mok.mxfp8_export(*args)
+    args = _op_args("compact")
+    args[2] = [t.view(torch.float8_e4m3fn) for t in args[2]]  # rowwise uint8, columnwise float8
+    with pytest.raises(LayoutError, match=r"columnwise_data: expected payloads like data \(torch.uint8"):
+        torch.ops.mok.mxfp8_export(*args)
