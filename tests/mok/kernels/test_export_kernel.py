@@ -30,8 +30,9 @@ from tests.emulator import emulate_export as EE
 Installer = Callable[..., None]
 SOURCE = Path(L.__file__).with_name(L.SOURCE_NAME)
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
-# padded: N not a multiple of 128, K not a multiple of 128, K/32 (5, 9) not a multiple of 4; N/32 (3, 5) neither
-SHAPES = [(96, 160), (160, 288)]
+# padded: N not a multiple of 128, K not a multiple of 128, K/32 (5, 9) not a multiple of 4; N/32 (3, 5) neither;
+# then aligned (N/32 and K/32 multiples of 4: compact rowwise scales stored as whole words)
+SHAPES = [(96, 160), (160, 288), (128, 256)]
 EXPERTS = 3
 
 
@@ -213,19 +214,20 @@ PLANTS = [
     ("      if (r >= R) continue;\n", "", "deepgemm"),  # DeepGEMM's gap rows written
     ("if (4 * g + x < C) store_global", "store_global", "compact"),  # scales past C
     ("if (n >= (unsigned)J.rows || c >= K) continue;", "if (c >= K) continue;", "flashinfer"),  # padding rows read
+    # compact rowwise scales as whole words (K/32 a multiple of 4 only): their byte order
+    ("        store_global(out, w);\n", "        store_global(out, w >> 8 | w << 24);\n", "compact", (128, 256)),
 ]
 
 
 @needs_gxx
-@pytest.mark.parametrize(("line", "change", "layout"), PLANTS)
-def test_a_planted_fault_is_caught(
-    tmp_path: Path, installed_te: Installer, line: str, change: str, layout: str
-) -> None:
+@pytest.mark.parametrize("plant", PLANTS)
+def test_a_planted_fault_is_caught(tmp_path: Path, installed_te: Installer, plant: tuple[Any, ...]) -> None:
     installed_te("2.20.2")
+    line, change, layout, (n, k) = (*plant, (96, 160)) if len(plant) == 3 else plant
     planted = SOURCE.read_text().replace(line, change)
     assert planted != SOURCE.read_text(), line
     (tmp_path / L.SOURCE_NAME).write_text(planted)
-    result = _export("split", layout, 96, 160)
+    result = _export("split", layout, n, k)
     assert result.view is not None
     columnwise = result.columnwise_data is not None
     inputs = EE.lists_of(result.view, columnwise)
