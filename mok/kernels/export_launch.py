@@ -36,6 +36,8 @@ DEFAULT_CONFIG = ExportConfig()  # the shape every launch takes (tests emulate s
 _lock = threading.Lock()
 _kernels: dict[tuple[int, ExportConfig], Any] = {}
 _launches: OrderedDict[tuple[Any, ...], ExportLaunch] = OrderedDict()
+# launches a CUDA graph captured: a replay reads their descriptor tables, so they are never evicted
+_captured: dict[tuple[Any, ...], ExportLaunch] = {}
 
 
 class Operand(NamedTuple):
@@ -238,7 +240,8 @@ def cached_launch(
     grouped or per expert) into ``outs``: prepared at the first call for their addresses (per-expert
     tensors get pointer tables of their own), then found by them. What torch.ops.mok.mxfp8_export
     runs on CUDA; mok.export_mxfp8 keeps its own launch with each export instead (a split view's
-    tables, no key over every expert's tensors)."""
+    tables, no key over every expert's tensors). A launch found while a CUDA graph captures is
+    kept for the process's life: the graph reads its descriptor table at every replay."""
     device = outs[0].device
     tensors = [t for data, scales in inputs for t in (*data, *scales)]
     key = (
@@ -251,9 +254,14 @@ def cached_launch(
         tuple((t.data_ptr(), t.stride(), tuple(t.shape)) for t in outs),
     )
     with _lock:
+        hit = _captured.get(key)
+        if hit is not None:
+            return hit
         hit = _launches.get(key)
         if hit is not None:
             _launches.move_to_end(key)
+            if torch.cuda.is_current_stream_capturing():  # kept as long as the graph may replay it
+                _captured[key] = hit
             return hit
     operands: list[Operand] = []
     keep: list[torch.Tensor] = []

@@ -325,3 +325,40 @@ def test_export_op_refuses_inputs_on_another_device_or_of_another_dtype() -> Non
     args[2] = [t.view(torch.float8_e4m3fn) for t in args[2]]  # rowwise uint8, columnwise float8
     with pytest.raises(LayoutError, match=r"columnwise_data: expected payloads like data \(torch.uint8"):
         torch.ops.mok.mxfp8_export(*args)
+
+
+def test_a_launch_captured_in_a_cuda_graph_is_never_evicted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.ops.mok.mxfp8_export's prepared launches are kept in an LRU cache; a CUDA graph that
+    captured one reads its descriptor table at every replay, so the launch (and the table) must
+    outlive any number of later exports into other buffers, not be evicted and freed."""
+    import weakref
+
+    made = [0]
+
+    class Launch:  # ExportLaunch without a device: counts the launches prepared
+        def __init__(self, jobs: Any, device: torch.device, **kw: Any) -> None:
+            made[0] += 1
+
+    monkeypatch.setattr(L, "ExportLaunch", Launch)
+    monkeypatch.setattr(L, "_launches", type(L._launches)())
+    monkeypatch.setattr(L, "_captured", {})
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    inputs = [([torch.zeros(2, 32, 32, dtype=torch.uint8)], [torch.zeros(layout_shape(32, 1, 2), dtype=torch.uint8)])]
+
+    def export(outs: list[torch.Tensor]) -> Any:
+        return L.cached_launch("compact", inputs, outs, experts=2, rows=32, cols=32)
+
+    captured_outs = _outs("compact", 2, 32, 32, 1)
+    first = export(captured_outs)  # prepared before capture
+    capturing[0] = True
+    assert export(captured_outs) is first  # the launch a graph captures
+    capturing[0] = False
+    alive = weakref.ref(first)
+    del first
+    others = [_outs("compact", 2, 32, 32, 1) for _ in range(L._CACHE_SIZE + 8)]
+    for outs in others:  # later exports into other buffers
+        export(outs)
+    assert made[0] == 1 + len(others)
+    assert alive() is not None, "the captured launch was evicted: a graph replay would read a freed table"
+    assert export(captured_outs) is alive()
