@@ -77,27 +77,29 @@ class DirectionGeometry:
         for rowwise, swapped for columnwise."""
         return (rows, columns) if self.rowwise else (columns, rows)
 
-    @lru_cache(maxsize=4096)  # noqa: B019  asked per tensor of every view; the instances live for good
+    # typed: a question in floats or numpy ints (equal to ints, and hashed alike) is cached apart,
+    # so that its answer in those types is never the answer to an int question
+    @lru_cache(maxsize=4096, typed=True)  # noqa: B019  asked per tensor of every view; the instances live for good
     def payload_shape(self, rows: int, columns: int) -> tuple[int, int]:
         """TE's payload of a ``[rows, columns]`` weight (packed: the last dim holds ``packing``
         values an element)."""
         r, c = (columns, rows) if self.transposed else (rows, columns)
         return r, c // self.packing
 
-    @lru_cache(maxsize=4096)  # noqa: B019  asked per tensor of every view; the instances live for good
+    @lru_cache(maxsize=4096, typed=True)  # noqa: B019  asked per tensor of every view; the instances live for good
     def scale_matrix(self, rows: int, columns: int) -> tuple[int, int]:
         """``[R, C]``: the scale matrix of a ``[rows, columns]`` weight as a GEMM reads it (and
         as the 128x4 layout holds it), R the operand's rows, C its scales per row."""
         r, c = self._along(rows, columns)
         return r, -(-c // self.block)  # scales a row: values over block, rounded up
 
-    @lru_cache(maxsize=4096)  # noqa: B019  asked per tensor of every view; the instances live for good
+    @lru_cache(maxsize=4096, typed=True)  # noqa: B019  asked per tensor of every view; the instances live for good
     def buffer_matrix(self, rows: int, columns: int) -> tuple[int, int]:
         """The same matrix in the orientation of TE's buffer (its unpadded corner)."""
         r, c = self.scale_matrix(rows, columns)
         return (c, r) if self.scales_transposed else (r, c)
 
-    @lru_cache(maxsize=4096)  # noqa: B019  asked per tensor of every view; the instances live for good
+    @lru_cache(maxsize=4096, typed=True)  # noqa: B019  asked per tensor of every view; the instances live for good
     def scale_buffer(self, rows: int, columns: int) -> tuple[int, int]:
         """TE's padded scale allocation for one ``[rows, columns]`` weight, in its orientation."""
         r, c = self.scale_matrix(rows, columns)
@@ -125,7 +127,7 @@ class DirectionGeometry:
         round (a view, no copy), else ``matrices`` itself. Its own inverse."""
         return matrices.transpose(-1, -2) if self.scales_transposed else matrices
 
-    @lru_cache(maxsize=4096)  # noqa: B019  asked per tensor of every view; the instances live for good
+    @lru_cache(maxsize=4096, typed=True)  # noqa: B019  asked per tensor of every view; the instances live for good
     def grouped_offsets(self, experts: int, rows: int, columns: int) -> tuple[int, ...]:
         """Where each of ``experts`` experts' scales start in a GroupedTensor's flat buffer
         (bytes, expert-major), and where the last ends: E + 1 offsets."""
