@@ -66,21 +66,29 @@ class Capabilities:
     def missing(self, *features: str) -> dict[str, str]:
         """Feature -> why it is unavailable, for each of ``features`` that is. The features of
         ``TE_FEATURES`` are all missing while TE is present but not usable (its import failed)."""
+        return self._missing(features)
+
+    def require(self, *features: str) -> None:
+        """Raise MissingFeatureError naming every missing feature and why."""
+        missing = self._missing(features)
+        if missing:
+            raise MissingFeatureError(describe_missing(missing))
+
+    def _missing(self, features: tuple[str, ...]) -> dict[str, str]:
+        """:meth:`missing`'s answer, for :meth:`missing` and :meth:`require`: a deprecated
+        feature warns at the line that called either of them."""
         out: dict[str, str] = {}
         for name in features:
             check = FEATURES.get(name) if isinstance(name, str) else None
             if check is None:
                 raise ValueError(f"unknown feature {describe(name)}; expected one of {', '.join(FEATURES)}")
+            if name in _DEPRECATED_FEATURES:
+                # this frame, then missing() or require(), then their caller
+                warnings.warn(_DEPRECATED_FEATURES[name], DeprecationWarning, stacklevel=3)
             ok, why = check(self)
             if not ok:
                 out[name] = why
         return out
-
-    def require(self, *features: str) -> None:
-        """Raise MissingFeatureError naming every missing feature and why."""
-        missing = self.missing(*features)
-        if missing:
-            raise MissingFeatureError(describe_missing(missing))
 
 
 def describe_missing(missing: dict[str, str]) -> str:
@@ -123,19 +131,20 @@ def _selftest(c: Capabilities) -> tuple[bool, str]:
 
 
 def _cuda_kernel(c: Capabilities) -> tuple[bool, str]:
-    """Deprecated (one release): mok's kernel is mok's to describe, ``mok.kernel_backend("cuda")``."""
-    warnings.warn(
-        "te_compat's 'cuda_kernel' feature is deprecated; use mok.kernel_backend('cuda'), which raises "
-        "MissingFeatureError saying what mok's kernel lacks",
-        DeprecationWarning,
-        stacklevel=3,  # the caller of missing(), or require()
-    )
+    """Deprecated (one release): mok's kernel is mok's to describe, ``mok.kernel_backend("cuda")``.
+    :meth:`Capabilities.missing` and :meth:`Capabilities.require` warn (:data:`_DEPRECATED_FEATURES`)."""
     return (
         c.cuda_core and c.cuda_device is not None,
         f"mok's CUDA kernel needs cuda.core ({'present' if c.cuda_core else 'pip install te-compat[cuda]'}) "
         f"and a CUDA device ({c.cuda_device or 'none visible to torch'})",
     )
 
+
+# deprecated features: what asking for one warns
+_DEPRECATED_FEATURES = {
+    "cuda_kernel": "te_compat's 'cuda_kernel' feature is deprecated; use mok.kernel_backend('cuda'), which raises "
+    "MissingFeatureError saying what mok's kernel lacks",
+}
 
 _CHECKS: dict[str, Callable[[Capabilities], tuple[bool, str]]] = {
     "te": lambda c: (c.te_usable, _te_reason(c) or "transformer_engine is usable"),

@@ -522,3 +522,14 @@ def test_mok_s_device_facts_are_mok_s_and_te_compat_s_names_deprecated() -> None
         DeprecationWarning, match=r"'cuda_kernel' feature is deprecated; use mok.kernel_backend\('cuda'\)"
     ):
         caps.missing("cuda_kernel")
+
+
+def test_the_cuda_kernel_deprecation_points_at_the_callers_line() -> None:
+    """Through missing() and require() alike, the warning names the caller's line (where Python's
+    default filters show a DeprecationWarning), not te_compat's."""
+    caps = te_compat.capabilities(import_te=False, verify=False)
+    with pytest.warns(DeprecationWarning, match="'cuda_kernel' feature is deprecated") as caught:
+        caps.missing("cuda_kernel")
+        with contextlib.suppress(te_compat.MissingFeatureError):
+            caps.require("cuda_kernel")
+    assert [w.filename for w in caught] == [__file__] * 2
