@@ -117,9 +117,14 @@ def layout_offset(r: int, c: int, rows: int, columns: int) -> int:
     return ((r // 128) * (cp // 4) + c // 4) * TILE_BYTES + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
 
 
-def _as_uint8(t: torch.Tensor, name: str) -> torch.Tensor:
+def check_scale_dtype(t: torch.Tensor, name: str) -> None:
+    """``t`` holds scales: uint8, or E8M0 where torch has it (LayoutError naming its dtype)."""
     if t.dtype not in _SCALE_DTYPES:
         raise LayoutError(f"{name}: expected uint8 (E8M0) scales; found dtype {t.dtype} of shape {tuple(t.shape)}")
+
+
+def _as_uint8(t: torch.Tensor, name: str) -> torch.Tensor:
+    check_scale_dtype(t, name)
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 

@@ -27,7 +27,7 @@ import torch
 from mok.checks import describe
 from mok.errors import ExpertWeightError, LayoutError
 from mok.formats import Format
-from mok.layout import as_batch
+from mok.layout import as_batch, check_scale_dtype
 from mok.read.blocks import BLOCK_OF_KIND, BLOCKS, BlockFormat, Direction, block_format
 from mok.read.reading import (
     CallerRead,
@@ -400,6 +400,8 @@ def _group_direction(
         data, (experts, *d.payload_shape(rows, columns)), dtype=block.payload_dtype, name=f"{name} data"
     )
     flat = gs.need(d.scales)
+    if isinstance(flat, torch.Tensor):  # scales, not any 1-byte dtype (te_compat's view takes any)
+        check_scale_dtype(flat, f"{name} scales")
     try:
         padded = grouped_scale_buffers(
             flat, experts, rows, columns, kind=block.kind, direction=d.name, name=f"{name} scales"
