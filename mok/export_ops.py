@@ -7,21 +7,32 @@ and meta tensors run their fake implementation (the argument checks, nothing wri
 ``torch.library.opcheck`` can check them. They are pure data movement (strided copies, no
 temporary, nothing dequantised): the same torch code on the CPU and on CUDA.
 
-- ``mxfp8_scales_to_deepgemm(layout, out)``: DeepGEMM's MN-major, TMA-aligned, packed UE8M0
-  scales. Definition: DeepGEMM ``csrc/jit_kernels/impls/smxx_layout.hpp``,
+- ``mxfp8_scales_to_deepgemm(layout, out, columns=None)``: DeepGEMM's MN-major, TMA-aligned,
+  packed UE8M0 scales. Definition: DeepGEMM ``csrc/jit_kernels/impls/smxx_layout.hpp``,
   ``get_mn_major_tma_aligned_packed_ue8m0_tensor_torch`` (its reference): one int32 per 4
   consecutive scales of a row (byte ``j`` holds scale ``4g + j``, the rest of the last word 0),
   shape ``[E, R, ceil(C/4)]``, strides ``(aR * ceil(C/4), 1, aR)`` with ``aR = roundup(R, 4)``
   (``get_tma_aligned_size(R, 4)``, ``csrc/utils/math.hpp``). ``out`` is that strided tensor;
   the rows ``R..aR`` of its storage are the caller's (mok.export allocates them zeroed).
-- ``mxfp8_scales_to_trtllm(layout, out)``: the scales of FlashInfer's TRT-LLM routed MoE
-  (``trtllm_fp8_block_scale_routed_moe``, ``WeightLayout.MajorK``) as Megatron-Core builds
-  them: ``megatron/core/inference/moe/flashinfer_mxfp8.py``, ``_shuffle_routed_scale`` over the
-  logical matrix zero-padded to ``[roundup(R, 128), roundup(C, 4)]``: rows permuted within
-  blocks of 32 by FlashInfer's ``get_shuffle_matrix_a_row_indices(.., 128)``
-  (``flashinfer/utils.py``: row ``o`` of a block goes to ``srcToDstBlk32RowMap[o] = (o % 4) * 8
-  + o // 4``), then ``_block_scale_interleave``, which is the 128x4 layout itself. So the result
-  is the view's layout with its 32 lanes permuted. ``out`` is uint8 ``[E, Rp * Cp]``.
+  ``columns`` is the logical C: the bytes of the last word past it are written 0, whatever the
+  layout's padding holds (None: C is ``Cp``, the layout's padding copied as it is: right only
+  for a layout whose padding is zero, as mok's own conversions leave it).
+- ``mxfp8_scales_to_trtllm(layout, out, rows=None, columns=None)``: the scales of FlashInfer's
+  TRT-LLM routed MoE (``trtllm_fp8_block_scale_routed_moe``, ``WeightLayout.MajorK``) as
+  Megatron-Core builds them: ``megatron/core/inference/moe/flashinfer_mxfp8.py``,
+  ``_shuffle_routed_scale`` over the logical matrix zero-padded to ``[roundup(R, 128),
+  roundup(C, 4)]``: rows permuted within blocks of 32 by FlashInfer's
+  ``get_shuffle_matrix_a_row_indices(.., 128)`` (``flashinfer/utils.py``: row ``o`` of a block
+  goes to ``srcToDstBlk32RowMap[o] = (o % 4) * 8 + o // 4``), then ``_block_scale_interleave``,
+  which is the 128x4 layout itself. So the result is the view's layout with its 32 lanes
+  permuted, and its bytes of rows past R or columns past C (``rows``, ``columns``: the logical
+  ``[R, C]``; None, the padded ones) written 0. ``out`` is uint8 ``[E, Rp * Cp]``.
+
+The layout's padding is zero where mok converted the scales, but not where TE keeps them in the
+GEMM layout itself (2.12+'s swizzled flag): the view is then TE's bytes, padding as TE left it.
+The owners' references always write zeros there (and FlashInfer's zero K padding would turn an
+0xFF, E8M0's NaN, into NaN), so the export writes zeros past the logical matrix, never the
+layout's padding.
 - ``mxfp8_payload_to_trtllm(data, out)``: the payload as Megatron's
   ``prepare_routed_mxfp8_weights`` makes it: zero-padded to ``[roundup(N, 128),
   roundup(K, 128)]``, rows permuted as above (FlashInfer's ``shuffle_matrix_a(.., 128)``).
@@ -87,7 +98,21 @@ def _layout_tiles(layout: object, experts: int) -> tuple[torch.Tensor, int, int]
     return t.view(experts, blocks, shape[1], TILE_BYTES), blocks * ROW_BLOCK, shape[1] * COL_BLOCK
 
 
-def _deepgemm_args(layout: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _extent(value: int | None, padded: int, block: int, name: str) -> int:
+    """A logical extent of a layout padded to ``padded`` (a multiple of ``block``): ``value``,
+    checked to pad to it, or ``padded`` where None."""
+    if value is None:
+        return padded
+    if type(value) is not int or value < 1 or _roundup(value, block) != padded:
+        raise LayoutError(
+            f"{name}: expected the logical {name} of the layout, padded to {padded} {name}; found {value!r}"
+        )
+    return value
+
+
+def _deepgemm_args(
+    layout: torch.Tensor, out: torch.Tensor, columns: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     o = _tensor(out, "out")
     if o.dim() != 3 or o.dtype != torch.int32 or 0 in o.shape:
         raise LayoutError(
@@ -109,11 +134,11 @@ def _deepgemm_args(layout: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tenso
         )
     if layout.device != o.device:
         raise LayoutError(f"out: expected device {layout.device} (the layout's); found {o.device}")
-    return tiles, o
+    return tiles, o, _extent(columns, cp, COL_BLOCK, "columns")
 
 
-def _to_deepgemm(layout: torch.Tensor, out: torch.Tensor) -> None:
-    tiles, o = _deepgemm_args(layout, out)
+def _to_deepgemm(layout: torch.Tensor, out: torch.Tensor, columns: int | None = None) -> None:
+    tiles, o, c = _deepgemm_args(layout, out, columns)
     check_writable(o, "out")
     check_no_overlap([o], [layout], "mxfp8_scales_to_deepgemm", out_label="out", input_label="layout")
     experts, rows, words = o.shape
@@ -134,9 +159,13 @@ def _to_deepgemm(layout: torch.Tensor, out: torch.Tensor) -> None:
     if lanes:
         dst = o.as_strided((experts, lanes, words), (se, sr, sg), start + groups * 32 * sr)
         dst.copy_(src[:, full, groups, :lanes])
+    if c % COL_BLOCK:  # the last word's bytes past C: the layout's padding columns, written 0
+        o[:, :, -1].bitwise_and_((1 << 8 * (c % COL_BLOCK)) - 1)
 
 
-def _trtllm_scale_args(layout: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _trtllm_scale_args(
+    layout: torch.Tensor, out: torch.Tensor, rows: int | None = None, columns: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     o = _tensor(out, "out")
     if o.dim() != 2 or o.dtype != torch.uint8 or o.shape[0] == 0:
         raise LayoutError(f"out: expected uint8 scales [E, Rp*Cp]; found dtype {o.dtype}, shape {tuple(o.shape)}")
@@ -146,16 +175,36 @@ def _trtllm_scale_args(layout: torch.Tensor, out: torch.Tensor) -> tuple[torch.T
             f"out: expected a contiguous uint8 [{o.shape[0]}, {rp * cp}] on {layout.device} (a layout padded to "
             f"[{rp}, {cp}] per expert); found shape {tuple(o.shape)}, strides {o.stride()}, device {o.device}"
         )
-    return tiles, o
+    return tiles, o, _extent(rows, rp, ROW_BLOCK, "rows"), _extent(columns, cp, COL_BLOCK, "columns")
 
 
-def _to_trtllm_scales(layout: torch.Tensor, out: torch.Tensor) -> None:
-    tiles, o = _trtllm_scale_args(layout, out)
+def _to_trtllm_scales(
+    layout: torch.Tensor, out: torch.Tensor, rows: int | None = None, columns: int | None = None
+) -> None:
+    tiles, o, r, c = _trtllm_scale_args(layout, out, rows, columns)
     check_writable(o, "out")
     check_no_overlap([o], [layout], "mxfp8_scales_to_trtllm", out_label="out", input_label="layout")
     # lane n of a tile holds row 32k + n; Megatron's shuffled row n is source row (n % 8) * 4 + n // 8
     src = tiles.view(-1, 8, 4, 16).transpose(1, 2)  # [tiles, n // 8, n % 8, 16]
     o.view(-1, 4, 8, 16).copy_(src)
+    _zero_trtllm_padding(o, tiles.shape[1] * ROW_BLOCK, tiles.shape[2] * COL_BLOCK, r, c)
+
+
+def _zero_trtllm_padding(o: torch.Tensor, rp: int, cp: int, r: int, c: int) -> None:
+    """Zero the bytes of ``o`` (TRT-LLM scales ``[E, Rp * Cp]``) of rows >= ``r`` or columns >=
+    ``c``: a few strided slices of the edge tiles. Byte ``4i + j`` of output lane ``8y + x`` of tile
+    ``(b, g)`` holds row ``128b + 32i + 4x + y`` (source lane ``4x + y``), column ``4g + j``."""
+    v = o.view(o.shape[0], rp // ROW_BLOCK, cp // COL_BLOCK, 4, 8, 4, 4).permute(0, 1, 2, 5, 4, 3, 6)  # [E,b,g,i,x,y,j]
+    if c % COL_BLOCK:
+        v[:, :, -1, :, :, :, c % COL_BLOCK :].zero_()
+    tail = r - (rp - ROW_BLOCK)  # rows of the last 128-row slab
+    if tail < ROW_BLOCK:
+        i, lane = divmod(tail, 32)
+        x, y = divmod(lane, 4)
+        last = v[:, -1]  # [E, g, i, x, y, j]
+        last[:, :, i + 1 :].zero_()
+        last[:, :, i, x + 1 :].zero_()
+        last[:, :, i, x, y:].zero_()
 
 
 def _trtllm_payload_args(data: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,13 +382,14 @@ def export_reference(args: ExportArgs, backend: str | None = None) -> None:
         else:
             batches = [(slice(e, e + 1), x.unsqueeze(0), s) for e, (x, s) in enumerate(zip(data, scales, strict=True))]
         for experts, payload, layout in batches:
+            # flashinfer and deepgemm: rowwise only, the logical [N, K/32] (padding written 0)
             if args.layout == "flashinfer":
                 _to_trtllm_payload(payload, out_data[experts])
-                _to_trtllm_scales(layout, out_scales[experts])
+                _to_trtllm_scales(layout, out_scales[experts], args.rows, args.cols // MXFP8.block)
                 continue
             out_data[experts].copy_(payload)
             if args.layout == "deepgemm":
-                _to_deepgemm(layout, out_scales[experts])
+                _to_deepgemm(layout, out_scales[experts], args.cols // MXFP8.block)
                 continue
             logical = out_scales[experts].view(torch.uint8)
             # the layout holds the matrix a GEMM reads: columnwise that is [K, N/32], TE's [N/32, K] transposed
@@ -370,8 +420,12 @@ def _export(
 
 _LIB = torch.library.Library("mok", "FRAGMENT")  # type: ignore[no-untyped-call]
 _OPS: tuple[tuple[str, Callable[..., None], Callable[..., object]], ...] = (
-    ("mxfp8_scales_to_deepgemm(Tensor layout, Tensor(a!) out) -> ()", _to_deepgemm, _deepgemm_args),
-    ("mxfp8_scales_to_trtllm(Tensor layout, Tensor(a!) out) -> ()", _to_trtllm_scales, _trtllm_scale_args),
+    ("mxfp8_scales_to_deepgemm(Tensor layout, Tensor(a!) out, int? columns=None) -> ()", _to_deepgemm, _deepgemm_args),
+    (
+        "mxfp8_scales_to_trtllm(Tensor layout, Tensor(a!) out, int? rows=None, int? columns=None) -> ()",
+        _to_trtllm_scales,
+        _trtllm_scale_args,
+    ),
     ("mxfp8_payload_to_trtllm(Tensor data, Tensor(a!) out) -> ()", _to_trtllm_payload, _trtllm_payload_args),
 )
 

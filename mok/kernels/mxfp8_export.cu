@@ -15,7 +15,11 @@
 //                   y*8 + x takes src lane x*4 + y: TRT-LLM's Major-K scales are the layout with
 //                   FlashInfer's row shuffle applied to its lanes). Only r < R, c < C are written
 //                   by BYTES and WORDS: an output's own padding (DeepGEMM's aligned rows) is left
-//                   as the caller allocated it.
+//                   as the caller allocated it. The layout's padding (r >= R or c >= C) is never
+//                   copied: TE's own GEMM-layout scales (2.12+) hold there whatever TE left, and
+//                   the owners' references write 0. WORDS writes a row's last word's bytes past C
+//                   as 0, TILES every byte of an edge tile's rows past R or columns past C as 0:
+//                   a mask decided per tile (interior tiles are copied as they are).
 // Expert e reads src + e*src_es (a grouped weight), or with EX_INDIRECT the e-th address of the
 // device array at src (a split view's own pointer table, which a refresh rewrites in place when TE
 // moves a buffer: a prepared launch, and a CUDA graph that captured it, follow), and writes
@@ -189,18 +193,28 @@ __device__ __forceinline__ void scale_unit(const ExportJob& J, const long long e
     const int t = warp + j * EX_WARPS;
     if (t >= count) continue;
     const long long tile = first + t;
+    const int b = (int)(tile / per_row), g = (int)(tile - (long long)b * per_row);
+    // the bytes of scales c < C of this tile's columns; all four but in the last column of tiles
+    const unsigned cmask = 4 * g + 4 <= C ? ~0u : (1u << 8 * (C - 4 * g)) - 1u;
     if (kind == EX_SCALE_TILES) {  // lane x*4 + y goes to lane y*8 + x
-      store16(dst + tile * 512 + ((lane & 3) * 8 + (lane >> 2)) * 16, v[j], 16, dvec);
+      uint4 w = v[j];
+      if (128 * b + 128 > R || cmask != ~0u) {  // an edge tile: its padding written 0, not copied
+        const int r = 128 * b + lane;
+        w.x = r < R ? w.x & cmask : 0u;
+        w.y = r + 32 < R ? w.y & cmask : 0u;
+        w.z = r + 64 < R ? w.z & cmask : 0u;
+        w.w = r + 96 < R ? w.w & cmask : 0u;
+      }
+      store16(dst + tile * 512 + ((lane & 3) * 8 + (lane >> 2)) * 16, w, 16, dvec);
       continue;
     }
-    const int b = (int)(tile / per_row), g = (int)(tile - (long long)b * per_row);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = 128 * b + 32 * i + lane;
       if (r >= R) continue;
       const unsigned w = word_of(v[j], i);
-      if (kind == EX_SCALE_WORDS) {  // whole words: the layout's zero padding columns included
-        store_global(dst + (long long)r * J.dst_rs + (long long)g * J.dst_cs, w);
+      if (kind == EX_SCALE_WORDS) {  // whole words, the bytes past C written 0 (the layout's padding)
+        store_global(dst + (long long)r * J.dst_rs + (long long)g * J.dst_cs, w & cmask);
         continue;
       }
       unsigned char* out = dst + (long long)r * J.dst_rs + (long long)(4 * g) * J.dst_cs;

@@ -8,7 +8,9 @@ launches (mok.kernels.export_launch.export_jobs) on CPU tensors: a split view's 
 tables, a grouped view's tensors, or lists of tensors with tables made here. Every output buffer's
 whole storage is filled with MARK before the run, for the kernel and for the reference
 (torch.ops.mok.mxfp8_export's CPU implementation) alike, and compared whole: a byte left
-unwritten, or written where it should not be (DeepGEMM's gap rows), shows. It checks the planning,
+unwritten, or written where it should not be (DeepGEMM's gap rows), shows; and a layout's padding
+copied into an output shows when inputs whose padding is not zero (TE's own GEMM-layout scales)
+export otherwise than the same inputs with zero padding. It checks the planning,
 addressing and access widths without a GPU; not speed, and not a hardware rule the model lacks
 (tests/gpu/test_export_gpu.py is the judge).
 """
@@ -147,9 +149,9 @@ def check(
     grid: int = 0,
     what: str = "",
     kernel_dir: Path = KERNEL_DIR,
-) -> None:
+) -> list[torch.Tensor]:
     """The emulated kernel (on ``operands``: by default tables made here) and the reference, each
-    into its own marked copy of ``outs_like``'s buffers, compared whole."""
+    into its own marked copy of ``outs_like``'s buffers, compared whole; the kernel's buffers."""
     columnwise = inputs[1] if len(inputs) > 1 else ([], [])
     got = [marked_like(t) for t in outs_like]
     want = [marked_like(t) for t in outs_like]
@@ -159,3 +161,4 @@ def check(
     jobs = export_jobs(layout, ops, got, experts=args.experts, rows=args.rows, cols=args.cols)
     run(jobs, [t for d, s in inputs for t in (*d, *s)], got, config, grid, kernel_dir)
     compare(got, want, f"{what} ({layout}, {config}, grid {grid})")
+    return got

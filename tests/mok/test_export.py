@@ -81,14 +81,15 @@ def _deepgemm_reference(scales: torch.Tensor) -> torch.Tensor:
     return transposed[:, :mn, :]
 
 
-def _cublas_layout(s: torch.Tensor) -> torch.Tensor:
+def _cublas_layout(s: torch.Tensor, fill: int = 0) -> torch.Tensor:
     """The spec's 128x4 layout of one logical ``[R, C]``: byte
-    ``((r//128)*(Cp//4) + c//4)*512 + (r%32)*16 + ((r%128)//32)*4 + c%4``, padding 0."""
+    ``((r//128)*(Cp//4) + c//4)*512 + (r%32)*16 + ((r%128)//32)*4 + c%4``, padding ``fill``
+    (0 where mok swizzles; whatever TE left there where TE swizzled)."""
     r, c = s.shape
     rp, cp = _roundup(r, 128), _roundup(c, 4)
     rr, cc = torch.meshgrid(torch.arange(r), torch.arange(c), indexing="ij")
     offset = ((rr // 128) * (cp // 4) + cc // 4) * 512 + (rr % 32) * 16 + ((rr % 128) // 32) * 4 + cc % 4
-    out = torch.zeros(rp * cp, dtype=torch.uint8)
+    out = torch.full((rp * cp,), fill, dtype=torch.uint8)
     out[offset.flatten()] = s.flatten()
     return out
 
@@ -241,6 +242,61 @@ def test_swizzled_input_exports_the_same(installed_te: Installer, shape: tuple[i
     _check(result, ref)
 
 
+PAD = 0xFF  # E8M0's NaN: what TE may have left in the padding of a layout it swizzled itself
+PADDED_SHAPES = [(96, 160), (160, 288)]  # rowwise [96, 5], [160, 9]; columnwise [160, 3], [288, 5]
+
+
+def _swizzled_with_padding(kind: str, n: int, k: int) -> tuple[Any, dict[str, torch.Tensor], int]:
+    """TE-swizzled weights (split or grouped, 3 experts) whose scales hold the logical bytes of
+    plain fakes in the 128x4 layout, with every padding byte (rows past R, columns past C) PAD;
+    the logical bytes; the padding bytes in all."""
+    if kind == "split":
+        plain = _experts(n, k)
+        ref = _stack([_te_expert(p, n, k) for p in plain])
+        weights: Any = _experts(n, k, swizzled=True)
+        for x, q in enumerate(weights):
+            rows = _cublas_layout(ref["scales"][x], PAD)
+            q._rowwise_scale_inv = rows.view(q._rowwise_scale_inv.shape)
+            columns = _cublas_layout(ref["columnwise_scales"][x].t(), PAD)
+            q._columnwise_scale_inv = columns.view(q._columnwise_scale_inv.shape)
+    else:
+        ref = _te_grouped(fake_grouped((3, n, k), format="mxfp8", param=True, seed=7), 3, n, k)
+        weights = fake_grouped((3, n, k), format="mxfp8", param=True, seed=7, swizzled=True)
+        rows = torch.cat([_cublas_layout(s, PAD) for s in ref["scales"]])
+        weights.scale_inv.view(torch.uint8).copy_(rows.view(weights.scale_inv.shape))
+        columns = torch.cat([_cublas_layout(s.t(), PAD) for s in ref["columnwise_scales"]])
+        weights.columnwise_scale_inv.view(torch.uint8).copy_(columns.view(weights.columnwise_scale_inv.shape))
+    matrices = [(n, k // 32), (k, n // 32)]  # the GEMM's [R, C] of each direction
+    padding = 3 * sum(_roundup(r, 128) * _roundup(c, 4) - r * c for r, c in matrices)
+    return weights, ref, padding
+
+
+@pytest.mark.parametrize("layout", mok.export.LAYOUTS)
+@pytest.mark.parametrize("shape", PADDED_SHAPES)
+@pytest.mark.parametrize("kind", ["split", "grouped"])
+def test_te_swizzled_padding_is_exported_as_zero(
+    installed_te: Installer, kind: str, shape: tuple[int, int], layout: str
+) -> None:
+    """Scales TE already keeps in the GEMM layout are the view's layout as TE left it: its
+    padding is not guaranteed zero (here every padding byte is 0xFF, E8M0's NaN). The owners'
+    references always write zeros there (Megatron-Core zero-pads the logical scales before
+    shuffling them; DeepGEMM packs a row's last word with zeros), and FlashInfer multiplies its
+    zero K padding by them: an export writes zeros, whatever the layout holds, and so matches
+    the references built from the logical bytes. compact never reads the padding."""
+    installed_te("2.20.2")
+    n, k = shape
+    weights, ref, padding = _swizzled_with_padding(kind, n, k)
+    _distinct(ref)
+    if kind == "split":
+        result = export_mxfp8(weights, rows=n, columns=k, layout=layout)
+    else:
+        result = export_mxfp8(weights, rows=n, columns=k, layout=layout, num_experts=3)
+    assert result.view is not None and result.view.columnwise is not None
+    held = [t for d in (result.view.rowwise, result.view.columnwise) for t in d.scales or ()]
+    assert sum(int((t == PAD).sum()) for t in held) >= padding > 0  # the view's layouts hold TE's padding
+    _check(result, ref)
+
+
 @pytest.mark.parametrize("layout", mok.export.LAYOUTS)
 def test_out_rewrites_the_same_buffers_and_follows_reassigned_buffers(installed_te: Installer, layout: str) -> None:
     installed_te("2.20.2")
@@ -360,11 +416,12 @@ def test_refuses_wrong_out(installed_te: Installer) -> None:
 # --------------------------------------------------------------------------------- the ops
 
 
-def _layouts(e: int, r: int, c: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random logical scales [E, R, C] and their 128x4 layout [E*Rp/128, Cp/4, 32, 16], built here."""
+def _layouts(e: int, r: int, c: int, seed: int, fill: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random logical scales [E, R, C] and their 128x4 layout [E*Rp/128, Cp/4, 32, 16], built here,
+    padding ``fill``."""
     g = torch.Generator().manual_seed(seed)
     s = torch.randint(0, 256, (e, r, c), dtype=torch.uint8, generator=g)
-    layout = torch.stack([_cublas_layout(x) for x in s]).view(-1, _roundup(c, 4) // 4, 32, 16)
+    layout = torch.stack([_cublas_layout(x, fill) for x in s]).view(-1, _roundup(c, 4) // 4, 32, 16)
     return s, layout
 
 
@@ -382,6 +439,22 @@ def test_deepgemm_op_any_rows(e: int, r: int, c: int) -> None:
     assert torch.equal(out, want) and torch.equal(_storage(out), _storage(want))
 
 
+@pytest.mark.parametrize(("e", "r", "c"), [(1, 1, 1), (2, 33, 5), (2, 130, 8), (3, 256, 7), (2, 96, 6)])
+def test_deepgemm_op_writes_zeros_past_the_logical_columns(e: int, r: int, c: int) -> None:
+    """Given the logical columns, the spare bytes of a row's last word are 0 whatever the
+    layout's padding holds (TE's own GEMM layout: here 0xFF), as DeepGEMM packs them."""
+    s, layout = _layouts(e, r, c, seed=r, fill=PAD)
+    out = _deepgemm_out(e, r, c)
+    torch.ops.mok.mxfp8_scales_to_deepgemm(layout, out, c)
+    want = _deepgemm_reference(s)
+    assert torch.equal(out, want) and torch.equal(_storage(out), _storage(want))
+    again = _deepgemm_out(e, r, c)
+    torch.ops.mok.mxfp8_scales_to_deepgemm(layout, again, columns=c)
+    assert torch.equal(again, want)
+    with pytest.raises(LayoutError, match=rf"columns: expected .* padded to {_roundup(c, 4)} columns; found {c + 4}"):
+        torch.ops.mok.mxfp8_scales_to_deepgemm(layout, again, c + 4)
+
+
 @pytest.mark.parametrize(("e", "r", "c"), [(1, 32, 1), (2, 160, 5), (2, 256, 8)])
 def test_trtllm_scale_op(e: int, r: int, c: int) -> None:
     s, layout = _layouts(e, r, c, seed=c)
@@ -389,6 +462,28 @@ def test_trtllm_scale_op(e: int, r: int, c: int) -> None:
     torch.ops.mok.mxfp8_scales_to_trtllm(layout, out)
     data = torch.zeros(e, r, c * 32, dtype=torch.uint8)
     assert torch.equal(out, _flashinfer_reference(data, s)[1])
+
+
+@pytest.mark.parametrize(("e", "r", "c"), [(1, 1, 1), (1, 32, 1), (2, 96, 5), (2, 160, 9), (2, 256, 8), (1, 127, 3)])
+def test_trtllm_scale_op_writes_zeros_past_the_logical_matrix(e: int, r: int, c: int) -> None:
+    """Given the logical [R, C], every byte of rows past R or columns past C is 0 whatever the
+    layout's padding holds (here 0xFF), as Megatron-Core's zero-padded logical scales give."""
+    s, layout = _layouts(e, r, c, seed=c, fill=PAD)
+    out = torch.full((e, _roundup(r, 128) * _roundup(c, 4)), 0xAB, dtype=torch.uint8)
+    torch.ops.mok.mxfp8_scales_to_trtllm(layout, out, r, c)
+    logical = torch.zeros(e, _roundup(r, 128), c, dtype=torch.uint8)
+    logical[:, :r] = s
+    want = torch.stack([_shuffle_routed_scale(_pad_columns(x)) for x in logical])
+    assert torch.equal(out, want)
+    with pytest.raises(LayoutError, match=r"rows: expected .* padded to \d+ rows; found"):
+        torch.ops.mok.mxfp8_scales_to_trtllm(layout, out, r + 128, c)
+
+
+def _pad_columns(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [Rp, C] zero-padded to [Rp, roundup(C, 4)] (Megatron-Core's logical scales)."""
+    out = torch.zeros(x.shape[0], _roundup(x.shape[1], 4), dtype=torch.uint8)
+    out[:, : x.shape[1]] = x
+    return out
 
 
 def test_ops_opcheck_and_fake_checks() -> None:

@@ -207,6 +207,61 @@ def test_emulated_export_of_unaligned_per_expert_tensors(layout: str) -> None:
         EE.check(layout, inputs, _outs(layout, 4, n, k, directions), config=config, what="unaligned")
 
 
+PAD = 0xFF  # E8M0's NaN: what TE may have left in the padding of a layout it swizzled itself
+
+
+def _layout_of(s: torch.Tensor, fill: int) -> torch.Tensor:
+    """The 128x4 layout [Rp/128, Cp/4, 32, 16] of one logical [R, C], from the spec's byte offset
+    ``((r//128)*(Cp//4) + c//4)*512 + (r%32)*16 + ((r%128)//32)*4 + c%4``, padding ``fill``."""
+    r, c = s.shape
+    rp, cp = -(-r // 128) * 128, -(-c // 4) * 4
+    rr, cc = torch.meshgrid(torch.arange(r), torch.arange(c), indexing="ij")
+    offset = ((rr // 128) * (cp // 4) + cc // 4) * 512 + (rr % 32) * 16 + ((rr % 128) // 32) * 4 + cc % 4
+    out = torch.full((rp * cp,), fill, dtype=torch.uint8)
+    out[offset.flatten()] = s.flatten()
+    return out.view(layout_shape(r, c))
+
+
+def _inputs_with_padding(
+    kind: str, n: int, k: int, directions: int, fill: int, seed: int = 5
+) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """Random payloads and logical scales of EXPERTS weights [n, k] (the same for any ``fill``),
+    their layouts' padding bytes ``fill``: a split weight's lists of one tensor an expert, or a
+    grouped weight's one [E, N, K] payload and one layout; ``directions`` 1 (rowwise) or 2."""
+    g = torch.Generator().manual_seed(seed)
+    found = []
+    for r, c in [(n, k // 32), (k, n // 32)][:directions]:
+        data = torch.randint(0, 256, (EXPERTS, n, k), dtype=torch.uint8, generator=g)
+        logical = torch.randint(0, 255, (EXPERTS, r, c), dtype=torch.uint8, generator=g)  # no 0xFF: PAD shows
+        layouts = [_layout_of(s, fill) for s in logical]
+        if kind == "grouped":
+            found.append(([data], [torch.cat(layouts)]))
+        else:
+            found.append((list(data.clone().unbind(0)), layouts))
+    return found
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape", [(96, 160), (160, 288)], ids=str)
+@pytest.mark.parametrize("kind", ["split", "grouped"])
+@pytest.mark.parametrize("layout", mok.export.LAYOUTS)
+def test_emulated_export_writes_zeros_for_the_layouts_padding(layout: str, kind: str, shape: tuple[int, int]) -> None:
+    """Layouts whose padding is 0xFF (TE's own GEMM-layout scales hold whatever TE left there)
+    export exactly as the same logical scales with zero padding (the owners' references: zeros
+    past R and C), by the kernel and by the reference alike, whole buffers compared."""
+    n, k = shape
+    directions = 2 if layout == "compact" else 1
+    padded = _inputs_with_padding(kind, n, k, directions, PAD)
+    zero = _inputs_with_padding(kind, n, k, directions, 0)
+    assert all(int((s == PAD).sum()) > 0 for _, scales in padded for s in scales)
+    outs = _outs(layout, EXPERTS, n, k, directions)
+    for config in EE.CONFIGS:
+        what = f"{kind} {n}x{k}"
+        got = EE.check(layout, padded, outs, config=config, what=f"{what}, padding 0xff")
+        want = EE.check(layout, zero, outs, config=config, what=f"{what}, padding 0")
+        EE.compare(got, want, f"{what} ({layout}, {config}): padding 0xff against padding 0")
+
+
 # Faults planted in a copy of the kernel, each with the layout whose check must show it.
 PLANTS = [
     ("((lane & 3) * 8 + (lane >> 2))", "((lane & 7) * 4 + (lane >> 3))", "flashinfer"),  # the lane permutation
@@ -233,6 +288,28 @@ def test_a_planted_fault_is_caught(tmp_path: Path, installed_te: Installer, plan
     inputs = EE.lists_of(result.view, columnwise)
     with pytest.raises(AssertionError, match="differs at|violations"):
         EE.check(layout, inputs, list(result.tensors.values()), kernel_dir=tmp_path, what="planted")
+
+
+# Faults in the masking of the layout's padding, each with the layout whose check must show it
+# on inputs of 96 x 160 whose padding is 0xFF (rowwise [96, 5]: a partial slab and a partial column).
+PADDING_PLANTS = [
+    ("w & cmask);", "w);", "deepgemm"),  # a row's last word copied whole
+    ("if (128 * b + 128 > R || cmask != ~0u) {", "if (false) {", "flashinfer"),  # edge tiles copied whole
+    ("w.w = r + 96 < R ? w.w & cmask : 0u;", "w.w = w.w & cmask;", "flashinfer"),  # rows past R copied
+    ("w.y = r + 32 < R ? w.y & cmask : 0u;", "w.y = r + 32 < R ? w.y : 0u;", "flashinfer"),  # columns past C
+]
+
+
+@needs_gxx
+@pytest.mark.parametrize("plant", PADDING_PLANTS)
+def test_a_planted_padding_fault_is_caught(tmp_path: Path, plant: tuple[str, str, str]) -> None:
+    line, change, layout = plant
+    planted = SOURCE.read_text().replace(line, change)
+    assert planted != SOURCE.read_text(), line
+    (tmp_path / L.SOURCE_NAME).write_text(planted)
+    inputs = _inputs_with_padding("split", 96, 160, 1, PAD)
+    with pytest.raises(AssertionError, match="differs at"):
+        EE.check(layout, inputs, _outs(layout, EXPERTS, 96, 160, 1), kernel_dir=tmp_path, what="planted")
 
 
 # ---------------------------------------------------------------------------------------- the op
