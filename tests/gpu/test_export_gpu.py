@@ -1,7 +1,8 @@
 """mok.export_mxfp8 on a CUDA device: the export kernel (one launch a call) writes exactly what the
 CPU reference writes, byte for byte, for every layout, split and grouped, padded shapes; a
 re-export into ``out=`` after the weights change keeps the addresses and equals a fresh export;
-the prepared launch replays in a CUDA graph."""
+the prepared launch replays in a CUDA graph; TE's own GEMM-layout scales whose padding is not zero
+export zeros past the logical scales."""
 
 from __future__ import annotations
 
@@ -120,6 +121,72 @@ def test_kernel_export_equals_the_cpu_reference(layout: str, kind: str, shape: t
     torch.ops.mok.mxfp8_export(*_lists(result), outs, layout)
     torch.cuda.synchronize()
     _equal_storages(outs, _cpu_reference(result, marked=True), f"{layout} {kind} {shape} (op, marked)")
+
+
+PAD = 0xFF  # E8M0's NaN: what TE may have left in the padding of a layout it swizzled itself
+
+
+def _roundup(v: int, m: int) -> int:
+    return (v + m - 1) // m * m
+
+
+def _layout_of(s: torch.Tensor, fill: int) -> torch.Tensor:
+    """The 128x4 layout (flat bytes) of one logical [R, C], from the spec's byte offset, padding ``fill``."""
+    r, c = s.shape
+    rp, cp = _roundup(r, 128), _roundup(c, 4)
+    rr, cc = torch.meshgrid(torch.arange(r), torch.arange(c), indexing="ij")
+    offset = ((rr // 128) * (cp // 4) + cc // 4) * 512 + (rr % 32) * 16 + ((rr % 128) // 32) * 4 + cc % 4
+    out = torch.full((rp * cp,), fill, dtype=torch.uint8)
+    out[offset.flatten()] = s.cpu().flatten()
+    return out
+
+
+def _te_swizzled_with_padding(kind: str, n: int, k: int) -> Any:
+    """TE-swizzled weights (2.12+'s flag) holding the payloads and logical scales of
+    ``_weights(kind, n, k)``, their scales in the 128x4 layout with every padding byte PAD."""
+    plain = _weights(kind, n, k)
+    if kind == "split":
+        weights = [fake_mxfp8((n, k), param=True, seed=e, device=CUDA, swizzled=True) for e in range(EXPERTS)]
+        for p, q in zip(plain, weights, strict=True):
+            rows = _layout_of(p._rowwise_scale_inv.view(torch.uint8)[:n, : k // 32], PAD)
+            q._rowwise_scale_inv = rows.to(CUDA).view(q._rowwise_scale_inv.dtype).view(q._rowwise_scale_inv.shape)
+            columns = _layout_of(p._columnwise_scale_inv.view(torch.uint8)[: n // 32, :k].t(), PAD)
+            shape, dtype = q._columnwise_scale_inv.shape, q._columnwise_scale_inv.dtype
+            q._columnwise_scale_inv = columns.to(CUDA).view(dtype).view(shape)
+            assert torch.equal(p._rowwise_data.view(torch.uint8), q._rowwise_data.view(torch.uint8))
+        return weights
+    g = fake_grouped((EXPERTS, n, k), format="mxfp8", param=True, seed=7, device=CUDA, swizzled=True)
+    rp, rc, cp, cc = _roundup(n, 128), _roundup(k // 32, 4), _roundup(n // 32, 4), _roundup(k, 128)
+    rows = plain.scale_inv.view(torch.uint8).view(EXPERTS, rp, rc)[:, :n, : k // 32]
+    columns = plain.columnwise_scale_inv.view(torch.uint8).view(EXPERTS, cp, cc)[:, : n // 32, :k]
+    g.scale_inv.view(torch.uint8).copy_(torch.cat([_layout_of(x, PAD) for x in rows]).view(g.scale_inv.shape))
+    layouts = torch.cat([_layout_of(x.t(), PAD) for x in columns])
+    g.columnwise_scale_inv.view(torch.uint8).copy_(layouts.view(g.columnwise_scale_inv.shape))
+    return g
+
+
+@pytest.mark.parametrize("shape", [(96, 160), (160, 288)], ids=str)
+@pytest.mark.parametrize("kind", ["split", "grouped"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_te_swizzled_padding_is_exported_as_zero(layout: str, kind: str, shape: tuple[int, int]) -> None:
+    """TE's own GEMM-layout scales whose layout padding is 0xFF (rows past R, columns past C):
+    the kernel exports them exactly as the same logical bytes in TE's plain buffers (which mok
+    swizzles itself, padding 0), and as the CPU reference does: zeros past the logical matrix."""
+    n, k = shape
+    swizzled = _export(_te_swizzled_with_padding(kind, n, k), layout, n, k)
+    assert swizzled._prepared.use_kernel is True, "the export did not take mok's kernel"
+    assert swizzled.view is not None
+    held = [t for d in swizzled.view.directions for t in d.scales or ()]
+    assert any(bool((t == PAD).any()) for t in held)  # the view's layouts hold TE's padding
+    plain = _export(_weights(kind, n, k), layout, n, k)
+    torch.cuda.synchronize()
+    what = f"{layout} {kind} {shape}"
+    _equal_storages(list(swizzled.tensors.values()), list(plain.tensors.values()), f"{what}: 0xff padding vs plain")
+    _equal_storages(list(swizzled.tensors.values()), _cpu_reference(swizzled, marked=False), f"{what} vs CPU")
+    outs = [_marked(t, CUDA) for t in swizzled.tensors.values()]  # through the op, into marked buffers
+    torch.ops.mok.mxfp8_export(*_lists(swizzled), outs, layout)
+    torch.cuda.synchronize()
+    _equal_storages(outs, _cpu_reference(swizzled, marked=True), f"{what} (op, marked)")
 
 
 @pytest.mark.parametrize("kind", ["split", "grouped"])
