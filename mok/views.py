@@ -168,6 +168,8 @@ class SplitExpertWeights(ExpertWeights):
 
 def _view_shape(shape: object) -> tuple[int, ...]:
     """``shape`` checked: a sequence of ints >= 0 (a -1 would let torch infer, not check, a size)."""
+    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):  # the usual case, checked at C speed
+        return shape
     dims = check_sequence("shape", shape, "ints (the view's sizes)")
     return tuple(check_int(f"shape[{i}]", d) for i, d in enumerate(dims))
 
@@ -184,11 +186,12 @@ def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dt
     shape = _view_shape(shape)
     if not isinstance(storage, torch.Tensor):
         raise ExpertWeightError(f"{name}: expected a torch.Tensor; found {describe(storage)}")
-    if storage.dtype != dtype and not (storage.dtype == torch.uint8 and dtype.itemsize == 1):
+    found = storage.dtype
+    if found != dtype and not (found == torch.uint8 and dtype.itemsize == 1):
         raise ExpertWeightError(
             f"{name}: expected dtype {dtype}"
             + (" (or uint8 to reinterpret)" if dtype.itemsize == 1 else "")
-            + f"; found {storage.dtype}"
+            + f"; found {found}"
         )
     if not storage.is_contiguous():
         raise ExpertWeightError(
@@ -201,10 +204,12 @@ def storage_view(storage: torch.Tensor, shape: Sequence[int], *, dtype: torch.dt
             f"{name}: expected {count} elements for shape {tuple(shape)}; found {storage.numel()} "
             f"(shape {tuple(storage.shape)})"
         )
-    view = storage.detach()  # the view's own tensor, outside autograd: a refresh may re-point it
-    if storage.dtype != dtype:
+    # the view's own tensor, outside autograd (a refresh may re-point it): a dtype view of a tensor
+    # that requires no grad is already a new tensor with no history; anything else is detached first
+    view = storage if found != dtype and not storage.requires_grad else storage.detach()
+    if found != dtype:
         view = view.view(dtype)
-    return view if tuple(view.shape) == tuple(shape) else view.view(tuple(shape))
+    return view if view.shape == shape else view.view(shape)
 
 
 _dtype, _shape = attrgetter("dtype"), attrgetter("shape")

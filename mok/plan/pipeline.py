@@ -99,8 +99,10 @@ def _allocate(sources: Sequence[ScaleSource], r: int, c: int) -> tuple[torch.Ten
     """One buffer for every source's layout, split per source (expert-major)."""
     counts = [geometry[0][0] for geometry in map(_geometry, sources)]  # each source's experts
     whole = empty_layout(r, c, sum(counts), sources[0].te_buffer.device, sources[0].name)
+    if len(counts) == 1:  # one source (a grouped weight's direction): its buffer is the whole
+        return (whole,)
     per_expert_tiles = layout_shape(r, c)[0]
-    return tuple(torch.split(whole, [n * per_expert_tiles for n in counts]))
+    return tuple(whole.split_with_sizes([n * per_expert_tiles for n in counts]))  # C, not torch.split's Python
 
 
 class Move(NamedTuple):
@@ -456,7 +458,7 @@ def _new_quantized_view(reader: Reader[V], snapshot: Snapshot, backend: str | No
 
     def direction(d: Direction, data: torch.Tensor, scales: torch.Tensor) -> ViewDirection:
         payloads = tuple(data.unbind(0)) if tables else (data,)
-        layouts = tuple(torch.split(scales, scales.shape[0] // experts)) if tables else (scales,)
+        layouts = tuple(scales.split_with_sizes([scales.shape[0] // experts] * experts)) if tables else (scales,)
         source = DirectionSource(d, Format.MXFP8, payloads, (), None)
         return _view_direction(source, ScaleSlots(layouts, False), tables)
 
