@@ -440,6 +440,7 @@ def rows_for(kind: TensorKind) -> tuple[StorageRow, ...]:
     return tuple(r for r in ROWS if r.kind is kind)
 
 
+@cache  # a constant of this table, asked at every quantised view (the rule of the installed release)
 def checked_through() -> Version:
     """The newest TE release the table was checked against (matrix/releases.toml's last)."""
     return Version(CHECKED_THROUGH)

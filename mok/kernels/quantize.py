@@ -178,7 +178,10 @@ def check_outputs(out: QuantizeOutputs, source: Source, *, swizzled: bool) -> Qu
                 f"found {found if found else type(t).__name__}"
             )
         check_writable(t, f"out.{name}")
-    check_no_overlap(list(out), list(source.experts), "quantize", out_label="out", input_label="src")
+    # one [E, R, C] source without gaps covers exactly its experts' bytes: one span, not E
+    grouped = source.grouped
+    inputs = [grouped] if grouped is not None and grouped.is_contiguous() else list(source.experts)
+    check_no_overlap(list(out), inputs, "quantize", out_label="out", input_label="src")
     return out
 
 
