@@ -8,6 +8,7 @@ counts as 2.14, because it has 2.14's classes; a fork's ``0.1.0+te2.9.0`` counts
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import re
@@ -67,7 +68,12 @@ def parse_te_version(raw: str) -> Version:
 
 def release_of(version: Version) -> Version:
     """The plain release a build stands for: 2.14.0.dev0+abc -> 2.14.0."""
-    return Version(".".join(str(p) for p in version.release))
+    return _plain_release(version.release)
+
+
+@functools.lru_cache(maxsize=64)  # asked per quantised view; keyed by the segments as written (2.13 is not 2.13.0 here)
+def _plain_release(parts: tuple[int, ...]) -> Version:
+    return Version(".".join(map(str, parts)))
 
 
 def _read_installed() -> tuple[str | None, str | None]:
