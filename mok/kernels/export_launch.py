@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 
 from mok.errors import LayoutError
-from mok.kernels import include_path
+from mok.kernels import compiled_once, include_path
 from mok.kernels.export_jobs import ExportConfig, ExportJob, describe, payload_job, scale_job
 from mok.kernels.streams import CurrentStream
 from mok.layout import padded_shape
@@ -160,18 +160,9 @@ def compile_export(arch: str, config: ExportConfig = DEFAULT_CONFIG) -> Any:
 
 def _kernel(index: int, config: ExportConfig) -> Any:
     """The kernel compiled for device ``index`` (once per device and shape, thread-safe)."""
-    key = (index, config)
-    hit = _kernels.get(key)
-    if hit is None:
-        with _lock:
-            hit = _kernels.get(key)
-            if hit is None:
-                from cuda.core import Device
-
-                Device(index).set_current()
-                major, minor = torch.cuda.get_device_capability(index)
-                hit = _kernels[key] = compile_export(f"sm_{major}{minor}", config).get_kernel(KERNEL_NAME)
-    return hit
+    return compiled_once(
+        _kernels, (index, config), index, lambda arch: compile_export(arch, config).get_kernel(KERNEL_NAME)
+    )
 
 
 def upload(values: Sequence[int], device: torch.device) -> torch.Tensor:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -25,7 +24,7 @@ import torch
 
 from mok.checks import describe
 from mok.errors import LayoutError
-from mok.kernels import include_path
+from mok.kernels import compiled_once, include_path
 from mok.kernels.abi import QuantizeFlag, quantize_macros
 from mok.kernels.streams import CurrentStream
 from mok.layout import check_writable, layout_shape, new_buffers, swizzle_reference
@@ -215,27 +214,19 @@ class Compiled(NamedTuple):
     resident: int
 
 
-_lock = threading.Lock()
 _kernels: dict[tuple[int, QuantizeConfig], Compiled] = {}
 
 
 def _kernel(index: int, config: QuantizeConfig) -> Compiled:
     """The kernel compiled for device ``index`` (once per device and configuration, thread-safe)."""
-    key = (index, config)
-    hit = _kernels.get(key)
-    if hit is None:
-        with _lock:
-            hit = _kernels.get(key)
-            if hit is None:
-                from cuda.core import Device
 
-                Device(index).set_current()
-                major, minor = torch.cuda.get_device_capability(index)
-                kernel = compile_quantize(f"sm_{major}{minor}", config).get_kernel(KERNEL_NAME)
-                per_sm = kernel.occupancy.max_active_blocks_per_multiprocessor(config.threads, 0)
-                sms = torch.cuda.get_device_properties(index).multi_processor_count
-                hit = _kernels[key] = Compiled(kernel, max(1, per_sm) * sms)
-    return hit
+    def build(arch: str) -> Compiled:
+        kernel = compile_quantize(arch, config).get_kernel(KERNEL_NAME)
+        per_sm = kernel.occupancy.max_active_blocks_per_multiprocessor(config.threads, 0)
+        sms = torch.cuda.get_device_properties(index).multi_processor_count
+        return Compiled(kernel, max(1, per_sm) * sms)
+
+    return compiled_once(_kernels, (index, config), index, build)
 
 
 def flags_for(
