@@ -101,9 +101,6 @@ class MXFP8Export:
         return {n: t for n in _FIELDS if (t := getattr(self, n)) is not None}
 
 
-_shapes = export_shapes
-
-
 def _dtype(layout: str, name: str, scale_dtype: torch.dtype) -> torch.dtype:
     if name.endswith("data"):
         return _FP8
@@ -114,7 +111,7 @@ def _allocate(
     layout: str, view: ExpertWeights, columnwise: bool, scale_dtype: torch.dtype, device: torch.device
 ) -> dict[str, torch.Tensor]:
     out = {}
-    for name, (shape, strides) in _shapes(layout, view.num_experts, view.rows, view.columns).items():
+    for name, (shape, strides) in export_shapes(layout, view.num_experts, view.rows, view.columns).items():
         if name.startswith("columnwise") and not columnwise:
             continue
         dtype = _dtype(layout, name, scale_dtype)
@@ -138,7 +135,7 @@ def _check_out(out: object, layout: str, view: ExpertWeights, columnwise: bool) 
             "(export into new buffers)"
         )
     tensors = out.tensors
-    for name, (shape, strides) in _shapes(layout, *want[1:]).items():
+    for name, (shape, strides) in export_shapes(layout, *want[1:]).items():
         if name.startswith("columnwise") and not columnwise:
             continue
         t = tensors.get(name)
@@ -212,6 +209,21 @@ def _directions(view: ExpertWeights, columnwise: bool) -> list[ViewDirection]:
     return [view.rowwise, view.columnwise] if columnwise and view.columnwise is not None else [view.rowwise]
 
 
+Tensors = list[torch.Tensor]
+
+
+def _op_inputs(directions: list[ViewDirection]) -> tuple[Tensors, Tensors, Tensors, Tensors]:
+    """The op's inputs (mok::mxfp8_export): data, scales, columnwise data, columnwise scales."""
+    row, *col = directions
+    cw = col[0] if col else None
+    return (
+        list(row.data),
+        list(row.scales or ()),
+        [] if cw is None else list(cw.data),
+        [] if cw is None else list(cw.scales or ()),
+    )
+
+
 def _key(directions: list[ViewDirection], outs: list[torch.Tensor]) -> tuple[int, ...]:
     """The addresses a prepared launch holds: each direction's pointer tables (split: their
     contents follow TE, their addresses stay) or its grouped tensors, and the buffers."""
@@ -232,14 +244,11 @@ def _prepare(layout: str, directions: list[ViewDirection], outs: list[torch.Tens
     from mok.layout import check_writable
     from mok.overlap import check_no_overlap
 
-    lists = [(list(d.data), list(d.scales or ())) for d in directions]
-    columnwise = lists[1] if len(lists) > 1 else ([], [])
-    args = _export_args(*lists[0], *columnwise, outs, layout)
+    inputs = _op_inputs(directions)
+    args = _export_args(*inputs, outs, layout)
     for name, t in zip(_FIELDS, outs, strict=False):
         check_writable(t, f"out.{name}")
-    check_no_overlap(
-        outs, [t for d, s in lists for t in (*d, *s)], "export_mxfp8", out_label="out", input_label="weights"
-    )
+    check_no_overlap(outs, [t for ts in inputs for t in ts], "export_mxfp8", out_label="out", input_label="weights")
     operands = [Operand(d.data, d.scales or (), d.data_ptrs, d.scale_ptrs) for d in directions]
     jobs = export_jobs(layout, operands, outs, experts=args.experts, rows=args.rows, cols=args.cols)
     tables = [t for d in directions for t in (d.data_ptrs, d.scale_ptrs) if t is not None]
@@ -256,9 +265,7 @@ def _convert(
     if prepared.use_kernel is None:
         prepared.use_kernel = outs[0].device.type == "cuda" and kernel_backend().name == "cuda"
     if not prepared.use_kernel:
-        lists = [(list(d.data), list(d.scales or ())) for d in directions]
-        columnwise_lists = lists[1] if len(lists) > 1 else ([], [])
-        export_op(*lists[0], *columnwise_lists, outs, layout, "torch")
+        export_op(*_op_inputs(directions), outs, layout, "torch")
         return
     key = _key(directions, outs)
     if key != prepared.key:
